@@ -1,0 +1,34 @@
+"""Errors that the CLI turns into one line on stderr and an exit code (DESIGN.md)."""
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_INVALID_INPUT = 2
+EXIT_OUT_OF_MEMORY = 3
+
+
+class DmadError(Exception):
+    """Base: the message is shown to the user as one line, without a traceback."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
+class UserInputError(DmadError):
+    """Invalid config, data or arguments: exit 2. The message names the problem and where."""
+
+    exit_code = EXIT_INVALID_INPUT
+
+
+class RunFailed(DmadError):
+    """The run started but could not finish (an error event says why): exit 1."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
+class OutOfMemory(DmadError):
+    """The device ran out of memory; `phase` says where (loading, first-forward, step-N ...): exit 3."""
+
+    exit_code = EXIT_OUT_OF_MEMORY
+
+    def __init__(self, message: str, phase: str):
+        super().__init__(message)
+        self.phase = phase

@@ -1,0 +1,110 @@
+"""The event protocol: one JSON object per line, on stdout and appended to events.jsonl.
+
+    {"v": 1, "t": <unix time>, "kind": <KIND>, "iter": <int|null>, "data": {...}}
+
+Torch-free; the app parses the engine's stdout with `parse_line` and replays events.jsonl with
+`read_events`. Images travel as file paths, never bytes. Readers tolerate a torn last line (a
+kill in the middle of a write) and lines that are not events (skipped, never fatal).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Optional
+
+EVENT_VERSION = 1
+KINDS = ("started", "phase", "metric", "checkpoint", "samples", "warning", "error",
+         "paused", "resumed", "stopped", "finished")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    iter: Optional[int] = None
+    data: dict[str, Any] = field(default_factory=dict)
+    t: float = 0.0
+    v: int = EVENT_VERSION
+
+    def to_line(self) -> str:
+        return json.dumps({"v": self.v, "t": self.t, "kind": self.kind, "iter": self.iter, "data": self.data},
+                          separators=(",", ":"), allow_nan=False, default=str)
+
+
+def make_event(kind: str, iter: Optional[int] = None, **data: Any) -> Event:
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(KINDS)}")
+    return Event(kind=kind, iter=iter, data=_finite(data), t=round(time.time(), 3))
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: they become null (the loss that went NaN is named in the event's text)."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def parse_line(line: str) -> Optional[Event]:
+    """An Event, or None for a torn, empty or foreign line. Newer minor fields are kept in data."""
+    try:
+        d = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(d, dict) or d.get("kind") not in KINDS or not isinstance(d.get("data", {}), dict):
+        return None
+    it = d.get("iter")
+    return Event(kind=d["kind"], iter=it if isinstance(it, int) else None, data=d.get("data") or {},
+                 t=float(d.get("t") or 0.0), v=int(d.get("v") or EVENT_VERSION))
+
+
+def read_events(path: str | Path) -> Iterator[Event]:
+    """All complete events of an events.jsonl; a missing file yields nothing."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                ev = parse_line(line) if line.endswith("\n") else parse_line(line)
+                if ev is not None:
+                    yield ev
+    except FileNotFoundError:
+        return
+
+
+class EventWriter:
+    """Writes each event to stdout (for the app's QProcess) and appends it to events.jsonl.
+
+    Each line is written with one write() and flushed, so a reader sees whole lines except
+    possibly the last one after a kill. Cost: one json.dumps + two small writes per event."""
+
+    def __init__(self, path: str | Path, stream: Optional[IO[str]] = None, echo: bool = True):
+        self.path = Path(path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._stream = stream if stream is not None else sys.stdout
+        self._echo = echo
+
+    def emit(self, kind: str, iter: Optional[int] = None, **data: Any) -> Event:
+        ev = make_event(kind, iter, **data)
+        line = ev.to_line() + "\n"
+        self._file.write(line)
+        self._file.flush()
+        if self._echo:
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._echo = False  # the reader went away; the file still has everything
+        return ev
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
