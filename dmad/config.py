@@ -10,11 +10,12 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
+from dmad.paths import resources_dir
 
 CONFIG_VERSION = 1
 
@@ -90,8 +91,8 @@ class Distillation(_Group):
 
     method: Literal["dmd2"] = Field("dmd2", description="Distillation method.")
     student_steps: int = Field(1, ge=1, le=4, description="Sampling steps of the student (1-4).")
-    student_timesteps: Optional[list[int]] = Field(
-        None, description="The student's timesteps, descending, in [0, 999]. Empty: evenly spaced from 999 "
+    student_timesteps: Optional[list[Annotated[int, Field(ge=0, le=999)]]] = Field(
+        None, min_length=1, max_length=4, description="The student's timesteps, descending, in [0, 999]. Empty: evenly spaced from 999 "
                           "(4 steps: 999, 749, 499, 249).")
     real_guidance_scale: float = Field(3.0, ge=1.0, le=100.0, description="CFG scale of the teacher (real score).")
     critic_updates_per_generator_update: int = Field(
@@ -161,6 +162,15 @@ def _json_error(path: str, text: str, e: json.JSONDecodeError) -> UserInputError
     return UserInputError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}")
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r} (only one value can apply)")
+        seen.add(k)
+    return dict(pairs)
+
+
 def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     """The valid keys at `loc` (the parent of an unknown key), for did-you-mean."""
     cur: Any = model
@@ -172,11 +182,21 @@ def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(cur, "model_fields", {}).keys())
 
 
-def format_validation_error(e: ValidationError, source: str) -> str:
-    """One line naming the first problem: file, dotted field path, what is wrong."""
+def _override_source(loc: tuple, overrides: list[str]) -> str | None:
+    """The --set item that put the bad value at `loc` (the last one wins, as when applied)."""
+    for item in reversed(overrides):
+        keys, _ = parse_override(item)
+        if [str(p) for p in loc[:len(keys)]] == keys:
+            return f"--set {item}"
+    return None
+
+
+def format_validation_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
+    """One line naming the first problem: file (or the --set item), dotted field path, what is wrong."""
     err = e.errors()[0]
-    loc = tuple(p for p in err["loc"] if not isinstance(p, int) or True)
+    loc = tuple(err["loc"])
     path = ".".join(str(p) for p in loc) or "(top level)"
+    source = _override_source(loc, overrides or []) or source
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     if err["type"] == "extra_forbidden":
         valid = _field_names(TrainConfig, loc[:-1])
@@ -238,20 +258,23 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
     except (OSError, UnicodeDecodeError) as e:
         raise UserInputError(f"{p}: cannot read config ({e.__class__.__name__}: {e})") from None
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise _json_error(str(p), text, e) from None
+    except ValueError as e:  # a key given twice: json would silently keep the last one
+        raise UserInputError(f"{p}: {e}") from None
     if not isinstance(raw, dict):
         raise UserInputError(f"{p}: the config must be a JSON object, got {type(raw).__name__}")
     raw = apply_overrides(migrate(raw), overrides or [])
-    return validate_config(raw, str(p), base_dir=p.parent)
+    return validate_config(raw, str(p), base_dir=p.parent, overrides=overrides)
 
 
-def validate_config(raw: dict, source: str = "config", base_dir: Path | None = None) -> TrainConfig:
+def validate_config(raw: dict, source: str = "config", base_dir: Path | None = None,
+                    overrides: list[str] | None = None) -> TrainConfig:
     try:
         cfg = TrainConfig.model_validate(raw)
     except ValidationError as e:
-        raise UserInputError(format_validation_error(e, source)) from None
+        raise UserInputError(format_validation_error(e, source, overrides)) from None
     return resolve_paths(cfg, base_dir) if base_dir is not None else cfg
 
 
@@ -282,7 +305,7 @@ def json_schema() -> dict:
     return schema
 
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "resources" / "config.schema.json"
+SCHEMA_PATH = resources_dir() / "config.schema.json"
 
 
 def export_schema(path: Path = SCHEMA_PATH) -> None:

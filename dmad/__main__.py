@@ -1,0 +1,7 @@
+"""python -m dmad: the same command line as the `dmad` console script."""
+import sys
+
+from dmad.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The `dmad` command line (DESIGN.md, Command line). Users' scripts depend on this surface.
+
+Exit codes: 0 success; 1 the run failed; 2 invalid input (config, data, arguments); 3 out of
+memory; 130 interrupted. Every error is one line on stderr, never a traceback: tracebacks of
+unexpected errors go to the run's logs/engine.log (or a temp file before a run folder exists).
+
+Config errors are found before torch is imported, so `dmad train --config bad.json` answers in
+a fraction of a second: dmad.train and the model code are imported only after preflight.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dmad import __version__
+from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors become one line on stderr and exit 2 (via UserInputError)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sub = self.prog.partition(" ")[2]
+        where = f"{sub}: " if sub else ""
+        raise UserInputError(f"{where}{message} (see '{self.prog} --help')")
+
+
+@dataclass
+class _Context:
+    """What main() needs to know to place a crash log: the run folder, once preflight named it."""
+
+    run_dir: Optional[Path] = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dmad", description="DMAD Studio engine: distil a diffusion teacher into a 1-4 step student.")
+    parser.add_argument("--version", action="version", version=f"dmad {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    train = sub.add_parser("train", help="train a student (or check a config with --dry-run)",
+                           description="Train a student. Events go to stdout (one JSON object per line) and to "
+                                       "<run>/events.jsonl; library output goes to stderr and <run>/logs/engine.log.")
+    train.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    train.add_argument("--run-dir", metavar="DIR", help="run folder (default: identity.output_dir / identity.run_name, "
+                                                        "or a dated name when run_name is empty)")
+    train.add_argument("--resume", metavar="latest|PATH",
+                       help="continue from the run folder's latest checkpoint, or from a checkpoint folder "
+                            "(overrides observation.resume_from_checkpoint)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field by its dotted path, e.g. resources.train_batch_size=2 "
+                            "(values parse as JSON when they can); repeatable")
+    train.add_argument("--dry-run", action="store_true",
+                       help="validate config, data, teacher and run folder; print the resolved config and the "
+                            "memory estimate; do not train")
+    train.set_defaults(handler=_cmd_train)
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.config import load_config
+    from dmad.preflight import preflight
+
+    cfg = load_config(args.config, args.set)
+    resume = args.resume if args.resume is not None else cfg.observation.resume_from_checkpoint
+    if args.resume is not None:
+        if args.resume != "latest":
+            resume = str(Path(args.resume).expanduser().resolve())  # relative to the shell, not the config
+        cfg.observation.resume_from_checkpoint = resume
+    run_dir = Path(args.run_dir).expanduser().resolve() if args.run_dir else None
+    pf = preflight(cfg, run_dir=run_dir, resume=resume)
+    if pf.run_dir.is_dir():
+        ctx.run_dir = pf.run_dir
+    if args.dry_run:
+        print(dry_run_report(cfg, pf))
+        return EXIT_OK
+    pf.require_teacher_weights()
+    from dmad.train import run_training  # imports torch: only now that the inputs are known good
+
+    ctx.run_dir = pf.run_dir
+    return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf))
+
+
+def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
+    """The command for command.txt: absolute paths and an explicit run folder, so it works from any
+    terminal folder (a fresh run's command re-run with --resume latest continues it)."""
+    argv = [sys.executable, "-m", "dmad", "train", "--config", str(Path(args.config).resolve()),
+            "--run-dir", str(pf.run_dir)]
+    if args.resume is not None:
+        argv += ["--resume", pf.resume_arg or args.resume]
+    for item in args.set:
+        argv += ["--set", item]
+    return argv
+
+
+def dry_run_report(cfg, pf) -> str:
+    """The human report of --dry-run (stdout; real runs keep stdout for events)."""
+    from dmad.memory import estimate_ledger, format_ledger
+
+    r, ident = cfg.resources, cfg.identity
+    ledger = estimate_ledger(
+        pf.teacher_info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
+        mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
+        train_batch_size=r.train_batch_size, resolution=r.resolution, optimizer=cfg.optimization.optimizer)
+    lines = [
+        "Resolved config:",
+        json.dumps(cfg.model_dump(mode="json"), indent=2),
+        "",
+        f"Run folder:  {pf.run_dir}" + (" (exists)" if pf.run_dir.exists() else " (will be created)"),
+        f"Resume from: {pf.resume.checkpoint}" if pf.resume else "Resume from: (fresh start)",
+        f"Teacher:     {ident.pretrained_model_name_or_path}" + ("" if pf.teacher_has_weights else
+                                                                 " (weights missing: a real run needs them)"),
+        f"Data:        {pf.data.images} images, {pf.data.captioned} with captions, in {pf.data.folder}",
+        f"Prompt set:  {pf.prompt_set.name}-{pf.prompt_set.version}",
+        "",
+        "Memory ledger (estimate, framework peak per device):",
+        format_ledger(ledger),
+    ]
+    return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "(no message)"
+
+
+def _crash_log(exc: BaseException, run_dir: Optional[Path]) -> Path:
+    """Append the traceback to <run>/logs/engine.log, or a temp file when there is no run folder."""
+    text = f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] dmad {' '.join(sys.argv[1:])}\n" + "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if run_dir is not None and run_dir.is_dir():
+        try:
+            log = run_dir / "logs" / "engine.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(text)
+            return log
+        except OSError:
+            pass
+    with tempfile.NamedTemporaryFile("w", prefix="dmad-crash-", suffix=".log", delete=False, encoding="utf-8") as f:
+        f.write(text)
+        return Path(f.name)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ctx = _Context()
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args, ctx))
+    except SystemExit as e:  # --help / --version print and exit 0
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_RUN_FAILED)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except DmadError as e:
+        print(f"dmad: error: {_one_line(e)}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception as e:  # a bug, not a user error: one line here, the traceback in a log
+        log = _crash_log(e, ctx.run_dir)
+        print(f"dmad: internal error: {type(e).__name__}: {_one_line(e)} (details in {log})",
+              file=sys.stderr, flush=True)
+        return EXIT_RUN_FAILED

@@ -1,0 +1,148 @@
+"""The built-in demo dataset: flat coloured shapes with captions that state every attribute.
+
+"a small red circle at the top left on a black background": shape, colour, size, position and
+background are each easy to see in a 64 px image and to check by eye in a sample grid, which is
+what a CPU demo of distillation needs. Everything is a pure function of (index, seed) — the
+per-image RNG is seeded from a string, which Python hashes with SHA-512, so it does not depend
+on PYTHONHASHSEED or the platform — and resources/demo/shapes/ is exactly
+write_dataset(out, n=256, size=64, seed=0). Pillow only; no torch.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+GENERATOR = "dmad.demo.shapes"
+SHAPES = ("circle", "square", "triangle", "cross", "diamond")
+COLOURS = {  # far apart in RGB so each name is unambiguous at a glance
+    "red": (220, 40, 40), "green": (40, 190, 70), "blue": (50, 90, 235),
+    "yellow": (245, 220, 40), "white": (245, 245, 245), "purple": (160, 70, 210),
+}
+BACKGROUNDS = {"black": (0, 0, 0), "gray": (100, 100, 100), "white": (255, 255, 255)}
+SIZES = {"small": 0.25, "large": 0.45}  # shape extent as a fraction of the image side
+POSITIONS = {  # shape centre as fractions of the side; corners are quadrant centres
+    "top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75),
+    "bottom right": (0.75, 0.75), "center": (0.5, 0.5),
+}
+MIN_CONTRAST = 100.0  # Euclidean RGB distance between a shape colour and its background
+
+
+def contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    return sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5
+
+
+def colours_on(background: str) -> list[str]:
+    """Shape colours allowed on `background`: never its own colour, never low contrast."""
+    bg = BACKGROUNDS[background]
+    return [c for c, rgb in COLOURS.items() if c != background and contrast(rgb, bg) >= MIN_CONTRAST]
+
+
+def attributes_for(index: int, seed: int) -> dict:
+    """The attributes of image `index` of the dataset with `seed`. `offset` ([-1, 1] per axis) moves
+    the shape within its slot without leaving it, so the stated position stays true."""
+    rng = random.Random(f"{GENERATOR}/{seed}/{index}")
+    background = rng.choice(sorted(BACKGROUNDS))
+    return {
+        "shape": rng.choice(SHAPES),
+        "colour": rng.choice(colours_on(background)),
+        "size": rng.choice(sorted(SIZES)),
+        "position": rng.choice(list(POSITIONS)),
+        "background": background,
+        "offset": [round(rng.uniform(-1, 1), 2), round(rng.uniform(-1, 1), 2)],
+    }
+
+
+def caption(attrs: dict) -> str:
+    where = "in the center" if attrs["position"] == "center" else f"at the {attrs['position']}"
+    return f"a {attrs['size']} {attrs['colour']} {attrs['shape']} {where} on a {attrs['background']} background"
+
+
+def shape_box(attrs: dict, size: int) -> tuple[float, float, float]:
+    """(cx, cy, r) in pixels: the shape's centre and half its extent."""
+    r = SIZES[attrs["size"]] * size / 2
+    slack = max(0.0, size / 4 - r - 1)  # room left in a quadrant slot, 1 px margin
+    fx, fy = POSITIONS[attrs["position"]]
+    ox, oy = attrs.get("offset", (0.0, 0.0))
+    return fx * size + ox * slack, fy * size + oy * slack, r
+
+
+def render(attrs: dict, size: int = 64) -> Image.Image:
+    """An RGB image, size x size, of flat colours (no anti-aliasing: two colours per image)."""
+    img = Image.new("RGB", (size, size), BACKGROUNDS[attrs["background"]])
+    draw, fill = ImageDraw.Draw(img), COLOURS[attrs["colour"]]
+    cx, cy, r = shape_box(attrs, size)
+    shape = attrs["shape"]
+    if shape == "circle":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == "square":
+        draw.rectangle([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == "triangle":
+        draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], fill=fill)
+    elif shape == "diamond":
+        draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], fill=fill)
+    elif shape == "cross":
+        t = r / 3  # arm half-width: arms a third of the extent wide
+        draw.rectangle([cx - t, cy - r, cx + t, cy + r], fill=fill)
+        draw.rectangle([cx - r, cy - t, cx + r, cy + t], fill=fill)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    return img
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=9)  # Pillow writes no timestamp: same pixels, same bytes
+    return buf.getvalue()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def image_name(i: int) -> str:
+    return f"img_{i:04d}"
+
+
+def _remove_stale(out: Path, n: int) -> None:
+    """Regenerating with a smaller n must not leave old images behind; only our own earlier
+    output (a folder whose dataset.json names this generator) is touched."""
+    try:
+        meta = json.loads((out / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(meta, dict) or meta.get("generator") != GENERATOR:
+        return
+    for f in out.iterdir():
+        m = re.fullmatch(r"img_(\d+)\.(png|txt)", f.name)
+        if m and int(m.group(1)) >= n:
+            f.unlink()
+
+
+def write_dataset(out_dir: str | Path, n: int, size: int = 64, seed: int = 0) -> Path:
+    """Write img_<i>.png + img_<i>.txt (caption, one UTF-8 line) for i < n, and dataset.json.
+    Each file is written to a temp name and renamed, so a reader never sees half a file.
+    Cost: ~1 ms per 64 px image."""
+    if n < 1 or size < 8:
+        raise ValueError(f"need n >= 1 and size >= 8; got n={n}, size={size}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out, n)
+    for i in range(n):
+        attrs = attributes_for(i, seed)
+        _atomic_write(out / f"{image_name(i)}.png", png_bytes(render(attrs, size)))
+        _atomic_write(out / f"{image_name(i)}.txt", (caption(attrs) + "\n").encode("utf-8"))
+    meta = {"id": "shapes", "type": "local", "instance_data_dir": ".", "caption_strategy": "textfile",
+            "resolution": size, "count": n, "seed": seed, "generator": GENERATOR}
+    _atomic_write(out / "dataset.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
+    return out

@@ -1,0 +1,396 @@
+"""The teacher: a Stable Diffusion 1.x/2.x model, inspected without reading weights and loaded
+without ever unpickling.
+
+Two layouts:
+  folder       a diffusers pipeline folder: model_index.json, unet/, vae/, text_encoder/,
+               tokenizer/, scheduler/.
+  single_file  one .safetensors file in the original LDM/CompVis key layout
+               (model.diffusion_model.*, first_stage_model.*, cond_stage_model.*), plus
+               teacher_config_dir: a local diffusers folder whose configs and tokenizer describe it.
+Weights are only read from .safetensors (use_safetensors=True): .ckpt/.pt/.bin/.pth are refused,
+because unpickling runs whatever code the file carries. Nothing is downloaded (local_files_only).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from dmad.errors import UserInputError
+
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
+COMPONENTS = ("unet", "vae", "text_encoder")
+# model_index.json entries this engine loads: component -> (library, accepted classes; None: any).
+EXPECTED = {
+    "unet": ("diffusers", ("UNet2DConditionModel",)),
+    "vae": ("diffusers", ("AutoencoderKL",)),
+    "text_encoder": ("transformers", ("CLIPTextModel",)),
+    "tokenizer": ("transformers", ("CLIPTokenizer", "CLIPTokenizerFast")),
+    "scheduler": ("diffusers", None),  # only its config is used (noise schedule, prediction type)
+}
+CONFIG_FILES = {"unet": "config.json", "vae": "config.json", "text_encoder": "config.json",
+                "scheduler": "scheduler_config.json"}
+WEIGHT_NAMES = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model", "text_encoder": "model"}
+LDM_PREFIXES = {"unet": "model.diffusion_model.", "vae": "first_stage_model.", "text_encoder": "cond_stage_model."}
+# The layers a LoRA adapts (dmad.networks.add_lora, diffusers' LoRA scripts, DMD2).
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+@dataclass(frozen=True)
+class TeacherInfo:
+    """What the configs and file headers say about a teacher; no weights are read to make it."""
+
+    path: str                   # the teacher as given: a pipeline folder or a .safetensors file
+    kind: str                   # "folder" | "single_file"
+    config_dir: str             # configs + tokenizer: `path` itself, or teacher_config_dir
+    family: str                 # "sd1" | "sd2"
+    prediction_type: str        # "epsilon" | "v_prediction"
+    param_counts: dict[str, int]              # unet, vae, text_encoder
+    weights_dtype: dict[str, Optional[str]]   # stored dtype (most bytes), e.g. "float16"; None: no weights
+    weights_present: dict[str, bool]
+    weights_files: dict[str, tuple[str, ...]]
+    missing_weights: tuple[str, ...]          # one readable line per missing component
+    sample_size: int            # UNet latent side it was trained at (SD 1.5: 64, i.e. 512 px)
+    vae_scale_factor: int       # pixels per latent pixel: 2 ** (len(vae block_out_channels) - 1)
+    latent_channels: int
+    unet_block_out_channels: tuple[int, ...]
+    bottleneck_channels: int    # unet block_out_channels[-1]: the mid-block width the GAN head reads
+    text_hidden_size: int       # D of the text embeddings: 768 (SD 1.x), 1024 (SD 2.x)
+    unet_lora_params_per_rank: int  # sum(in + out) over the LORA_TARGETS linears: adapter = rank * this
+
+    @property
+    def has_weights(self) -> bool:
+        return not self.missing_weights
+
+
+@dataclass
+class Teacher:
+    """Loaded, frozen (requires_grad False) and in eval mode."""
+
+    unet: Any           # diffusers UNet2DConditionModel
+    vae: Any            # diffusers AutoencoderKL
+    text_encoder: Any   # transformers CLIPTextModel
+    tokenizer: Any      # transformers CLIPTokenizer
+    scheduler: Any      # diffusers DDPMScheduler: the training noise schedule
+    info: TeacherInfo
+
+
+# --------------------------------------------------------------------------- files and configs
+
+def _read_json(f: Path) -> dict:
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{f}: cannot read ({e.__class__.__name__}: {e})") from e
+    except json.JSONDecodeError as e:
+        raise UserInputError(f"{f}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    if not isinstance(data, dict):
+        raise UserInputError(f"{f}: expected a JSON object")
+    return data
+
+
+def read_safetensors_header(f: Path) -> dict[str, dict]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} from the file's JSON header (a few KB to
+    a few hundred KB; tensors are never read). Also checks that the file is long enough for every
+    tensor, so a truncated download fails here with its name, not halfway through loading."""
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if not 2 <= n <= size - 8:
+                raise ValueError(f"header length {n} does not fit a {size}-byte file")
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UserInputError(f"{f}: not a readable .safetensors file ({e.__class__.__name__}: {e})") from e
+    if 8 + n + end > size:
+        raise UserInputError(f"{f}: truncated .safetensors file ({size} bytes; its header needs {8 + n + end})")
+    return header
+
+
+def _read_index(cdir: Path) -> None:
+    f = cdir / "model_index.json"
+    if not f.is_file():
+        raise UserInputError(f"{cdir}: not a diffusers pipeline folder (no model_index.json)")
+    index = _read_json(f)
+    cls = index.get("_class_name")
+    if cls != "StableDiffusionPipeline":
+        raise UserInputError(f"{f}: unsupported model family ({cls}): this engine supports "
+                             f"Stable Diffusion 1.x/2.x (sd1, sd2)")
+    for name, (lib, classes) in EXPECTED.items():
+        entry = index.get(name)
+        ok = isinstance(entry, list) and len(entry) == 2 and entry[0] == lib
+        if not ok or (classes is not None and entry[1] not in classes):
+            want = " or ".join(classes) if classes else "a scheduler"
+            raise UserInputError(f"{f}: component '{name}' is {json.dumps(entry)}; expected {lib} {want}")
+
+
+def _read_configs(cdir: Path) -> dict[str, dict]:
+    for name in ("tokenizer", *CONFIG_FILES):
+        if not (cdir / name).is_dir():
+            raise UserInputError(f"{cdir}: component folder '{name}/' is missing")
+    if not any((cdir / "tokenizer" / n).is_file() for n in ("tokenizer.json", "vocab.json")):
+        raise UserInputError(f"{cdir / 'tokenizer'}: no tokenizer files (tokenizer.json or vocab.json + merges.txt)")
+    configs = {}
+    for name, file in CONFIG_FILES.items():
+        f = cdir / name / file
+        if not f.is_file():
+            raise UserInputError(f"{f}: missing ({name} config)")
+        configs[name] = _read_json(f)
+    return configs
+
+
+def _folder_weights(d: Path, base: str) -> tuple[Path, ...]:
+    """The .safetensors files from_pretrained will read: <base>.safetensors, the shards of
+    <base>.safetensors.index.json, or one variant such as <base>.fp16.safetensors. () if none."""
+    if (d / f"{base}.safetensors").is_file():
+        return (d / f"{base}.safetensors",)
+    index = d / f"{base}.safetensors.index.json"
+    if index.is_file():
+        shards = tuple(d / s for s in sorted(set(_read_json(index).get("weight_map", {}).values())))
+        return shards if shards and all(s.is_file() for s in shards) else ()
+    variants = sorted(d.glob(f"{base}.*.safetensors"))
+    return (variants[0],) if variants else ()
+
+
+def _variant(f: str) -> Optional[str]:
+    parts = Path(f).name.split(".")  # diffusion_pytorch_model.fp16.safetensors -> fp16
+    return parts[1] if len(parts) == 3 else None
+
+
+def _weights_of_folder(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
+    files, headers, missing = {}, {}, []
+    for c in COMPONENTS:
+        base = WEIGHT_NAMES[c]
+        files[c] = _folder_weights(p / c, base)
+        headers[c] = [read_safetensors_header(f) for f in files[c]]
+        if not files[c]:
+            pickles = [f.name for f in sorted((p / c).glob("*")) if f.suffix.lower() in PICKLE_SUFFIXES]
+            hint = (f" (found only {', '.join(pickles)}: pickle checkpoints are never loaded; convert to .safetensors)"
+                    if pickles else "")
+            missing.append(f"{p / c / base}.safetensors{hint}")
+    return files, headers, tuple(missing)
+
+
+def _single_file_config_dir(p: Path, teacher_config_dir: Optional[str]) -> Path:
+    if p.suffix.lower() in PICKLE_SUFFIXES:
+        raise UserInputError(f"{p}: pickle checkpoints are never loaded (unpickling can run arbitrary code); "
+                             f"convert to .safetensors")
+    if p.suffix.lower() != ".safetensors":
+        raise UserInputError(f"{p}: not a teacher: expected a diffusers pipeline folder or a .safetensors file")
+    if teacher_config_dir is None:
+        raise UserInputError(f"{p}: a single-file teacher needs teacher_config_dir: a local diffusers pipeline "
+                             f"folder (model_index.json, component configs, tokenizer) describing the same model")
+    cdir = Path(teacher_config_dir).expanduser()
+    if not cdir.is_dir():
+        raise UserInputError(f"teacher_config_dir not found: {cdir} (needed by the single-file teacher {p})")
+    return cdir
+
+
+def _weights_of_file(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
+    header = read_safetensors_header(p)
+    headers = {c: [{k: v for k, v in header.items() if k.startswith(pre)}] for c, pre in LDM_PREFIXES.items()}
+    files = {c: (p,) if headers[c][0] else () for c in COMPONENTS}
+    missing = tuple(f"{c} weights ({LDM_PREFIXES[c]}* keys) in {p}" for c in COMPONENTS if not files[c])
+    return files, headers, missing
+
+
+def _stored_dtype(headers: list[dict]) -> Optional[str]:
+    nbytes: Counter = Counter()
+    for h in headers:
+        for t in h.values():
+            nbytes[t["dtype"]] += math.prod(t["shape"])
+    if not nbytes:
+        return None
+    code = nbytes.most_common(1)[0][0]
+    return SAFETENSORS_DTYPES.get(code, code.lower())
+
+
+# --------------------------------------------------------------------------- inspect
+
+def _meta_models(configs: dict[str, dict], cdir: Path) -> dict[str, torch.nn.Module]:
+    """The three networks on the meta device: exact parameter counts and resolved configs (every
+    default filled in) at no memory cost."""
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    makers: dict[str, Callable[[dict], torch.nn.Module]] = {
+        "unet": UNet2DConditionModel.from_config, "vae": AutoencoderKL.from_config,
+        "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c))}
+    models = {}
+    with init_empty_weights():
+        for name, make in makers.items():
+            try:
+                models[name] = make(configs[name])
+            except (TypeError, ValueError, KeyError, IndexError) as e:
+                raise UserInputError(f"{cdir / name / CONFIG_FILES[name]}: invalid {name} config "
+                                     f"({e.__class__.__name__}: {e})") from e
+    return models
+
+
+def _family(text_hidden: int, prediction_type: str) -> str:
+    # SD 2.x replaced CLIP ViT-L/14 (width 768) by OpenCLIP ViT-H/14 (width 1024), and its 768 px
+    # models predict v; SD 1.x is CLIP ViT-L + epsilon. Either signal therefore marks sd2.
+    return "sd2" if text_hidden == 1024 or prediction_type == "v_prediction" else "sd1"
+
+
+def _check_consistent(unet_cfg: Any, vae_cfg: Any, text_hidden: int, cdir: Path) -> None:
+    if not unet_cfg.in_channels == unet_cfg.out_channels == vae_cfg.latent_channels:
+        raise UserInputError(
+            f"{cdir / 'unet'}: UNet in/out channels {unet_cfg.in_channels}/{unet_cfg.out_channels} differ from the "
+            f"VAE's {vae_cfg.latent_channels} latent channels: inpainting, depth and upscaling models are not supported")
+    if unet_cfg.cross_attention_dim != text_hidden:
+        raise UserInputError(f"{cdir / 'unet'}: cross_attention_dim {unet_cfg.cross_attention_dim} does not match "
+                             f"the text encoder's hidden size {text_hidden}")
+
+
+def _check_file_matches(p: Path, header: dict, unet_cfg: Any, text_hidden: int, cdir: Path) -> None:
+    """A single file whose shapes contradict teacher_config_dir (an SD 2 file with SD 1 configs, say)
+    would fail deep inside diffusers; two header shapes tell it early and plainly."""
+    checks = [("model.diffusion_model.input_blocks.0.0.weight", 0, unet_cfg.block_out_channels[0], "UNet width"),
+              ("model.diffusion_model.input_blocks.0.0.weight", 1, unet_cfg.in_channels, "UNet input channels"),
+              ("cond_stage_model.transformer.text_model.embeddings.position_embedding.weight", -1, text_hidden,
+               "text encoder width"),
+              ("cond_stage_model.model.positional_embedding", -1, text_hidden, "text encoder width")]
+    for key, dim, want, what in checks:
+        if key in header and header[key]["shape"][dim] != want:
+            raise UserInputError(f"{p}: {what} is {header[key]['shape'][dim]} in the file but {want} in "
+                                 f"teacher_config_dir {cdir}: the configs describe a different model")
+
+
+def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None) -> TeacherInfo:
+    """Read model_index.json, the component configs and the safetensors headers; no weights.
+    Raises UserInputError (one line naming the path and the problem). Missing weights are not an
+    error here (a dry run estimates memory from configs alone): see `weights_present`."""
+    if model_family not in ("auto", "sd1", "sd2"):
+        raise UserInputError(f"model_family '{model_family}' is not one of auto, sd1, sd2")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UserInputError(f"teacher not found: {p}")
+    if p.is_dir():
+        if teacher_config_dir is not None:
+            raise UserInputError(f"teacher_config_dir is only for a single-file teacher, but {p} is a folder "
+                                 f"(remove teacher_config_dir)")
+        cdir = p
+        _read_index(cdir)
+        files, headers, missing = _weights_of_folder(p)
+    else:
+        cdir = _single_file_config_dir(p, teacher_config_dir)
+        _read_index(cdir)
+        files, headers, missing = _weights_of_file(p)
+    configs = _read_configs(cdir)
+    models = _meta_models(configs, cdir)
+    unet_cfg, vae_cfg = models["unet"].config, models["vae"].config
+    text_hidden = int(models["text_encoder"].config.hidden_size)
+    prediction_type = configs["scheduler"].get("prediction_type", "epsilon")
+    if prediction_type not in ("epsilon", "v_prediction"):
+        raise UserInputError(f"{cdir / 'scheduler'}: prediction_type '{prediction_type}' is not supported "
+                             f"(epsilon or v_prediction)")
+    _check_consistent(unet_cfg, vae_cfg, text_hidden, cdir)
+    if p.is_file():
+        _check_file_matches(p, {k: v for h in headers.values() for k, v in h[0].items()}, unet_cfg, text_hidden, cdir)
+    family = _family(text_hidden, prediction_type)
+    if model_family not in ("auto", family):
+        raise UserInputError(f"{p}: model_family is '{model_family}' but the teacher is {family} (text encoder width "
+                             f"{text_hidden}, prediction_type {prediction_type}); set model_family to auto or {family}")
+    sample = unet_cfg.sample_size
+    return TeacherInfo(
+        path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family,
+        prediction_type=prediction_type,
+        param_counts={c: sum(t.numel() for t in m.parameters()) for c, m in models.items()},
+        weights_dtype={c: _stored_dtype(headers[c]) for c in COMPONENTS},
+        weights_present={c: bool(files[c]) for c in COMPONENTS},
+        weights_files={c: tuple(str(f) for f in files[c]) for c in COMPONENTS}, missing_weights=missing,
+        sample_size=int(sample if isinstance(sample, int) else sample[0]),
+        vae_scale_factor=2 ** (len(vae_cfg.block_out_channels) - 1), latent_channels=int(vae_cfg.latent_channels),
+        unet_block_out_channels=tuple(int(c) for c in unet_cfg.block_out_channels),
+        bottleneck_channels=int(unet_cfg.block_out_channels[-1]), text_hidden_size=text_hidden,
+        unet_lora_params_per_rank=sum(m.in_features + m.out_features for n, m in models["unet"].named_modules()
+                                      if isinstance(m, torch.nn.Linear) and n.endswith(LORA_TARGETS)))
+
+
+# --------------------------------------------------------------------------- load
+
+def _guarded(what: str, where: str, load: Callable[[], Any]) -> Any:
+    """Library errors while reading local files are the user's input problem: one line naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        return load()
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UserInputError(f"{where}: cannot load {what} ({e.__class__.__name__}: {first})") from e
+
+
+def _load_folder(info: TeacherInfo, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    classes = {"unet": UNet2DConditionModel, "vae": AutoencoderKL, "text_encoder": CLIPTextModel}
+    out = {}
+    for c, cls in classes.items():
+        kwargs = dict(subfolder=c, local_files_only=True, use_safetensors=True, dtype=dtype,
+                      variant=_variant(info.weights_files[c][0]))
+        out[c] = _guarded(c, str(Path(info.path) / c), lambda: cls.from_pretrained(info.path, **kwargs))
+    return out
+
+
+def _load_single_file(info: TeacherInfo, tokenizer: Any, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    from diffusers import StableDiffusionPipeline
+
+    # config= a local folder: diffusers reads every component config from it and never looks for
+    # one on the Hub; the safety checker is never loaded by from_single_file.
+    pipe = _guarded("the single-file checkpoint", info.path, lambda: StableDiffusionPipeline.from_single_file(
+        info.path, config=info.config_dir, local_files_only=True, dtype=dtype, tokenizer=tokenizer,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False))
+    out = {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.text_encoder}
+    for c, m in out.items():
+        # Tensors the file lacks stay on the meta device (diffusers only warns): refuse them here.
+        left = [n for n, t in chain(m.named_parameters(), m.named_buffers()) if t.is_meta]
+        if left:
+            raise UserInputError(f"{info.path}: {c} weights incomplete: {len(left)} tensors are not in the file "
+                                 f"(first: {left[0]}); does teacher_config_dir {info.config_dir} describe it?")
+    return out
+
+
+def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None,
+                 dtype: torch.dtype = torch.float32) -> Teacher:
+    """Load a frozen teacher on the CPU in `dtype`. Raises UserInputError for missing, corrupt or
+    mismatched files. Cost: the file sizes in RAM (SD 1.5 in float32: ~4 GB)."""
+    from diffusers import DDPMScheduler
+    from transformers import CLIPTokenizer
+
+    info = inspect_teacher(path, model_family, teacher_config_dir)
+    if not info.has_weights:
+        raise UserInputError(f"teacher has no weights: missing {'; '.join(info.missing_weights)}")
+    cdir = Path(info.config_dir)
+    tokenizer = _guarded("the tokenizer", str(cdir / "tokenizer"), lambda: CLIPTokenizer.from_pretrained(
+        str(cdir), subfolder="tokenizer", local_files_only=True))
+    nets = _load_folder(info, dtype) if info.kind == "folder" else _load_single_file(info, tokenizer, dtype)
+    for m in nets.values():
+        m.requires_grad_(False).eval()
+    sched_cfg = _read_json(cdir / "scheduler" / CONFIG_FILES["scheduler"])
+    # Latents are not bounded by [-1, 1]: clip_sample must be off. SD 1.x ships a PNDM config that
+    # lacks the key, where DDPMScheduler would default it to True.
+    sched_cfg.setdefault("clip_sample", False)
+    return Teacher(unet=nets["unet"], vae=nets["vae"], text_encoder=nets["text_encoder"], tokenizer=tokenizer,
+                   scheduler=DDPMScheduler.from_config(sched_cfg), info=info)
+
+
+def encode_prompts(tokenizer: Any, text_encoder: Any, prompts: list[str], device: Any) -> torch.Tensor:
+    """(B, L, D) text embeddings the way StableDiffusionPipeline makes them: pad/truncate to
+    L = tokenizer.model_max_length (77 for SD), last hidden state of width D (768 / 1024)."""
+    tok = tokenizer(list(prompts), padding="max_length", max_length=tokenizer.model_max_length,
+                    truncation=True, return_tensors="pt")
+    mask = tok.attention_mask.to(device) if getattr(text_encoder.config, "use_attention_mask", False) else None
+    return text_encoder(tok.input_ids.to(device), attention_mask=mask)[0]

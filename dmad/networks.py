@@ -1,0 +1,90 @@
+"""The three networks of DMAD and their optimizers.
+
+student   : the few-step generator, initialised from the teacher (full copy or LoRA on a copy).
+fake score: a trainable copy of the teacher that tracks the student's distribution
+            (denoising loss on detached student samples); its UNet bottleneck also feeds the
+            GAN head.
+GAN head  : a small conv classifier on bottleneck features (real vs student).
+The teacher itself (the real score) stays frozen and, under mixed precision, is cast to the
+autocast dtype: only trainable weights keep fp32 master copies.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from dmad.methods.dmd2 import GanHead, bottleneck_channels
+
+
+def add_lora(unet: nn.Module, rank: int, alpha: Optional[int]) -> None:
+    """LoRA (peft) on the attention projections, the layers DMD2 and diffusers' LoRA scripts adapt.
+    Base weights are frozen; only the adapter trains."""
+    from peft import LoraConfig
+
+    unet.requires_grad_(False)
+    unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha or rank, init_lora_weights="gaussian",
+                                target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+
+
+def make_trainable_copy(teacher_unet: nn.Module, mode: str, rank: int, alpha: Optional[int],
+                        gradient_checkpointing: bool) -> nn.Module:
+    """A float32 copy of the teacher UNet, fully trainable or with a LoRA adapter."""
+    unet = copy.deepcopy(teacher_unet).float()
+    if mode == "lora":
+        add_lora(unet, rank, alpha)
+    else:
+        unet.requires_grad_(True)
+    if gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    unet.train()
+    return unet
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def make_optimizer(params: list[nn.Parameter], name: str, lr: float, betas: tuple[float, float], eps: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int):
+    """diffusers' schedules, stepped by us once per optimizer step (never through accelerate,
+    which would step them once per process and silently rescale the schedule)."""
+    from diffusers.optimization import get_scheduler
+
+    return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+@dataclass
+class Networks:
+    student: nn.Module
+    fake_score: nn.Module
+    gan_head: nn.Module
+    ema: Optional[object]  # diffusers EMAModel over the student's trainable parameters
+
+
+def build_networks(teacher_unet: nn.Module, *, student: str, fake_score: str, lora_rank: int,
+                   lora_alpha: Optional[int], gradient_checkpointing: bool, ema_decay: Optional[float],
+                   gan_on_teacher: bool) -> Networks:
+    """Copies are made from the float32 teacher before it is cast down."""
+    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing)
+    f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing)
+    head = GanHead(bottleneck_channels(teacher_unet if gan_on_teacher else f))
+    ema = None
+    if ema_decay is not None:
+        from diffusers.training_utils import EMAModel
+
+        ema = EMAModel(trainable_parameters(s), decay=ema_decay)
+    return Networks(student=s, fake_score=f, gan_head=head, ema=ema)

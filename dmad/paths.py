@@ -1,0 +1,21 @@
+"""Where the built-in resources live: the repo's resources/ folder in a source checkout or an
+editable install, the bundle's copy in a PyInstaller build, or $DMAD_RESOURCES when set."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def resources_dir() -> Path:
+    env = os.environ.get("DMAD_RESOURCES")
+    if env:
+        return Path(env)
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        return Path(bundle) / "resources"
+    return Path(__file__).resolve().parent.parent / "resources"
+
+
+def resource(*parts: str) -> Path:
+    return resources_dir().joinpath(*parts)

@@ -1,0 +1,199 @@
+"""Prompt sets: the fixed prompts, seeds and resolution that every checkpoint is sampled with.
+
+Torch-free (the app imports it). A prompt set is a versioned JSON file; a run keeps an immutable
+copy as prompt_set.json, and samples are saved as samples/<iter>/<item id>.png, so item ids, the
+set's name and its version must be safe file names on every OS. `steps`, `cfg` and `sampler`
+describe the teacher reference images only: the student always samples with its own timesteps.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dmad.errors import UserInputError
+from dmad.paths import resource
+
+# Names follow the usual UI spellings; each maps to one diffusers scheduler class.
+SAMPLERS = ("ddim", "ddpm", "pndm", "euler", "euler_a", "heun", "lms", "dpmpp_2m", "unipc")
+_SAFE_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+_RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)}
+_SEED = dict(ge=0, le=2**32 - 1)
+
+
+def safe_name_problem(name: str) -> Optional[str]:
+    """Why `name` cannot be a file name on Windows, macOS and Linux alike; None when it can."""
+    if not name:
+        return "must not be empty"
+    if "/" in name or "\\" in name:
+        return f"{name!r} must not contain a path separator"
+    if ".." in name:
+        return f"{name!r} must not contain '..'"
+    if not _SAFE_CHARS.fullmatch(name):
+        bad = "".join(sorted({c for c in name if not _SAFE_CHARS.fullmatch(c)}))
+        return f"{name!r} may only use letters, digits, '.', '_' and '-' (found {bad!r})"
+    if name.startswith(".") or name.endswith("."):  # hidden on Unix; Windows drops a trailing dot
+        return f"{name!r} must not start or end with '.'"
+    if name.split(".")[0].upper() in _RESERVED:
+        return f"{name!r} is a reserved device name on Windows"
+    if len(name) > 100:
+        return f"{name!r} is longer than 100 characters"
+    return None
+
+
+def _safe(v: str) -> str:
+    problem = safe_name_problem(v)
+    if problem:
+        raise ValueError(f"not a safe file name: {problem}")
+    return v
+
+
+class _Strict(BaseModel):
+    # strict: "3" is not a seed and true is not a step count; a typo is an error, never a guess.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PromptItem(_Strict):
+    id: str = Field(..., description="Sample file name stem: letters, digits, '.', '_', '-'.")
+    topic: str = Field(..., min_length=1, max_length=200, description="What this prompt probes (groups prompts in the app).")
+    prompt: str = Field(..., min_length=1, description="The text prompt.")
+    negative_prompt: Optional[str] = Field(None, description="Negative prompt for the teacher's CFG; empty: none.")
+    seed: Optional[int] = Field(None, **_SEED, description="Noise seed; empty: the set's seed + the item's index.")
+
+    @field_validator("id")
+    @classmethod
+    def _id_safe(cls, v: str) -> str:
+        return _safe(v)
+
+
+class PromptSet(_Strict):
+    prompt_set: str = Field(..., description="Name of the set (safe file name).")
+    version: str = Field(..., description="Version of the set, e.g. v1 (safe file name). Change it when any prompt changes.")
+    # list, not tuple: strict mode would refuse a JSON array for a tuple.
+    resolution: list[int] = Field(..., min_length=2, max_length=2, description="[width, height] in pixels, multiples of 8.")
+    seed: int = Field(0, **_SEED, description="Base noise seed: item i uses seed + i unless it sets its own.")
+    sampler: Literal[SAMPLERS] = Field("ddim", description="Teacher reference sampler.")
+    steps: int = Field(50, ge=1, le=1000, description="Teacher reference sampling steps.")
+    cfg: float = Field(7.5, ge=0.0, le=100.0, description="Teacher reference classifier-free guidance scale.")
+    items: list[PromptItem] = Field(..., min_length=1, description="The prompts, in display order.")
+
+    @field_validator("prompt_set", "version")
+    @classmethod
+    def _names_safe(cls, v: str) -> str:
+        return _safe(v)
+
+    @field_validator("resolution")
+    @classmethod
+    def _multiple_of_8(cls, v: list[int]) -> list[int]:
+        for side in v:
+            if side < 8 or side % 8 or side > 8192:
+                raise ValueError(f"each side must be a multiple of 8 in [8, 8192] (the VAE downsamples by 8); got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "PromptSet":
+        seen: set[str] = set()
+        dups = sorted({it.id for it in self.items if it.id in seen or seen.add(it.id)})
+        if dups:
+            raise ValueError(f"duplicate item ids: {', '.join(dups)}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.prompt_set
+
+    @property
+    def width(self) -> int:
+        return self.resolution[0]
+
+    @property
+    def height(self) -> int:
+        return self.resolution[1]
+
+
+def _where(loc: tuple, raw: dict) -> tuple[str, str]:
+    """('items', 2, 'prompt') -> ("items[2].prompt", " (item id 'cat')") so the user finds the item."""
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(top level)"
+    items = raw.get("items")
+    if len(loc) >= 3 and loc[0] == "items" and loc[2] != "id" and isinstance(items, list) and loc[1] < len(items):
+        item_id = items[loc[1]].get("id") if isinstance(items[loc[1]], dict) else None
+        if isinstance(item_id, str):
+            return path, f" (item id {item_id!r})"
+    return path, ""
+
+
+def _one_line(e: ValidationError, raw: dict, source: str) -> str:
+    errs = e.errors()
+    err, more = errs[0], (f" (and {len(errs) - 1} more)" if len(errs) > 1 else "")
+    where, note = _where(tuple(err["loc"]), raw)
+    if err["type"] == "extra_forbidden":
+        model = PromptItem if "items" in err["loc"][:-1] else PromptSet
+        close = difflib.get_close_matches(str(err["loc"][-1]), list(model.model_fields), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+        return f"{source}: unknown key '{where}'{note}{hint}{more}"
+    if err["type"] == "missing":
+        return f"{source}: missing required field '{where}'{note}{more}"
+    if err["type"] == "too_short" and where == "items":
+        return f"{source}: items: the set needs at least one item{more}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) or "got" in msg or "not a safe" in msg else f" (got {json.dumps(got)})"
+    return f"{source}: {where}{note}: {msg}{shown}{more}"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if dup is not None:
+        raise ValueError(f"duplicate key {dup!r}")
+    return dict(pairs)
+
+
+def validate_prompt_set(raw: object, source: str = "prompt set") -> PromptSet:
+    """A parsed JSON value -> PromptSet, or UserInputError with one line naming `source`."""
+    if not isinstance(raw, dict):
+        raise UserInputError(f"{source}: a prompt set must be a JSON object, got {type(raw).__name__}")
+    try:
+        return PromptSet.model_validate(raw)
+    except ValidationError as e:
+        raise UserInputError(_one_line(e, raw, source)) from None
+
+
+def load_prompt_set(path: str | Path) -> PromptSet:
+    """Read and validate a prompt set file. Raises UserInputError with one line naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"prompt set file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{p}: cannot read prompt set ({e.__class__.__name__}: {e})") from None
+    try:
+        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as e:
+        raise UserInputError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except ValueError as e:
+        raise UserInputError(f"{p}: invalid prompt set: {e}") from None
+    return validate_prompt_set(raw, str(p))
+
+
+def default_prompt_set_path() -> Path:
+    return resource("prompt_sets", "demo_v1.json")
+
+
+def item_seed(ps: PromptSet, item: PromptItem | str) -> int:
+    """The item's own seed, else the set's seed + the item's index (wrapped to 32 bits)."""
+    item_id = item if isinstance(item, str) else item.id
+    for i, it in enumerate(ps.items):
+        if it.id == item_id:
+            return it.seed if it.seed is not None else (ps.seed + i) % 2**32
+    raise KeyError(f"prompt set {ps.prompt_set}-{ps.version} has no item {item_id!r}")
+
+
+def to_json(ps: PromptSet) -> dict:
+    """The file form: unset optional fields are left out, so load(to_json(ps)) == ps."""
+    return ps.model_dump(mode="json", exclude_none=True)

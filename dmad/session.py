@@ -1,0 +1,335 @@
+"""Everything the training loop holds, built once: models, optimizers, data, run-folder writers.
+
+Kept apart from dmad/train.py so the loop itself reads top to bottom. Methods here do one
+thing each (encode a batch, make the student's input, step an optimizer, save, sample).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from dmad import memory
+from dmad.checkpoint import TrainingState, config_fingerprint, read_training_state, save_checkpoint
+from dmad.config import TrainConfig
+from dmad.events import EventWriter
+from dmad.methods.dmd2 import backward_simulate, sample_stop_index
+from dmad.noise import SampleRNG, iteration_generator
+from dmad.methods.prediction import NoiseSchedule
+from dmad.monitor import Monitor, device_reading
+from dmad.networks import Networks, trainable_parameters
+from dmad.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
+from dmad.runs import CsvAppender, RunFolder
+from dmad.step import RealScore, TimestepRange
+
+LOSS_COLUMNS = ["loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c",
+                "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c"]
+METRIC_COLUMNS = (["iter"] + LOSS_COLUMNS +
+                  ["step_time_s", "data_time_s", "mem_peak_alloc_gb", "mem_device_used_gb", "lr_generator", "lr_critic"])
+
+LIBRARY_LOGGERS = ("diffusers", "transformers", "accelerate", "peft", "torch")
+
+
+def setup_logging(path: Path) -> logging.Logger:
+    """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_dmad", False):
+            root.removeHandler(h)
+    for h in (logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
+        h.setFormatter(fmt)
+        h._dmad = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(logging.INFO)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        from diffusers.utils import logging as dlog
+        from transformers.utils import logging as tlog
+
+        dlog.disable_progress_bar()
+        tlog.disable_progress_bar()
+    except ImportError:
+        pass
+    return logging.getLogger("dmad")
+
+
+class StopFlag:
+    """SIGTERM / SIGINT ask for a graceful stop (checkpoint, `stopped` event) at the next
+    iteration boundary; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> "StopFlag":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self._event.is_set():
+            raise KeyboardInterrupt
+        self._event.set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+def is_oom(e: BaseException) -> bool:
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
+
+
+def classify_oom(phase: str) -> str:
+    """The phase names of DESIGN.md / `dmad probe`: loading, vae-encode, first-forward,
+    first-backward, step-N; sampling and checkpoint are named as such."""
+    return phase if phase != "setup" else "loading"
+
+
+# --------------------------------------------------------------------------- run folder files
+
+def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
+                   events: EventWriter) -> PromptSet:
+    """Writes config.json, prompt_set.json, env.json and command.txt; on resume, cuts metrics and
+    events back to the checkpoint so every iteration appears exactly once."""
+    from dmad.env import collect_env
+
+    prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
+    resolved = cfg.model_dump(mode="json")
+    if resume:
+        state = read_training_state(Path(resume))
+        folder.clean_temp()
+        folder.truncate_after(state.iter)
+        changed = _config_changes(folder, resolved)
+        if changed:
+            events.emit("warning", state.iter, message=f"resuming with a changed config: {', '.join(changed)}")
+        command = folder.command_txt.read_text(encoding="utf-8") if folder.command_txt.is_file() else ""
+        from dmad.runs import atomic_write_text
+        import shlex
+
+        atomic_write_text(folder.command_txt, command + shlex.join(argv) + "\n")
+    else:
+        folder.write_command(argv)
+        folder.write_json("prompt_set.json", to_json(prompt_set))
+    folder.write_json("config.json", resolved)
+    folder.write_json("env.json", collect_env())
+    folder.write_status("running", iter=None, failure_reason=None, exit_code=None)
+    events.emit("started", None, run_dir=str(folder.path), config_fingerprint=config_fingerprint(resolved),
+                resume_from=resume, max_train_steps=cfg.optimization.max_train_steps,
+                effective_batch=cfg.effective_batch(1), prompt_set=f"{prompt_set.name}-{prompt_set.version}")
+    return prompt_set
+
+
+def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
+    try:
+        old = json.loads(folder.config_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for group, fields in resolved.items():
+        if not isinstance(fields, dict):
+            continue
+        for k, v in fields.items():
+            before = old.get(group, {}).get(k) if isinstance(old.get(group), dict) else None
+            if before != v and k != "resume_from_checkpoint":
+                out.append(f"{group}.{k} {before!r} -> {v!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- the session
+
+@dataclass
+class Session:
+    cfg: TrainConfig
+    folder: RunFolder
+    events: EventWriter
+    accelerator: Any
+    device: torch.device
+    weight_dtype: torch.dtype
+    teacher: Any  # dmad.models.teacher.Teacher (frozen unet, vae, text encoder, tokenizer)
+    schedule: NoiseSchedule
+    nets: Networks
+    student: torch.nn.Module  # prepared (maybe DDP-wrapped) student
+    fake_score: torch.nn.Module
+    gan_head: torch.nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_c: torch.optim.Optimizer
+    sched_g: Any
+    sched_c: Any
+    real: RealScore
+    trange: TimestepRange
+    timesteps: list[int]
+    sampler: Any  # dmad.data.ResumableBatches: sample positions of each batch
+    prompt_set: PromptSet
+    dataset: Any
+    monitor: Monitor
+    metrics: CsvAppender
+    log: logging.Logger
+    generator_kwargs: dict = field(default_factory=dict)
+    critic_kwargs: dict = field(default_factory=dict)
+    iter: int = 0
+    start_iter: int = 0
+    generator_steps: int = 0
+    batches_used: int = 0
+    last_saved: Optional[int] = None
+    t_start: float = field(default_factory=time.time)
+    data: Any = None
+
+    # ---- per micro-step
+    def rng(self, batch_number: int) -> SampleRNG:
+        return SampleRNG(self.cfg.resources.seed, self.sampler.positions(batch_number), self.device)
+
+    @torch.no_grad()
+    def encode_batch(self, images: torch.Tensor, captions: list[str],
+                     rng: SampleRNG) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (B, 3, R, R) in [-1, 1] -> latents (B, C, R/f, R/f) float32 (a posterior sample);
+        captions -> (B, L, D)."""
+        from dmad.models.teacher import encode_prompts
+
+        t = self.teacher
+        dist = t.vae.encode(images.to(self.device, self.weight_dtype)).latent_dist
+        latents = (dist.mean.float() + dist.std.float() * rng.randn_like(dist.mean.float())) * t.vae.config.scaling_factor
+        emb = encode_prompts(t.tokenizer, t.text_encoder, list(captions), self.device)
+        return latents, emb
+
+    def student_input(self, shape: torch.Size, emb: torch.Tensor, iteration: int,
+                      rng: SampleRNG) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pure noise at the first student timestep; for multi-step students, the student's own
+        rollout to a step index drawn from (seed, iteration): the same for every micro-batch and
+        on every process, without communication."""
+        noise = rng.randn(tuple(shape[1:]))
+        if len(self.timesteps) == 1:
+            return noise, torch.full((shape[0],), self.timesteps[0], dtype=torch.long, device=self.device)
+        k = sample_stop_index(len(self.timesteps), iteration_generator(self.cfg.resources.seed, iteration))
+        student = self.accelerator.unwrap_model(self.student)
+
+        def x0_fn(x_t, t):
+            with self.accelerator.autocast():
+                return self.schedule.to_x0(x_t, student(x_t, t, emb).sample, t).float()
+
+        return backward_simulate(x0_fn, noise, self.timesteps, k, self.schedule, rng)
+
+    def student_x0(self, x_t: torch.Tensor, t: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.schedule.to_x0(x_t, self.student(x_t, t, emb).sample, t).float()
+
+    @contextlib.contextmanager
+    def critic_frozen(self):
+        """During the student's update the critic only passes gradients through to the student."""
+        params = trainable_parameters(self.nets.fake_score) + trainable_parameters(self.nets.gan_head)
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+
+    # ---- optimizer steps
+    def _step(self, opt, sched, module) -> Optional[float]:
+        norm = None
+        max_norm = self.cfg.optimization.max_grad_norm
+        if max_norm > 0:
+            norm = float(self.accelerator.clip_grad_norm_(trainable_parameters(module), max_norm))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return norm
+
+    def step_generator(self) -> Optional[float]:
+        norm = self._step(self.opt_g, self.sched_g, self.student)
+        if self.nets.ema is not None:
+            self.nets.ema.step(trainable_parameters(self.nets.student))
+        self.generator_steps += 1
+        return norm
+
+    def step_critic(self) -> Optional[float]:
+        critic = torch.nn.ModuleList([self.nets.fake_score, self.nets.gan_head])
+        return self._step(self.opt_c, self.sched_c, critic)
+
+    # ---- observation
+    def sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def memory_row(self) -> dict:
+        """Framework peak since the previous row (then reset) and device-wide use (NVML; process
+        RSS on a CPU machine): two scopes, two columns, never mixed."""
+        peak = memory.framework_peak_gb(self.device)
+        memory.reset_framework_peak(self.device)
+        _, used, _ = device_reading(self.device)
+        return {"mem_peak_alloc_gb": peak, "mem_device_used_gb": used}
+
+    def training_state(self) -> TrainingState:
+        return TrainingState(iter=self.iter, generator_steps=self.generator_steps, batches_used=self.batches_used,
+                             student_timesteps=self.timesteps, prediction_type=self.schedule.prediction_type,
+                             config_fingerprint=config_fingerprint(self.cfg.model_dump(mode="json")),
+                             lr_generator={}, lr_critic={})
+
+    def save_checkpoint(self) -> None:
+        if self.last_saved == self.iter:
+            return
+        ident = self.cfg.identity
+        tmp = self.folder.begin_checkpoint(self.iter)
+        save_checkpoint(tmp, nets=self.nets, student_mode=ident.student, fake_mode=ident.fake_score,
+                        opt_g=self.opt_g, opt_c=self.opt_c, sched_g=self.sched_g, sched_c=self.sched_c,
+                        scaler=self.accelerator.scaler, state=self.training_state())
+        path = self.folder.commit_checkpoint(self.iter, tmp, self.cfg.observation.checkpoints_total_limit)
+        self.last_saved = self.iter
+        self.folder.write_status(self.folder.read_status().get("state", "running"), last_checkpoint=self.iter)
+        self.events.emit("checkpoint", self.iter, path=str(path), student_timesteps=self.timesteps)
+
+    def render_samples(self) -> None:
+        """Validation images with the student's own timesteps (EMA weights when EMA is on). A
+        failure here is a warning: sampling never ends training."""
+        from dmad.models.teacher import encode_prompts
+        from dmad.sampling import render_student_samples
+
+        t = self.teacher
+        student = self.nets.student
+        params = trainable_parameters(student)
+        out = self.folder.samples_dir / f"iter_{self.iter}"
+        try:
+            if self.nets.ema is not None:
+                self.nets.ema.store(params)
+                self.nets.ema.copy_to(params)
+            paths = render_student_samples(
+                out, student=student, vae=t.vae, encode=lambda p: encode_prompts(t.tokenizer, t.text_encoder, p, self.device),
+                schedule=self.schedule, timesteps=self.timesteps, prompt_set=self.prompt_set, iteration=self.iter,
+                device=self.device, dtype=torch.float32, versions=_versions())
+            self.events.emit("samples", self.iter, folder=str(out), paths=paths, model="student",
+                             ema=self.nets.ema is not None)
+        except Exception as e:  # noqa: BLE001 - reported, training goes on
+            if is_oom(e):
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            self.log.warning("sampling at iteration %d failed: %r", self.iter, e, exc_info=True)
+            self.events.emit("warning", self.iter, message=f"sampling failed: {type(e).__name__}: {e}")
+        finally:
+            if self.nets.ema is not None:
+                self.nets.ema.restore(params)
+
+
+def _versions() -> dict:
+    import diffusers
+
+    return {"torch": torch.__version__, "diffusers": diffusers.__version__}

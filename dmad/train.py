@@ -1,0 +1,245 @@
+"""dmad train: one linear DMAD training loop inside a run folder.
+
+Per iteration (= one critic optimizer step):
+  1. draw gradient_accumulation_steps batches (data time is measured here);
+  2. per micro-batch: encode images (VAE) and captions, make the student's input (pure noise, or
+     for multi-step students a backward-simulated rollout), run the student;
+     every K-th iteration also backpropagate the student loss (DM + GAN) through it;
+  3. student optimizer step (every K-th iteration), then the critic's micro-batches on the
+     detached student samples and its optimizer step;
+  4. log / checkpoint / validation samples / control commands at iteration boundaries.
+Stdout carries only events (DESIGN.md); everything else goes to stderr and logs/engine.log.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from dmad.config import TrainConfig
+from dmad.errors import DmadError, UserInputError
+from dmad.events import EventWriter
+from dmad.runs import ControlReader, CsvAppender, RunFolder
+from dmad.build import build_session, restore
+from dmad.session import METRIC_COLUMNS, Session, StopFlag, classify_oom, is_oom, prepare_folder, setup_logging
+from dmad.step import critic_loss, generator_loss
+
+
+
+class NonFiniteLoss(Exception):
+    def __init__(self, term: str, iteration: int):
+        super().__init__(f"{term} is not finite at iteration {iteration}")
+        self.term, self.iteration = term, iteration
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> int:
+    """Creates (or reopens, to resume) the run folder, trains, and returns the exit code."""
+    folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
+    log = setup_logging(folder.engine_log)
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
+    events = EventWriter(folder.events_jsonl, stream=real_stdout)
+    stop = StopFlag().install()
+    s: Optional[Session] = None
+    phase = ["setup"]
+    try:
+        prompt_set = prepare_folder(folder, cfg, resume, argv, events)
+        phase[0] = "loading"
+        s = build_session(cfg, folder, prompt_set, events, log)
+        restore(s, resume)
+        return train_loop(s, stop, phase)
+    except NonFiniteLoss as e:
+        return _fail(folder, events, s, f"{e}; the last good checkpoint is kept", 1, term=e.term, cause="non_finite_loss")
+    except DmadError as e:
+        _fail(folder, events, s, str(e), e.exit_code, cause=type(e).__name__)
+        raise
+    except BaseException as e:
+        if is_oom(e):
+            where = classify_oom(phase[0])
+            return _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}", 3,
+                         cause="out_of_memory", phase=where)
+        if isinstance(e, KeyboardInterrupt):
+            _fail(folder, events, s, "interrupted", 130, cause="interrupted")
+            raise
+        log.error("unexpected failure in phase %s\n%s", phase[0], traceback.format_exc())
+        _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase[0]}; details in {folder.engine_log})", 1,
+              cause="exception")
+        raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
+    finally:
+        stop.uninstall()
+        if s is not None:
+            s.monitor.stop()
+            s.metrics.close()
+        events.close()
+        sys.stdout = real_stdout
+
+
+def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int, **data) -> int:
+    last = folder.latest_checkpoint()
+    it = s.iter if s is not None else None
+    events.emit("error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None, **data)
+    folder.write_status("failed", failure_reason=reason, exit_code=code)
+    return code
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
+    cfg, acc = s.cfg, s.accelerator
+    accum = cfg.resources.gradient_accumulation_steps
+    k_gen = cfg.distillation.critic_updates_per_generator_update
+    control = ControlReader(s.folder.control_jsonl)
+    window = _Window()
+    s.monitor.start()
+    s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
+    s.events.emit("phase", s.iter, phase="training")
+    while s.iter < cfg.optimization.max_train_steps:
+        if _handle_control(s, control, stop):
+            return _stop(s)
+        t_iter = time.perf_counter()
+        first_batch = s.batches_used
+        batches = [next(s.data) for _ in range(accum)]
+        s.batches_used += accum
+        window.data_time += time.perf_counter() - t_iter
+        first = s.iter == s.start_iter
+        gen_step = s.iter % k_gen == 0
+        samples, logs = [], _LogSum()
+        for m, (images, captions) in enumerate(batches):
+            phase[0] = "vae-encode" if first else f"step-{s.iter + 1}"
+            rng = s.rng(first_batch + m)
+            latents, emb = s.encode_batch(images, captions, rng)
+            phase[0] = "first-forward" if first else phase[0]
+            x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
+            sync = acc.no_sync(s.student) if m < accum - 1 else contextlib.nullcontext()
+            with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
+                x0 = s.student_x0(x_t, t, emb)
+                if gen_step:
+                    with s.critic_frozen():
+                        loss, lg = generator_loss(x0, emb, gen=rng, **s.generator_kwargs)
+                    phase[0] = "first-backward" if first else phase[0]
+                    acc.backward(loss / accum)
+                    logs.add(lg, s.iter + 1)
+            samples.append((x0.detach(), latents, emb, rng))
+        if gen_step:
+            logs.add({"grad_norm_g": s.step_generator()}, s.iter + 1)
+        for m, (x0, latents, emb, rng) in enumerate(samples):
+            sync = acc.no_sync(s.fake_score) if m < accum - 1 else contextlib.nullcontext()
+            with sync, acc.autocast():
+                loss, lc = critic_loss(x0, latents, emb, gen=rng, **s.critic_kwargs)
+            acc.backward(loss / accum)
+            logs.add(lc, s.iter + 1)
+        logs.add({"grad_norm_c": s.step_critic()}, s.iter + 1)
+        s.iter += 1
+        window.add(logs)
+        if s.iter % cfg.observation.log_every_steps == 0 or s.iter == cfg.optimization.max_train_steps:
+            _log_row(s, window)
+        _after_iteration(s)
+    return _finish(s)
+
+
+def _after_iteration(s: Session) -> None:
+    cfg = s.cfg
+    last = s.iter == cfg.optimization.max_train_steps
+    if s.iter % cfg.observation.checkpointing_steps == 0 or last:
+        s.save_checkpoint()
+    v = cfg.observation.validation_steps
+    if (v and s.iter % v == 0) or s.iter % cfg.observation.checkpointing_steps == 0 or last:
+        s.render_samples()
+
+
+def _finish(s: Session) -> int:
+    s.folder.write_status("finished", iter=s.iter)
+    s.events.emit("finished", s.iter, elapsed_s=round(time.time() - s.t_start, 3))
+    return 0
+
+
+def _stop(s: Session) -> int:
+    s.folder.write_status("stopping", iter=s.iter)
+    if s.last_saved != s.iter:
+        s.save_checkpoint()
+    s.folder.write_status("stopped", iter=s.iter)
+    s.events.emit("stopped", s.iter, last_checkpoint=s.last_saved)
+    return 0
+
+
+def _handle_control(s: Session, control: ControlReader, stop: "StopFlag") -> bool:
+    """Applies control.jsonl commands; returns True when the run must stop. Pausing blocks here
+    (models stay loaded; the monitor thread keeps the heartbeat fresh)."""
+    paused = False
+    while True:
+        for c in control.poll():
+            cmd = c.get("cmd")
+            if cmd == "stop":
+                stop.set()
+            elif cmd == "pause" and not paused:
+                paused = True
+                s.folder.write_status("paused", iter=s.iter)
+                s.events.emit("paused", s.iter)
+            elif cmd == "resume" and paused:
+                paused = False
+                s.folder.write_status("running", iter=s.iter)
+                s.events.emit("resumed", s.iter)
+            elif cmd == "sample_now":
+                s.render_samples()
+            elif cmd == "checkpoint_now":
+                s.save_checkpoint()
+        if stop.is_set():
+            return True
+        if not paused:
+            return False
+        time.sleep(0.2)
+
+
+class _LogSum:
+    """Sums of per-micro-step logs for one iteration (means are taken over the log window)."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, logs: dict, iteration: int) -> None:
+        for k, v in logs.items():
+            if v is None:
+                continue
+            if k.startswith("loss_") and not math.isfinite(v):
+                raise NonFiniteLoss(k, iteration)
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+
+class _Window(_LogSum):
+    def __init__(self):
+        super().__init__()
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums, self.counts, self.iters, self.data_time = {}, {}, 0, 0.0
+        self.t0 = time.perf_counter()
+
+    def add(self, logs: _LogSum, iteration: int = 0) -> None:  # type: ignore[override]
+        for k, v in logs.sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + logs.counts[k]
+        self.iters += 1
+
+
+def _log_row(s: Session, w: _Window) -> None:
+    if w.iters == 0:
+        return
+    s.sync_device()  # so the window's wall time covers queued GPU work (one sync per log row)
+    elapsed = time.perf_counter() - w.t0
+    row = {k: w.sums[k] / w.counts[k] for k in w.sums}
+    row.update(s.memory_row())
+    row.update(iter=s.iter, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters,
+               lr_generator=s.sched_g.get_last_lr()[0], lr_critic=s.sched_c.get_last_lr()[0])
+    s.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
+    remaining = s.cfg.optimization.max_train_steps - s.iter
+    s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"},
+                  max_train_steps=s.cfg.optimization.max_train_steps,
+                  eta_s=round(remaining * elapsed / w.iters, 1))
+    w.reset()

@@ -1,0 +1,106 @@
+"""Shared fixtures. Nothing here imports torch at collection time: tests/app must run without it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def dmad_env() -> dict[str, str]:
+    """Environment for a `python -m dmad` subprocess: the checkout on the path, no network."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONIOENCODING="utf-8")
+    return env
+
+
+def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real CLI, as a user's script would start it."""
+    return subprocess.run([sys.executable, "-m", "dmad", *args], cwd=cwd, env=dmad_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory) -> Path:
+    """A tiny random SD-layout diffusers pipeline folder, built once per session (~1 s + torch import)."""
+    from dmad.tiny import make_tiny_sd_pipeline
+
+    path = tmp_path_factory.mktemp("tiny_teacher") / "tiny-sd"
+    make_tiny_sd_pipeline(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """8 captioned 32 px images (coloured squares)."""
+    from dmad.tiny import make_caption_folder
+
+    return make_caption_folder(tmp_path_factory.mktemp("tiny_data") / "squares", n=8, size=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_prompt_set(tmp_path_factory) -> Path:
+    """Two prompts at 32 px, so tests do not depend on the built-in demo set."""
+    path = tmp_path_factory.mktemp("prompts") / "tiny_v1.json"
+    path.write_text(json.dumps({
+        "prompt_set": "tiny", "version": "v1", "resolution": [32, 32], "seed": 0, "steps": 2,
+        "items": [{"id": "red", "topic": "colour", "prompt": "a red square on a black background"},
+                  {"id": "blue", "topic": "colour", "prompt": "a blue square on a black background"}],
+    }), encoding="utf-8")
+    return path
+
+
+def tiny_config_dict(teacher: Path, data: Path, prompt_set: Path, output_dir: Path) -> dict[str, Any]:
+    return {
+        "config_version": 1,
+        "identity": {"pretrained_model_name_or_path": str(teacher), "train_data_dir": str(data),
+                     "output_dir": str(output_dir), "run_name": "tiny"},
+        "resources": {"resolution": 32, "train_batch_size": 1},
+        "optimization": {"max_train_steps": 2},
+        "observation": {"prompt_set": str(prompt_set), "checkpointing_steps": 2},
+    }
+
+
+@pytest.fixture
+def write_config(tmp_path, tiny_teacher, tiny_data, tiny_prompt_set) -> Callable[..., Path]:
+    """write_config(extra=None, name="config.json") -> path of a valid tiny config in tmp_path,
+    with `extra` deep-merged over it (runs go to tmp_path/runs/tiny)."""
+    def write(extra: dict | None = None, name: str = "config.json") -> Path:
+        cfg = tiny_config_dict(tiny_teacher, tiny_data, tiny_prompt_set, tmp_path / "runs")
+        path = tmp_path / name
+        path.write_text(json.dumps(_deep_update(cfg, extra or {}), indent=2), encoding="utf-8")
+        return path
+    return write
+
+
+@pytest.fixture
+def dmad_cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """dmad_cli("train", "--config", ...) runs the real CLI in tmp_path."""
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return run_dmad(*args, cwd=tmp_path, timeout=timeout)
+    return run
+
+
+@pytest.fixture
+def run_python(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """run_python(code) runs `python -c code` in tmp_path with the checkout importable."""
+    def run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dmad_env(),
+                              capture_output=True, text=True, timeout=timeout)
+    return run

@@ -1,0 +1,200 @@
+"""Every invalid input: exit 2, one line on stderr naming the problem and where, no traceback.
+
+Each case runs the real CLI (`python -m dmad train ...`) in a subprocess, as a user's script
+would. Config errors never import torch, so most cases take ~0.3 s.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _bad_json(t) -> list[str]:
+    (t.tmp / "bad.json").write_text('{\n  "identity": {,\n}\n', encoding="utf-8")
+    return ["--config", "bad.json"]
+
+
+def _text(name: str, text: str):
+    def setup(t) -> list[str]:
+        (t.tmp / name).write_text(text, encoding="utf-8")
+        return ["--config", name]
+    return setup
+
+
+def _cfg(extra: dict, *more: str):
+    """A valid tiny config with `extra` merged over it, plus more CLI arguments."""
+    return lambda t: ["--config", str(t.write(extra)), *more]
+
+
+def _teacher(make):
+    """A tiny config whose teacher is what make(tmp_path) returns."""
+    return lambda t: ["--config", str(t.write({"identity": {"pretrained_model_name_or_path": str(make(t.tmp))}}))]
+
+
+def _data(make):
+    return lambda t: ["--config", str(t.write({"identity": {"train_data_dir": str(make(t.tmp))}}))]
+
+
+def _not_a_pipeline(tmp: Path) -> Path:
+    folder = tmp / "not_a_pipeline"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("just some files\n")
+    return folder
+
+
+def _sdxl(tmp: Path) -> Path:
+    folder = tmp / "sdxl_teacher"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({
+        "_class_name": "StableDiffusionXLPipeline", "_diffusers_version": "0.42.1",
+        "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
+        "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+        "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
+        "scheduler": ["diffusers", "EulerDiscreteScheduler"]}))
+    return folder
+
+
+def _pickle_ckpt(tmp: Path) -> Path:
+    path = tmp / "model.ckpt"
+    path.write_bytes(b"\x80\x02}q\x00.")  # a pickle: running it could execute anything
+    return path
+
+
+def _empty_dir(name: str):
+    def make(tmp: Path) -> Path:
+        (tmp / name).mkdir()
+        return tmp / name
+    return make
+
+
+def _existing_run(*cli: str):
+    def setup(t) -> list[str]:
+        run = t.tmp / "runs" / "tiny"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "config.json").write_text("{}\n")
+        return ["--config", str(t.write()), *cli]
+    return setup
+
+
+# (id, setup(t) -> train arguments, words the one stderr line must contain)
+CASES = [
+    ("json_syntax", _bad_json, ["bad.json:2:16", "invalid JSON"]),
+    ("not_an_object", _text("list.json", "[1, 2, 3]\n"), ["list.json", "must be a JSON object", "list"]),
+    ("missing_file", lambda t: ["--config", "nope.json"], ["config file not found", "nope.json"]),
+    ("duplicate_key", _text("dup.json", '{"config_version": 1, "config_version": 1}'), ["dup.json", "duplicate key 'config_version'"]),
+    ("missing_required", _text("min.json", '{"identity": {"pretrained_model_name_or_path": "t"}}'),
+     ["min.json", "missing required field 'identity.train_data_dir'"]),
+    ("unknown_top_key", _cfg({"optimisation": {}}), ["config.json", "unknown key 'optimisation'", "did you mean 'optimization'"]),
+    ("nested_typo", _cfg({"resources": {"train_batch_szie": 2}}),
+     ["unknown key 'resources.train_batch_szie'", "did you mean 'train_batch_size'"]),
+    ("string_for_number", _cfg({"optimization": {"generator_lr": "fast"}}), ["optimization.generator_lr", "valid number", '"fast"']),
+    ("negative_batch", _cfg({"resources": {"train_batch_size": -1}}), ["resources.train_batch_size", "greater than or equal to 1", "-1"]),
+    ("resolution_not_8", _cfg({"resources": {"resolution": 36}}), ["resources.resolution", "multiple of 8", "36"]),
+    ("student_steps_0", _cfg({"distillation": {"student_steps": 0}}), ["distillation.student_steps", "greater than or equal to 1"]),
+    ("student_steps_5", _cfg({"distillation": {"student_steps": 5}}), ["distillation.student_steps", "less than or equal to 4"]),
+    ("min_ge_max_timestep", _cfg({"distillation": {"min_timestep": 500, "max_timestep": 500}}),
+     ["distillation", "min_timestep (500)", "max_timestep (500)"]),
+    ("timesteps_length", _cfg({"distillation": {"student_steps": 2, "student_timesteps": [999, 666, 333]}}),
+     ["student_timesteps has 3 entries", "student_steps is 2"]),
+    ("config_version_future", _cfg({"config_version": 99}), ["config_version 99", "not supported"]),
+    ("teacher_missing", _teacher(lambda tmp: tmp / "no_such_teacher"), ["no_such_teacher", "not found"]),
+    ("teacher_not_pipeline", _teacher(_not_a_pipeline), ["not_a_pipeline", "model_index.json"]),
+    ("teacher_sdxl", _teacher(_sdxl), ["sdxl_teacher", "StableDiffusionXLPipeline"]),
+    ("teacher_pickle", _teacher(_pickle_ckpt), ["model.ckpt", "safetensors"]),
+    ("data_empty", _data(_empty_dir("empty_data")), ["train_data_dir", "empty_data", "no images"]),
+    ("data_missing", _data(lambda tmp: tmp / "no_such_data"), ["train_data_dir not found", "no_such_data"]),
+    ("run_folder_exists", _existing_run(), ["run folder already exists", "runs/tiny", "--resume latest"]),
+    ("resume_no_checkpoint", _existing_run("--resume", "latest"), ["--resume latest", "no complete checkpoint", "checkpoints"]),
+    ("resume_bad_path", _existing_run("--resume", "runs/tiny/checkpoints/iter_7"),
+     ["--resume", "iter_7", "not a complete checkpoint"]),
+    ("set_without_equals", _cfg({}, "--set", "resources.resolution"), ["--set", "resources.resolution", "key=value"]),
+    ("set_unknown_key", _cfg({}, "--set", "resources.train_batch_sise=2"),
+     ["--set resources.train_batch_sise=2", "unknown key", "did you mean 'train_batch_size'"]),
+    ("set_wrong_type", _cfg({}, "--set", "resources.train_batch_size=two"),
+     ["--set resources.train_batch_size=two", "valid integer"]),
+    ("set_into_a_value", _cfg({}, "--set", "resources.resolution.x=1"), ["--set", "'resolution' is not a group"]),
+    ("unknown_flag", _cfg({}, "--frobnicate"), ["unrecognized arguments", "--frobnicate"]),
+    ("missing_config_flag", lambda t: [], ["required", "--config"]),
+]
+
+
+class _Setup:
+    def __init__(self, tmp: Path, write):
+        self.tmp, self.write = tmp, write
+
+
+@pytest.mark.parametrize("setup,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(setup, words, tmp_path, write_config, dmad_cli):
+    proc = dmad_cli("train", *setup(_Setup(tmp_path, write_config)))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].strip(), proc.stderr
+    assert lines[0].startswith("dmad: error: "), lines[0]
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    assert proc.stdout == ""  # stdout is the event stream: an error never writes to it
+
+
+def test_config_errors_are_found_before_torch_is_imported(write_config, run_python):
+    cfg = write_config({"resources": {"resolution": 36}})
+    proc = run_python(
+        "import sys\nfrom dmad.cli import main\n"
+        f"rc = main(['train', '--config', {str(cfg)!r}])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(rc)\n")
+    assert proc.returncode == 2, proc.stderr
+    assert "resources.resolution" in proc.stderr
+
+
+def test_unexpected_error_is_one_line_with_a_log(write_config, run_python):
+    """A bug is not the user's fault: exit 1, one line naming the log that holds the traceback."""
+    cfg = write_config()
+    proc = run_python(
+        "import sys, dmad.preflight\n"
+        "def boom(*a, **k): raise RuntimeError('kaboom')\n"
+        "dmad.preflight.preflight = boom\n"
+        "from dmad.cli import main\n"
+        f"sys.exit(main(['train', '--config', {str(cfg)!r}]))\n")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("dmad: internal error: RuntimeError: kaboom (details in "), lines
+    log = Path(lines[0].rsplit("(details in ", 1)[1].rstrip(")"))
+    try:
+        assert "Traceback" in log.read_text() and "kaboom" in log.read_text()
+    finally:
+        log.unlink()
+
+
+def test_interrupt_exits_130_quietly(write_config, run_python):
+    cfg = write_config()
+    proc = run_python(
+        "import sys, dmad.preflight\n"
+        "def stop(*a, **k): raise KeyboardInterrupt\n"
+        "dmad.preflight.preflight = stop\n"
+        "from dmad.cli import main\n"
+        f"sys.exit(main(['train', '--config', {str(cfg)!r}]))\n")
+    assert proc.returncode == 130 and proc.stderr == "", proc.stderr
+
+
+def test_help_still_works(dmad_cli):
+    proc = dmad_cli("train", "--help")
+    assert proc.returncode == 0 and "--config" in proc.stdout and proc.stderr == ""
+
+
+def test_dry_run_prints_resolved_config_and_ledger(tmp_path, write_config, dmad_cli):
+    cfg = write_config()
+    proc = dmad_cli("train", "--config", str(cfg), "--dry-run", "--set", "optimization.generator_lr=2e-5")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    start = out.index("{")
+    resolved, end = json.JSONDecoder().raw_decode(out[start:])
+    assert resolved["resources"]["resolution"] == 32
+    assert resolved["optimization"]["generator_lr"] == 2e-5
+    assert resolved["distillation"]["student_steps"] == 1  # a default, filled in
+    assert Path(resolved["identity"]["train_data_dir"]).is_absolute()
+    report = out[start + end:]
+    assert any("total" in line.lower() for line in report.splitlines()), report
+    assert str(tmp_path / "runs" / "tiny") in report
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing

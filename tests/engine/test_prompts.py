@@ -1,0 +1,135 @@
+"""Prompt sets: every validation rule answers with one line naming the file and the problem."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dmad.errors import UserInputError
+from dmad.paths import resource
+from dmad.prompts import (PromptSet, default_prompt_set_path, item_seed, load_prompt_set, safe_name_problem,
+                          to_json, validate_prompt_set)
+
+
+def base() -> dict:
+    return {"prompt_set": "demo", "version": "v1", "resolution": [64, 64], "seed": 10, "sampler": "ddim",
+            "steps": 50, "cfg": 3.0, "items": [
+                {"id": "a", "topic": "t", "prompt": "a red circle"},
+                {"id": "b", "topic": "t", "prompt": "a blue square", "negative_prompt": "blurry", "seed": 7},
+                {"id": "c", "topic": "t", "prompt": "a green cross"}]}
+
+
+def write(tmp_path, obj, name="set.json"):
+    p = tmp_path / name
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2), encoding="utf-8")
+    return p
+
+
+def load_error(tmp_path, obj) -> str:
+    p = write(tmp_path, obj)
+    with pytest.raises(UserInputError) as e:
+        load_prompt_set(p)
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    assert str(p) in msg, msg
+    return msg
+
+
+def with_item(**fields) -> dict:
+    d = base()
+    d["items"][0].update(fields)
+    return d
+
+
+def with_set(**fields) -> dict:
+    d = base()
+    d.update(fields)
+    return d
+
+
+@pytest.mark.parametrize("obj, expected", [
+    (with_set(colour="red"), "unknown key 'colour'"),
+    (with_set(sampeler="ddim"), "did you mean 'sampler'"),
+    (with_item(negative="x"), "unknown key 'items[0].negative' (item id 'a')"),
+    ({"prompt_set": "demo", "version": "v1", "resolution": [64, 64], "items": [{"id": "a", "topic": "t"}]},
+     "missing required field 'items[0].prompt'"),
+    (with_set(items=[{"id": "x", "topic": "t", "prompt": "p"}, {"id": "y", "topic": "t", "prompt": "q"},
+                     {"id": "x", "topic": "t", "prompt": "r"}, {"id": "y", "topic": "t", "prompt": "s"}]),
+     "duplicate item ids: x, y"),
+    (with_item(id="a/b"), "path separator"),
+    (with_item(id="a\\b"), "path separator"),
+    (with_item(id="..x"), "'..'"),
+    (with_item(id="x..y"), "'..'"),
+    (with_item(id=""), "must not be empty"),
+    (with_item(id=".hidden"), "must not start or end with '.'"),
+    (with_item(id="trailing."), "must not start or end with '.'"),
+    (with_item(id="CON"), "reserved device name"),
+    (with_item(id="con.png"), "reserved device name"),
+    (with_item(id="Com1"), "reserved device name"),
+    (with_item(id="lpt9.tar.gz"), "reserved device name"),
+    (with_item(id="nul"), "reserved device name"),
+    (with_item(id="a b"), "may only use letters, digits"),
+    (with_item(id="chat:1"), "may only use letters, digits"),
+    (with_item(id="café"), "may only use letters, digits"),
+    (with_item(id="x" * 101), "longer than 100"),
+    (with_set(prompt_set="my set"), "prompt_set: not a safe file name"),
+    (with_set(version="../v1"), "version: not a safe file name"),
+    (with_set(version="AUX"), "version: not a safe file name"),
+    (with_set(resolution=[60, 64]), "multiple of 8"),
+    (with_set(resolution=[64, 0]), "multiple of 8"),
+    (with_set(resolution=[64]), "resolution"),
+    (with_set(resolution=[64, 64, 64]), "resolution"),
+    (with_set(items=[]), "at least one item"),
+    (with_set(sampler="k_euler"), "sampler"),
+    (with_set(steps=0), "steps"),
+    (with_set(seed="3"), "seed"),
+    (with_set(steps=True), "steps"),
+    (with_item(seed=-1), "items[0].seed (item id 'a')"),
+    (with_item(prompt=""), "items[0].prompt"),
+    ([1, 2], "must be a JSON object"),
+    ('{"prompt_set": "demo",\n  "version": "v1"\n  "items": []}', ":3:3: invalid JSON"),
+    ('{"prompt_set": "a", "prompt_set": "b"}', "duplicate key 'prompt_set'"),
+])
+def test_invalid_prompt_set_is_one_line_naming_file_and_problem(tmp_path, obj, expected):
+    assert expected in load_error(tmp_path, obj)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(UserInputError, match="not found.*nope.json"):
+        load_prompt_set(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("name", ["a", "COM10", "CONSOLE", "con-test", "LPT0", "v1.2", "img_001-b", "A.b.c"])
+def test_safe_names_are_accepted(name):
+    assert safe_name_problem(name) is None
+
+
+def test_shipped_prompt_sets_load():
+    demo = load_prompt_set(default_prompt_set_path())
+    assert default_prompt_set_path() == resource("prompt_sets", "demo_v1.json")
+    assert (demo.name, demo.version, demo.resolution, demo.sampler) == ("demo", "v1", [64, 64], "ddim")
+    assert len(demo.items) >= 8 and {"single-shape", "colour", "position"} <= {it.topic for it in demo.items}
+    template = load_prompt_set(resource("prompt_sets", "template_v1.json"))
+    assert template.resolution == [512, 512] and (template.steps, template.cfg) == (30, 7.5)
+    assert len(template.items) >= 8 and any(it.negative_prompt for it in template.items)
+
+
+def test_item_seed_is_own_seed_or_set_seed_plus_index():
+    ps = validate_prompt_set(base())
+    assert [item_seed(ps, it) for it in ps.items] == [10, 7, 12]
+    assert item_seed(ps, "c") == 12
+    with pytest.raises(KeyError):
+        item_seed(ps, "zzz")
+
+
+def test_to_json_round_trips_and_leaves_out_unset_fields(tmp_path):
+    ps = load_prompt_set(write(tmp_path, base()))
+    raw = to_json(ps)
+    assert raw == base()
+    assert validate_prompt_set(raw) == ps
+    assert isinstance(ps, PromptSet) and ps.width == ps.height == 64
+
+
+def test_prompts_module_is_torch_free():
+    code = "import sys, dmad.prompts; sys.exit(1 if 'torch' in sys.modules or 'PIL' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
