@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -42,11 +43,13 @@ class _Context:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dmad", description="DMAD Studio engine: distil a diffusion teacher into a 1-4 step student.")
+    # allow_abbrev=False: "--dry" working today would break users' scripts once another --dry* exists.
+    parser = _Parser(prog="dmad", allow_abbrev=False,
+                     description="DMAD Studio engine: distil a diffusion teacher into a 1-4 step student.")
     parser.add_argument("--version", action="version", version=f"dmad {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    train = sub.add_parser("train", help="train a student (or check a config with --dry-run)",
+    train = sub.add_parser("train", allow_abbrev=False, help="train a student (or check a config with --dry-run)",
                            description="Train a student. Events go to stdout (one JSON object per line) and to "
                                        "<run>/events.jsonl; library output goes to stderr and <run>/logs/engine.log.")
     train.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
@@ -77,23 +80,21 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
         cfg.observation.resume_from_checkpoint = resume
     run_dir = Path(args.run_dir).expanduser().resolve() if args.run_dir else None
     pf = preflight(cfg, run_dir=run_dir, resume=resume)
-    if pf.run_dir.is_dir():
-        ctx.run_dir = pf.run_dir
+    ctx.run_dir = pf.run_dir  # a crash log goes there once the folder exists
     if args.dry_run:
         print(dry_run_report(cfg, pf))
         return EXIT_OK
     pf.require_teacher_weights()
-    from dmad.train import run_training  # imports torch: only now that the inputs are known good
+    from dmad.train import run_training  # the training stack: only now that the inputs are known good
 
-    ctx.run_dir = pf.run_dir
     return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf))
 
 
 def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
     """The command for command.txt: absolute paths and an explicit run folder, so it works from any
     terminal folder (a fresh run's command re-run with --resume latest continues it)."""
-    argv = [sys.executable, "-m", "dmad", "train", "--config", str(Path(args.config).resolve()),
-            "--run-dir", str(pf.run_dir)]
+    engine = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]  # PyInstaller
+    argv = [*engine, "train", "--config", str(Path(args.config).resolve()), "--run-dir", str(pf.run_dir)]
     if args.resume is not None:
         argv += ["--resume", pf.resume_arg or args.resume]
     for item in args.set:
@@ -159,6 +160,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_RUN_FAILED)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `dmad train --dry-run | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_RUN_FAILED
     except DmadError as e:
         print(f"dmad: error: {_one_line(e)}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -1,7 +1,8 @@
 """Checks that run before anything heavy: data, prompt set, teacher, run folder, resume target.
 
-Everything a user can get wrong is found here, in well under a second and without torch, and
-reported as one UserInputError line naming the problem and where. `dmad train --dry-run` stops
+Everything a user can get wrong is found here and reported as one UserInputError line naming
+the problem and where. The cheap checks come first and need no torch (well under a second); the
+teacher's configs are inspected last, which imports torch and diffusers (~1-3 s). `dmad train --dry-run` stops
 after these checks; a real run goes on to dmad.train with the facts gathered here.
 """
 from __future__ import annotations

@@ -64,6 +64,14 @@ def setup_logging(path: Path) -> logging.Logger:
     return logging.getLogger("dmad")
 
 
+class NonFiniteLoss(Exception):
+    """A loss term (or, at checkpoint time, a network's weights) went NaN/inf."""
+
+    def __init__(self, term: str, iteration: int):
+        super().__init__(f"{term} is not finite at iteration {iteration}")
+        self.term, self.iteration = term, iteration
+
+
 class StopFlag:
     """SIGTERM / SIGINT ask for a graceful stop (checkpoint, `stopped` event) at the next
     iteration boundary; a second SIGINT interrupts at once."""
@@ -109,6 +117,14 @@ def classify_oom(phase: str) -> str:
 
 # --------------------------------------------------------------------------- run folder files
 
+def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
+    """Resume: drop leftover temp checkpoints and every metrics row / event after the checkpoint,
+    so each iteration appears exactly once."""
+    state = read_training_state(checkpoint)
+    folder.clean_temp()
+    folder.truncate_after(state.iter)
+
+
 def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
                    events: EventWriter) -> PromptSet:
     """Writes config.json, prompt_set.json, env.json and command.txt; on resume, cuts metrics and
@@ -118,12 +134,9 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
     prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
     resolved = cfg.model_dump(mode="json")
     if resume:
-        state = read_training_state(Path(resume))
-        folder.clean_temp()
-        folder.truncate_after(state.iter)
         changed = _config_changes(folder, resolved)
         if changed:
-            events.emit("warning", state.iter, message=f"resuming with a changed config: {', '.join(changed)}")
+            events.emit("warning", None, message=f"resuming with a changed config: {', '.join(changed)}")
         command = folder.command_txt.read_text(encoding="utf-8") if folder.command_txt.is_file() else ""
         from dmad.runs import atomic_write_text
         import shlex
@@ -289,6 +302,11 @@ class Session:
     def save_checkpoint(self) -> None:
         if self.last_saved == self.iter:
             return
+        for name in ("student", "fake_score", "gan_head"):
+            # One pass over the weights per checkpoint, so a saved checkpoint is always a good one.
+            params = list(getattr(self.nets, name).parameters())
+            if not all(torch.isfinite(p).all() for p in params):
+                raise NonFiniteLoss(f"{name} weights", self.iter)
         ident = self.cfg.identity
         tmp = self.folder.begin_checkpoint(self.iter)
         save_checkpoint(tmp, nets=self.nets, student_mode=ident.student, fake_mode=ident.fake_score,

@@ -27,20 +27,17 @@ from dmad.errors import DmadError, UserInputError
 from dmad.events import EventWriter
 from dmad.runs import ControlReader, CsvAppender, RunFolder
 from dmad.build import build_session, restore
-from dmad.session import METRIC_COLUMNS, Session, StopFlag, classify_oom, is_oom, prepare_folder, setup_logging
+from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, classify_oom, cut_back_to_checkpoint,
+                          is_oom, prepare_folder, setup_logging)
 from dmad.step import critic_loss, generator_loss
 
-
-
-class NonFiniteLoss(Exception):
-    def __init__(self, term: str, iteration: int):
-        super().__init__(f"{term} is not finite at iteration {iteration}")
-        self.term, self.iteration = term, iteration
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> int:
     """Creates (or reopens, to resume) the run folder, trains, and returns the exit code."""
     folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
+    if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
+        cut_back_to_checkpoint(folder, Path(resume))
     log = setup_logging(folder.engine_log)
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout)

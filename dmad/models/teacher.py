@@ -16,7 +16,6 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -183,8 +182,8 @@ def _weights_of_folder(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
 
 def _single_file_config_dir(p: Path, teacher_config_dir: Optional[str]) -> Path:
     if p.suffix.lower() in PICKLE_SUFFIXES:
-        raise UserInputError(f"{p}: pickle checkpoints are never loaded (unpickling can run arbitrary code); "
-                             f"convert to .safetensors")
+        raise UserInputError(f"{p}: pickle checkpoints are never loaded; convert to .safetensors "
+                             f"(unpickling can run arbitrary code)")
     if p.suffix.lower() != ".safetensors":
         raise UserInputError(f"{p}: not a teacher: expected a diffusers pipeline folder or a .safetensors file")
     if teacher_config_dir is None:
@@ -268,6 +267,21 @@ def _check_file_matches(p: Path, header: dict, unet_cfg: Any, text_hidden: int, 
                                  f"teacher_config_dir {cdir}: the configs describe a different model")
 
 
+def _locate(p: Path, teacher_config_dir: Optional[str]) -> tuple[Path, dict, dict, tuple[str, ...]]:
+    """(config folder, weight files, their headers, missing-weight lines) of a folder or single file."""
+    if not p.exists():
+        raise UserInputError(f"teacher not found: {p}")
+    if p.is_dir():
+        if teacher_config_dir is not None:
+            raise UserInputError(f"teacher_config_dir is only for a single-file teacher, but {p} is a folder "
+                                 f"(remove teacher_config_dir)")
+        _read_index(p)
+        return (p, *_weights_of_folder(p))
+    cdir = _single_file_config_dir(p, teacher_config_dir)
+    _read_index(cdir)
+    return (cdir, *_weights_of_file(p))
+
+
 def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None) -> TeacherInfo:
     """Read model_index.json, the component configs and the safetensors headers; no weights.
     Raises UserInputError (one line naming the path and the problem). Missing weights are not an
@@ -275,19 +289,7 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
     if model_family not in ("auto", "sd1", "sd2"):
         raise UserInputError(f"model_family '{model_family}' is not one of auto, sd1, sd2")
     p = Path(path).expanduser()
-    if not p.exists():
-        raise UserInputError(f"teacher not found: {p}")
-    if p.is_dir():
-        if teacher_config_dir is not None:
-            raise UserInputError(f"teacher_config_dir is only for a single-file teacher, but {p} is a folder "
-                                 f"(remove teacher_config_dir)")
-        cdir = p
-        _read_index(cdir)
-        files, headers, missing = _weights_of_folder(p)
-    else:
-        cdir = _single_file_config_dir(p, teacher_config_dir)
-        _read_index(cdir)
-        files, headers, missing = _weights_of_file(p)
+    cdir, files, headers, missing = _locate(p, teacher_config_dir)
     configs = _read_configs(cdir)
     models = _meta_models(configs, cdir)
     unet_cfg, vae_cfg = models["unet"].config, models["vae"].config
@@ -349,18 +351,21 @@ def _load_single_file(info: TeacherInfo, tokenizer: Any, dtype: torch.dtype) -> 
     from diffusers import StableDiffusionPipeline
 
     # config= a local folder: diffusers reads every component config from it and never looks for
-    # one on the Hub; the safety checker is never loaded by from_single_file.
-    pipe = _guarded("the single-file checkpoint", info.path, lambda: StableDiffusionPipeline.from_single_file(
-        info.path, config=info.config_dir, local_files_only=True, dtype=dtype, tokenizer=tokenizer,
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False))
-    out = {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.text_encoder}
-    for c, m in out.items():
-        # Tensors the file lacks stay on the meta device (diffusers only warns): refuse them here.
-        left = [n for n, t in chain(m.named_parameters(), m.named_buffers()) if t.is_meta]
-        if left:
-            raise UserInputError(f"{info.path}: {c} weights incomplete: {len(left)} tensors are not in the file "
-                                 f"(first: {left[0]}); does teacher_config_dir {info.config_dir} describe it?")
-    return out
+    # one on the Hub; from_single_file never loads a safety checker.
+    def load() -> Any:
+        try:
+            return StableDiffusionPipeline.from_single_file(
+                info.path, config=info.config_dir, local_files_only=True, dtype=dtype, tokenizer=tokenizer,
+                safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        except NotImplementedError as e:
+            if "meta tensor" not in str(e):
+                raise
+            # Tensors the file lacks stay on the meta device until diffusers moves the model.
+            raise UserInputError(f"{info.path}: weights incomplete: tensors that the configs in teacher_config_dir "
+                                 f"{info.config_dir} call for are not in the file; do they describe it?") from e
+
+    pipe = _guarded("the single-file checkpoint", info.path, load)
+    return {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.text_encoder}
 
 
 def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None,

@@ -6,6 +6,7 @@ would. Config errors never import torch, so most cases take ~0.3 s.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,22 +30,22 @@ def _cfg(extra: dict, *more: str):
 
 
 def _teacher(make):
-    """A tiny config whose teacher is what make(tmp_path) returns."""
-    return lambda t: ["--config", str(t.write({"identity": {"pretrained_model_name_or_path": str(make(t.tmp))}}))]
+    """A tiny config whose teacher is what make(tmp_path, tiny_teacher) returns."""
+    return lambda t: ["--config", str(t.write({"identity": {"pretrained_model_name_or_path": str(make(t.tmp, t.teacher))}}))]
 
 
 def _data(make):
     return lambda t: ["--config", str(t.write({"identity": {"train_data_dir": str(make(t.tmp))}}))]
 
 
-def _not_a_pipeline(tmp: Path) -> Path:
+def _not_a_pipeline(tmp: Path, _) -> Path:
     folder = tmp / "not_a_pipeline"
     folder.mkdir()
     (folder / "readme.txt").write_text("just some files\n")
     return folder
 
 
-def _sdxl(tmp: Path) -> Path:
+def _sdxl(tmp: Path, _) -> Path:
     folder = tmp / "sdxl_teacher"
     folder.mkdir()
     (folder / "model_index.json").write_text(json.dumps({
@@ -56,7 +57,14 @@ def _sdxl(tmp: Path) -> Path:
     return folder
 
 
-def _pickle_ckpt(tmp: Path) -> Path:
+def _weightless(tmp: Path, teacher: Path) -> Path:
+    """The tiny teacher's configs and tokenizer without its .safetensors: enough for a dry run."""
+    folder = tmp / "configs_only"
+    shutil.copytree(teacher, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    return folder
+
+
+def _pickle_ckpt(tmp: Path, _) -> Path:
     path = tmp / "model.ckpt"
     path.write_bytes(b"\x80\x02}q\x00.")  # a pickle: running it could execute anything
     return path
@@ -99,10 +107,11 @@ CASES = [
     ("timesteps_length", _cfg({"distillation": {"student_steps": 2, "student_timesteps": [999, 666, 333]}}),
      ["student_timesteps has 3 entries", "student_steps is 2"]),
     ("config_version_future", _cfg({"config_version": 99}), ["config_version 99", "not supported"]),
-    ("teacher_missing", _teacher(lambda tmp: tmp / "no_such_teacher"), ["no_such_teacher", "not found"]),
+    ("teacher_missing", _teacher(lambda tmp, _: tmp / "no_such_teacher"), ["no_such_teacher", "not found"]),
     ("teacher_not_pipeline", _teacher(_not_a_pipeline), ["not_a_pipeline", "model_index.json"]),
     ("teacher_sdxl", _teacher(_sdxl), ["sdxl_teacher", "StableDiffusionXLPipeline"]),
     ("teacher_pickle", _teacher(_pickle_ckpt), ["model.ckpt", "safetensors"]),
+    ("teacher_without_weights", _teacher(_weightless), ["teacher has no weights", "configs_only", "unet"]),
     ("data_empty", _data(_empty_dir("empty_data")), ["train_data_dir", "empty_data", "no images"]),
     ("data_missing", _data(lambda tmp: tmp / "no_such_data"), ["train_data_dir not found", "no_such_data"]),
     ("run_folder_exists", _existing_run(), ["run folder already exists", "runs/tiny", "--resume latest"]),
@@ -121,13 +130,13 @@ CASES = [
 
 
 class _Setup:
-    def __init__(self, tmp: Path, write):
-        self.tmp, self.write = tmp, write
+    def __init__(self, tmp: Path, write, teacher: Path):
+        self.tmp, self.write, self.teacher = tmp, write, teacher
 
 
 @pytest.mark.parametrize("setup,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2(setup, words, tmp_path, write_config, dmad_cli):
-    proc = dmad_cli("train", *setup(_Setup(tmp_path, write_config)))
+def test_bad_input_is_one_line_exit_2(setup, words, tmp_path, write_config, tiny_teacher, dmad_cli):
+    proc = dmad_cli("train", *setup(_Setup(tmp_path, write_config, tiny_teacher)))
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
@@ -198,3 +207,77 @@ def test_dry_run_prints_resolved_config_and_ledger(tmp_path, write_config, dmad_
     assert any("total" in line.lower() for line in report.splitlines()), report
     assert str(tmp_path / "runs" / "tiny") in report
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+# ------------------------------------------------------------ what preflight accepts (in-process: fast)
+
+def _preflight(config: Path, **kwargs):
+    from dmad.config import load_config
+    from dmad.preflight import preflight
+
+    return preflight(load_config(config), **kwargs)
+
+
+def _fake_checkpoints(run: Path, iters: list[int], latest: int | None = None) -> None:
+    for it in iters:
+        (run / "checkpoints" / f"iter_{it}").mkdir(parents=True)
+    (run / "config.json").write_text("{}\n")
+    if latest is not None:
+        (run / "checkpoints" / "latest.json").write_text(json.dumps({"iter": latest, "path": f"iter_{latest}"}))
+
+
+def test_resume_targets(tmp_path, write_config):
+    from dmad.errors import UserInputError
+
+    config, run = write_config(), tmp_path / "runs" / "tiny"
+    _fake_checkpoints(run, [2, 4], latest=4)
+    pf = _preflight(config, resume="latest")
+    assert (pf.run_dir, pf.resume.iteration, pf.resume_arg) == (run, 4, str(run / "checkpoints" / "iter_4"))
+    # A checkpoint path names its run folder; the run's name in the config does not matter.
+    other = write_config({"identity": {"run_name": "elsewhere"}}, name="other.json")
+    pf = _preflight(other, resume=str(run / "checkpoints" / "iter_2"))
+    assert (pf.run_dir, pf.resume.iteration) == (run, 2)
+    pf = _preflight(other, resume=str(run))  # a run folder: its latest checkpoint
+    assert pf.resume.iteration == 4
+    dated = write_config({"identity": {"run_name": None}}, name="dated.json")
+    with pytest.raises(UserInputError, match="--resume latest needs the run folder"):
+        _preflight(dated, resume="latest")
+    assert _preflight(dated, run_dir=run, resume="latest").resume.iteration == 4
+
+
+def test_run_folder_names(tmp_path, write_config):
+    pf = _preflight(write_config({"identity": {"run_name": None}}))
+    assert pf.run_dir.parent == tmp_path / "runs" and pf.resume is None
+    assert pf.run_dir.name.startswith("dmad_") and pf.run_dir.name.endswith("_squares_tiny-v1")
+    (tmp_path / "mine").mkdir()  # an empty folder the user made for the run is fine
+    assert _preflight(write_config(), run_dir=tmp_path / "mine").run_dir == tmp_path / "mine"
+
+
+def test_data_summary_counts_images_and_captions(tmp_path):
+    from dmad.errors import UserInputError
+    from dmad.preflight import summarize_data
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("a.png", "b.JPG", "c.webp"):
+        (folder / name).write_bytes(b"")
+    with pytest.raises(UserInputError, match=r"data: 3 images but no \.txt captions"):
+        summarize_data(folder)
+    (folder / "a.txt").write_text("a cat")
+    (folder / "notes.txt").write_text("not a caption")
+    s = summarize_data(folder)
+    assert (s.images, s.captioned, s.dataset_id) == (3, 1, "data")
+
+
+def test_dry_run_needs_no_weights_and_shows_the_resume_point(tmp_path, write_config, tiny_teacher, capsys):
+    from dmad.cli import main
+
+    config = write_config({"identity": {"pretrained_model_name_or_path": str(_weightless(tmp_path, tiny_teacher))}})
+    assert main(["train", "--config", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "weights missing: a real run needs them" in out and "total" in out
+    _fake_checkpoints(tmp_path / "runs" / "tiny", [3])
+    assert main(["train", "--config", str(config), "--dry-run", "--resume", "latest"]) == 0
+    out = capsys.readouterr().out
+    assert f"Resume from: {tmp_path / 'runs' / 'tiny' / 'checkpoints' / 'iter_3'}" in out
+    assert json.loads(out[out.index("{"):out.index("\n}\n") + 2])["observation"]["resume_from_checkpoint"] == "latest"
