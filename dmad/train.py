@@ -53,7 +53,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     except NonFiniteLoss as e:
         return _fail(folder, events, s, f"{e}; the last good checkpoint is kept", 1, term=e.term, cause="non_finite_loss")
     except DmadError as e:
-        _fail(folder, events, s, str(e), e.exit_code, cause=type(e).__name__)
+        _fail(folder, events, s, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
         raise
     except BaseException as e:
         if is_oom(e):
@@ -61,11 +61,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
             return _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}", 3,
                          cause="out_of_memory", phase=where)
         if isinstance(e, KeyboardInterrupt):
-            _fail(folder, events, s, "interrupted", 130, cause="interrupted")
+            _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
             raise
         log.error("unexpected failure in phase %s\n%s", phase[0], traceback.format_exc())
         _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase[0]}; details in {folder.engine_log})", 1,
-              cause="exception")
+              cause="exception", quiet=True)
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
     finally:
         stop.uninstall()
@@ -76,11 +76,15 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         sys.stdout = real_stdout
 
 
-def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int, **data) -> int:
+def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int,
+          quiet: bool = False, **data) -> int:
+    """Error event + failed status; one line on stderr unless the CLI prints the exception itself."""
     last = folder.latest_checkpoint()
     it = s.iter if s is not None else None
     events.emit("error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None, **data)
     folder.write_status("failed", failure_reason=reason, exit_code=code)
+    if not quiet:
+        print(f"dmad: error: {reason}", file=sys.__stderr__, flush=True)
     return code
 
 
@@ -116,10 +120,10 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
             with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
                 x0 = s.student_x0(x_t, t, emb)
                 if gen_step:
-                    with s.critic_frozen():
+                    with s.critic_frozen():  # backward too: checkpointed recomputation must see the same graph
                         loss, lg = generator_loss(x0, emb, gen=rng, **s.generator_kwargs)
-                    phase[0] = "first-backward" if first else phase[0]
-                    acc.backward(loss / accum)
+                        phase[0] = "first-backward" if first else phase[0]
+                        acc.backward(loss / accum)
                     logs.add(lg, s.iter + 1)
             samples.append((x0.detach(), latents, emb, rng))
         if gen_step:

@@ -229,13 +229,14 @@ def test_control_file_pauses_resumes_and_stops(write_config, tmp_path):
 
 
 def test_non_finite_loss_stops_with_the_term_and_iteration(write_config, dmad_cli, tmp_path):
-    cfg = write_config({"optimization": {"max_train_steps": 50, "optimizer": "sgd", "critic_lr": 1e30,
-                                         "generator_lr": 1e30, "max_grad_norm": 0.0},
+    # plain SGD at lr 1 without clipping diverges within a few iterations on the tiny model
+    cfg = write_config({"optimization": {"max_train_steps": 200, "optimizer": "sgd", "critic_lr": 1.0,
+                                         "generator_lr": 1.0, "max_grad_norm": 0.0},
                         "observation": {"checkpointing_steps": 1}})
     run = tmp_path / "run"
     r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(run), timeout=300)
     assert r.returncode == 1
-    assert "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr and "is not finite at iteration" in r.stderr.splitlines()[-1]
     err = [e for e in read_events(run / "events.jsonl") if e.kind == "error"]
     assert len(err) == 1 and err[0].data["cause"] == "non_finite_loss"
     bad_iter, term = err[0].iter, err[0].data["term"]
