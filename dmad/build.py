@@ -44,7 +44,7 @@ def _encode_uncond(teacher, device) -> torch.Tensor:
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
-                  log: logging.Logger) -> Session:
+                  log: logging.Logger, monitor: Monitor) -> Session:
     from accelerate.utils import set_seed
 
     from dmad.data import CaptionedImages
@@ -54,6 +54,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     acc = make_accelerator(res.mixed_precision)
     set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
     wdtype = DTYPES[res.mixed_precision]
+    monitor.device = acc.device
     events.emit("phase", None, phase="loading", device=str(acc.device))
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
@@ -84,7 +85,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
                 opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
                 timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
-                dataset=dataset, monitor=Monitor(folder, acc.device, cfg.observation.gpu_mem_interval_s),
+                dataset=dataset, monitor=monitor,
                 metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS), log=log)
     _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",

@@ -82,7 +82,8 @@ class Optimization(_Group):
     max_grad_norm: float = Field(10.0, ge=0.0, le=1e6, description="Clip gradient norm per network; 0: no clipping.")
     lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
         "constant_with_warmup", description="Learning-rate schedule (diffusers get_scheduler), stepped once per optimizer step.")
-    lr_warmup_steps: int = Field(0, ge=0, le=10**7, description="Warm-up optimizer steps.")
+    lr_warmup_steps: int = Field(0, ge=0, le=10**7, description="Warm-up length in iterations (the critic's optimizer steps); the student, "
+                                                             "stepping every K-th iteration, warms up over the same iterations.")
     max_train_steps: int = Field(1000, ge=1, le=10**8, description="Iterations (critic optimizer steps) to train.")
 
 

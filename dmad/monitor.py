@@ -27,7 +27,10 @@ def device_reading(device) -> tuple[str, Optional[float], Optional[float]]:
 
 
 class Monitor:
-    def __init__(self, folder: RunFolder, device, interval_s: float, heartbeat_s: float = 2.0,
+    """Started before the models load (loading a large teacher can take minutes); memory
+    sampling begins once `device` is set."""
+
+    def __init__(self, folder: RunFolder, device: Optional[object], interval_s: float, heartbeat_s: float = 2.0,
                  on_sample: Optional[Callable[[dict], None]] = None):
         self.folder, self.device = folder, device
         self.interval_s, self.heartbeat_s = interval_s, heartbeat_s
@@ -52,7 +55,7 @@ class Monitor:
             now = time.time()
             try:
                 self.folder.heartbeat()  # RunFolder locks status.json against the loop's writes
-                if now >= next_sample:
+                if self.device is not None and now >= next_sample:  # device known once loading picked it
                     row = self.sample()
                     next_sample = now + self.interval_s
                     if self.on_sample is not None:

@@ -25,7 +25,8 @@ import torch
 from dmad.config import TrainConfig
 from dmad.errors import DmadError, UserInputError
 from dmad.events import EventWriter
-from dmad.runs import ControlReader, CsvAppender, RunFolder
+from dmad.monitor import Monitor
+from dmad.runs import ControlReader, RunFolder
 from dmad.build import build_session, restore
 from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, classify_oom, cut_back_to_checkpoint,
                           is_oom, prepare_folder, setup_logging)
@@ -43,11 +44,13 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     events = EventWriter(folder.events_jsonl, stream=real_stdout)
     stop = StopFlag().install()
     s: Optional[Session] = None
+    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s)
     phase = ["setup"]
     try:
         prompt_set = prepare_folder(folder, cfg, resume, argv, events)
+        monitor.start()
         phase[0] = "loading"
-        s = build_session(cfg, folder, prompt_set, events, log)
+        s = build_session(cfg, folder, prompt_set, events, log, monitor)
         restore(s, resume)
         return train_loop(s, stop, phase)
     except NonFiniteLoss as e:
@@ -69,8 +72,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
     finally:
         stop.uninstall()
+        monitor.stop()
         if s is not None:
-            s.monitor.stop()
             s.metrics.close()
         events.close()
         sys.stdout = real_stdout
@@ -84,7 +87,7 @@ def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: 
     events.emit("error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None, **data)
     folder.write_status("failed", failure_reason=reason, exit_code=code)
     if not quiet:
-        print(f"dmad: error: {reason}", file=sys.__stderr__, flush=True)
+        print(f"dmad: error: {reason}", file=sys.stderr, flush=True)
     return code
 
 
@@ -96,7 +99,6 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
     k_gen = cfg.distillation.critic_updates_per_generator_update
     control = ControlReader(s.folder.control_jsonl)
     window = _Window()
-    s.monitor.start()
     s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
     s.events.emit("phase", s.iter, phase="training")
     while s.iter < cfg.optimization.max_train_steps:
@@ -129,9 +131,11 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
         if gen_step:
             logs.add({"grad_norm_g": s.step_generator()}, s.iter + 1)
         for m, (x0, latents, emb, rng) in enumerate(samples):
+            phase[0] = "first-forward" if first else phase[0]
             sync = acc.no_sync(s.fake_score) if m < accum - 1 else contextlib.nullcontext()
             with sync, acc.autocast():
                 loss, lc = critic_loss(x0, latents, emb, gen=rng, **s.critic_kwargs)
+            phase[0] = "first-backward" if first else phase[0]
             acc.backward(loss / accum)
             logs.add(lc, s.iter + 1)
         logs.add({"grad_norm_c": s.step_critic()}, s.iter + 1)
