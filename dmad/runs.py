@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import numbers
 import os
 import re
 import shlex
@@ -30,11 +29,13 @@ from typing import Any, Iterable, Optional, Union
 
 from dmad.errors import UserInputError
 from dmad.events import parse_line
+# The log writers/readers live in dmad.runlog and are re-exported: the app imports dmad.runs.
+from dmad.runlog import (CONTROL_COMMANDS, ControlReader, CsvAppender, _complete_text, _to_int,  # noqa: F401
+                         _write_all, append_control, read_metrics)
 
 PathLike = Union[str, "os.PathLike[str]"]
 STATES = ("created", "running", "paused", "stopping", "stopped", "finished", "failed")
 LIVE_STATES = ("running", "paused", "stopping")  # a process should be behind these
-CONTROL_COMMANDS = ("stop", "pause", "resume", "sample_now", "checkpoint_now")
 TMP_PREFIX = ".tmp-"
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -87,12 +88,6 @@ def fsync_dir(path: PathLike) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _replace(src: Path, dst: Path) -> None:
@@ -393,11 +388,6 @@ class RunFolder:
             atomic_write_text(self.events_jsonl, "".join(_events_upto(lines, iter)))
 
 
-def _complete_text(data: bytes) -> str:
-    """Text up to and including the last newline: a torn last line (a kill mid-write) is dropped."""
-    return data[:data.rfind(b"\n") + 1].decode("utf-8", errors="replace")
-
-
 def _metrics_upto(text: str, iter: int, path: Path) -> str:
     rows = list(csv.reader(io.StringIO(text)))
     if not rows:
@@ -427,162 +417,6 @@ def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
             yield line
 
 
-def _to_int(s: str) -> Optional[int]:
-    try:
-        return int(s)
-    except ValueError:
-        try:
-            return int(float(s))
-        except (ValueError, OverflowError):
-            return None
-
-
-def _to_float(s: str) -> Optional[float]:
-    try:
-        return float(s) if s != "" else None
-    except ValueError:
-        return None
-
-
-# ---------------------------------------------------------------- metrics.csv, gpu_mem.csv
-
-class CsvAppender:
-    """Appends one row per write() and flushes it, so a live reader sees whole rows."""
-
-    def __init__(self, path: PathLike, columns: list[str]):
-        self.path, self.columns = Path(path), list(columns)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o666)
-        try:
-            self._check_or_write_header()
-        except BaseException:
-            os.close(self._fd)
-            raise
-
-    def _check_or_write_header(self) -> None:
-        # Reads the first line and the last 64 KiB only: metrics.csv of a long run is megabytes.
-        size = os.fstat(self._fd).st_size
-        with open(self.path, "rb") as f:
-            first = f.readline()
-            f.seek(max(0, size - 65536))
-            tail = f.read()
-        if tail and not tail.endswith(b"\n"):  # a torn row from a killed writer: drop it
-            size -= len(tail) - (tail.rfind(b"\n") + 1)
-            os.ftruncate(self._fd, size)
-        if size == 0:
-            self._write(self.columns)
-            return
-        header = next(csv.reader([first.decode("utf-8", "replace")]), [])
-        if header != self.columns:
-            raise ValueError(f"{self.path} has columns {header} but this run writes {self.columns}")
-
-    def append(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(self.columns)
-        if unknown:
-            raise ValueError(f"{self.path}: unknown columns {sorted(unknown)}; known: {self.columns}")
-        self._write([_cell(row.get(c)) for c in self.columns])
-
-    def _write(self, cells: list[str]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow(cells)
-        _write_all(self._fd, buf.getvalue().encode("utf-8"))
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> "CsvAppender":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _cell(x: Any) -> str:
-    if x is None:
-        return ""
-    if isinstance(x, bool):
-        return str(int(x))
-    if isinstance(x, numbers.Integral):
-        return str(int(x))
-    if isinstance(x, numbers.Real):
-        # repr is the shortest text that round-trips: '.6g' would hide a loss changing in digit 7.
-        return repr(float(x))
-    return str(x)
-
-
-def read_metrics(path: PathLike) -> tuple[list[str], list[dict[str, Optional[float]]]]:
-    """(columns, rows); iter is an int, other cells floats or None. Missing file: ([], [])."""
-    try:
-        text = _complete_text(Path(path).read_bytes())
-    except FileNotFoundError:
-        return [], []
-    rows = list(csv.reader(io.StringIO(text)))
-    if not rows:
-        return [], []
-    columns, out = rows[0], []
-    col = columns.index("iter") if "iter" in columns else None
-    for r in rows[1:]:
-        d: dict[str, Any] = {c: _to_float(r[k]) if k < len(r) else None for k, c in enumerate(columns)}
-        if col is not None:
-            d["iter"] = _to_int(r[col]) if col < len(r) else None
-            if d["iter"] is None:
-                continue  # a row without an iteration cannot be plotted
-        out.append(d)
-    return columns, out
-
-
-# ---------------------------------------------------------------- control.jsonl
-
-class ControlReader:
-    """New commands the app appended to control.jsonl since the last poll.
-
-    Starts at the current end of the file: commands already there were meant for an earlier
-    process (the "stop" that ended the run being resumed)."""
-
-    def __init__(self, path: PathLike, from_start: bool = False):
-        self.path = Path(path)
-        self._offset = 0
-        if not from_start:
-            try:
-                self._offset = self.path.stat().st_size
-            except FileNotFoundError:
-                pass
-
-    def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self._offset:
-                    self._offset = 0  # the file was replaced or cut: read it afresh
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        complete = data[:data.rfind(b"\n") + 1]  # a torn last line waits for the next poll
-        self._offset += len(complete)
-        return [c for c in map(_parse_control, complete.splitlines()) if c is not None]
-
-
-def _parse_control(line: bytes) -> Optional[dict]:
-    try:
-        d = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return d if isinstance(d, dict) and d.get("cmd") in CONTROL_COMMANDS else None
-
-
-def append_control(run_dir: PathLike, cmd: str) -> dict:
-    """One line, one write() on an O_APPEND fd: concurrent writers never interleave inside a line."""
-    if cmd not in CONTROL_COMMANDS:
-        raise ValueError(f"unknown control command {cmd!r}; known: {', '.join(CONTROL_COMMANDS)}")
-    command = {"cmd": cmd, "t": round(time.time(), 3)}
-    line = (json.dumps(command, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(RunFolder(run_dir).control_jsonl, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-    return command
 
 
 def list_runs(root: PathLike) -> list[RunFolder]:
@@ -599,3 +433,4 @@ def list_runs(root: PathLike) -> list[RunFolder]:
             runs.append((marker.stat().st_mtime, p.name, run))
     runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
     return [run for _, _, run in runs]
+

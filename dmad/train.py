@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from dmad.config import TrainConfig
-from dmad.errors import DmadError, UserInputError
+from dmad.errors import DmadError
 from dmad.events import EventWriter
 from dmad.monitor import Monitor
 from dmad.runs import ControlReader, RunFolder
