@@ -249,7 +249,7 @@ class Session:
     @contextlib.contextmanager
     def critic_frozen(self):
         """During the student's update the critic only passes gradients through to the student."""
-        params = trainable_parameters(self.nets.fake_score) + trainable_parameters(self.nets.gan_head)
+        params = _params(self.opt_c)
         for p in params:
             p.requires_grad_(False)
         try:
@@ -259,26 +259,25 @@ class Session:
                 p.requires_grad_(True)
 
     # ---- optimizer steps
-    def _step(self, opt, sched, module) -> Optional[float]:
+    def _step(self, opt, sched) -> Optional[float]:
         norm = None
         max_norm = self.cfg.optimization.max_grad_norm
         if max_norm > 0:
-            norm = float(self.accelerator.clip_grad_norm_(trainable_parameters(module), max_norm))
+            norm = float(self.accelerator.clip_grad_norm_(_params(opt), max_norm))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         return norm
 
     def step_generator(self) -> Optional[float]:
-        norm = self._step(self.opt_g, self.sched_g, self.student)
+        norm = self._step(self.opt_g, self.sched_g)
         if self.nets.ema is not None:
-            self.nets.ema.step(trainable_parameters(self.nets.student))
+            self.nets.ema.step(_params(self.opt_g))
         self.generator_steps += 1
         return norm
 
     def step_critic(self) -> Optional[float]:
-        critic = torch.nn.ModuleList([self.nets.fake_score, self.nets.gan_head])
-        return self._step(self.opt_c, self.sched_c, critic)
+        return self._step(self.opt_c, self.sched_c)
 
     # ---- observation
     def sync_device(self) -> None:
@@ -345,6 +344,12 @@ class Session:
         finally:
             if self.nets.ema is not None:
                 self.nets.ema.restore(params)
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """An optimizer's parameters: the network's trainable ones, listed once at build time (a
+    module-tree walk per step costs ~1 ms on a small UNet)."""
+    return [p for group in opt.param_groups for p in group["params"]]
 
 
 def _versions() -> dict:
