@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from dmad.datafiles import caption_of, images_in
 from dmad.errors import UserInputError
 
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def find_pairs(folder: str | Path) -> list[tuple[Path, Path]]:
@@ -24,11 +24,7 @@ def find_pairs(folder: str | Path) -> list[tuple[Path, Path]]:
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"train_data_dir is not a folder: {folder}")
-    pairs = []
-    for img in sorted(folder.iterdir()):
-        if img.suffix.lower() in IMAGE_EXTS and img.with_suffix(".txt").is_file():
-            pairs.append((img, img.with_suffix(".txt")))
-    return pairs
+    return [(img, caption_of(img)) for img in images_in(folder) if caption_of(img).is_file()]
 
 
 def read_caption(path: Path) -> str:

@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from dmad.config import TrainConfig
+from dmad.datafiles import IMAGE_EXTS, caption_of, images_in
 from dmad.errors import UserInputError
 from dmad.runs import RunFolder, default_run_name
 
 if TYPE_CHECKING:  # both import torch or pydantic models we only name here
     from dmad.models.teacher import TeacherInfo
     from dmad.prompts import PromptSet
-
-# The same set dmad.data reads (that module imports torch, so it is not imported here).
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 @dataclass(frozen=True)
@@ -96,8 +94,8 @@ def summarize_data(folder: Path) -> DataSummary:
         raise UserInputError(f"train_data_dir not found: {folder}")
     if not folder.is_dir():
         raise UserInputError(f"train_data_dir is not a folder: {folder}")
-    images = [p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTS and p.is_file()]
-    captioned = sum(1 for p in images if p.with_suffix(".txt").is_file())
+    images = images_in(folder)
+    captioned = sum(1 for p in images if caption_of(p).is_file())
     if not captioned:
         found = f"{len(images)} images but no .txt captions" if images else "no images"
         raise UserInputError(f"train_data_dir {folder}: {found} (need image files "
