@@ -69,7 +69,7 @@ def read_events(path: str | Path) -> Iterator[Event]:
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             for line in f:
-                ev = parse_line(line) if line.endswith("\n") else parse_line(line)
+                ev = parse_line(line)  # a torn last line does not parse and is skipped
                 if ev is not None:
                     yield ev
     except FileNotFoundError:
