@@ -85,7 +85,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
                 opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
                 timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
-                dataset=dataset, monitor=monitor,
+                dataset=dataset,
                 metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS), log=log)
     _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",

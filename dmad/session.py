@@ -24,7 +24,7 @@ from dmad.events import EventWriter
 from dmad.methods.dmd2 import backward_simulate, sample_stop_index
 from dmad.noise import SampleRNG, iteration_generator
 from dmad.methods.prediction import NoiseSchedule
-from dmad.monitor import Monitor, device_reading
+from dmad.monitor import device_reading
 from dmad.networks import Networks, trainable_parameters
 from dmad.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
 from dmad.runs import CsvAppender, RunFolder
@@ -196,7 +196,6 @@ class Session:
     sampler: Any  # dmad.data.ResumableBatches: sample positions of each batch
     prompt_set: PromptSet
     dataset: Any
-    monitor: Monitor
     metrics: CsvAppender
     log: logging.Logger
     generator_kwargs: dict = field(default_factory=dict)
