@@ -1,0 +1,132 @@
+"""Quality measures for the shapes demo, on the outputs of the shipped evaluator (dmad.demo.evaluator).
+
+- Prompt adherence: the fraction of images whose every attribute (shape, colour, size, position,
+  background) the classifier reads as the caption states; plus accuracy per attribute.
+- FD: Fréchet distance between Gaussians fitted to the classifier's penultimate features (the FID
+  recipe with our classifier in place of Inception). FD_real compares samples to held-out real
+  renders (`evaluator.render_real(range(n), evaluator.HELDOUT_DATA_SEED)`, or renders of the same
+  captions), FD_teacher compares them to the 50-step teacher's samples.
+- Diversity: mean pairwise L2 distance between the features of one prompt's samples (different
+  seeds), averaged over prompts. A collapsed student scores near 0.
+- Noise floor: FD is biased upwards at finite N, so two sample sets from the *same* model differ by
+  more than 0. The bench measures it as frechet_distance(teacher features with seeds A, teacher
+  features with seeds B), the same N and prompts per side as every other FD in its table; an FD
+  within the noise floor is indistinguishable from the teacher. Compare FDs only at equal N.
+
+scipy is not available, so the matrix square root is taken by eigendecomposition of symmetric
+matrices in float64 (numpy.linalg.eigh): tr sqrt(S1 S2) = tr sqrt(S1^1/2 S2 S1^1/2), whose argument
+is symmetric positive semi-definite. Cost: O(D^3) with D = 128 features, a few milliseconds.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from dmad.demo import shapes
+
+ATTRIBUTES = ("shape", "colour", "size", "position", "background")
+
+
+def _alternatives(values) -> str:
+    return "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
+
+
+_CAPTION = re.compile(
+    rf"a (?P<size>{_alternatives(shapes.SIZES)}) (?P<colour>{_alternatives(shapes.COLOURS)}) "
+    rf"(?P<shape>{_alternatives(shapes.SHAPES)}) "
+    rf"(?:at the (?P<position>{_alternatives(p for p in shapes.POSITIONS if p != 'center')})|in the center) "
+    rf"on a (?P<background>{_alternatives(shapes.BACKGROUNDS)}) background")
+
+
+def parse_caption(caption: str) -> dict:
+    """The attributes a shapes caption states: the inverse of dmad.demo.shapes.caption.
+    Surrounding whitespace (a .txt file's newline) is ignored; anything else raises ValueError."""
+    m = _CAPTION.fullmatch(caption.strip()) if isinstance(caption, str) else None
+    if m is None:
+        raise ValueError(f"not a shapes caption: {caption!r}; expected 'a <size> <colour> <shape> "
+                         f"at the <position>|in the center on a <background> background'")
+    attrs = m.groupdict()
+    attrs["position"] = attrs["position"] or "center"
+    return {k: attrs[k] for k in ATTRIBUTES}
+
+
+def adherence(pred_attrs: Sequence[dict], target_attrs: Sequence[dict]) -> dict:
+    """{"n", "all": fraction with every attribute right, "per_attribute": {attribute: accuracy}}."""
+    if len(pred_attrs) != len(target_attrs) or not target_attrs:
+        raise ValueError(f"need equally many predictions and targets, at least one; got "
+                         f"{len(pred_attrs)} and {len(target_attrs)}")
+    hits = np.array([[p.get(k) == t[k] for k in ATTRIBUTES] for p, t in zip(pred_attrs, target_attrs)])
+    return {"n": len(target_attrs), "all": float(hits.all(axis=1).mean()),
+            "per_attribute": {k: float(hits[:, j].mean()) for j, k in enumerate(ATTRIBUTES)}}
+
+
+def _as_numpy(feats) -> np.ndarray:
+    if isinstance(feats, torch.Tensor):
+        feats = feats.detach().cpu().double().numpy()
+    a = np.asarray(feats, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] < 2:
+        raise ValueError(f"need features (N >= 2, D), got shape {a.shape}")
+    return a
+
+
+def feature_stats(feats) -> tuple[np.ndarray, np.ndarray]:
+    """(mean (D,), covariance (D, D), unbiased) of features (N, D): compute once for a reference set."""
+    a = _as_numpy(feats)
+    return a.mean(axis=0), np.atleast_2d(np.cov(a, rowvar=False))
+
+
+def _sqrt_psd(m: np.ndarray) -> np.ndarray:
+    w, v = np.linalg.eigh((m + m.T) / 2)
+    return (v * np.sqrt(np.clip(w, 0, None))) @ v.T  # clip: round-off makes tiny eigenvalues negative
+
+
+def frechet_distance_from_stats(mu1, cov1, mu2, cov2) -> float:
+    """|mu1 - mu2|^2 + tr(S1) + tr(S2) - 2 tr sqrt(S1^1/2 S2 S1^1/2)."""
+    root1 = _sqrt_psd(cov1)
+    cross = np.linalg.eigvalsh(_symmetric(root1 @ cov2 @ root1))
+    fd = float(np.sum((mu1 - mu2) ** 2) + np.trace(cov1) + np.trace(cov2) - 2 * np.sum(np.sqrt(np.clip(cross, 0, None))))
+    return max(fd, 0.0)  # a true FD is >= 0; identical sets can land at -1e-13
+
+
+def _symmetric(m: np.ndarray) -> np.ndarray:
+    return (m + m.T) / 2
+
+
+def frechet_distance(feats_a, feats_b) -> float:
+    """FD between two feature sets (N, D) (torch or numpy; N may differ; N >= 2 each)."""
+    return frechet_distance_from_stats(*feature_stats(feats_a), *feature_stats(feats_b))
+
+
+def diversity(features_by_prompt: dict[str, torch.Tensor]) -> float:
+    """Mean pairwise L2 distance between one prompt's sample features, averaged over prompts."""
+    if not features_by_prompt:
+        raise ValueError("diversity needs at least one prompt")
+    per_prompt = []
+    for prompt, feats in features_by_prompt.items():
+        f = torch.as_tensor(feats).detach().double().cpu()
+        if f.ndim != 2 or f.shape[0] < 2:
+            raise ValueError(f"diversity needs >= 2 samples (N, D) per prompt; {prompt!r} has shape {tuple(f.shape)}")
+        per_prompt.append(torch.pdist(f).mean().item())
+    return float(np.mean(per_prompt))
+
+
+@torch.no_grad()
+def evaluate_images(classifier, images: torch.Tensor, captions: Sequence[str], batch_size: int = 256) -> dict:
+    """Classify images (N, 3, H, W) in [-1, 1] generated for `captions`.
+
+    Returns {"predictions": [attrs], "targets": [attrs], "correct": [bool] (every attribute right),
+    "features": (N, D) float32 CPU tensor, "adherence": adherence(predictions, targets)}."""
+    if images.ndim != 4 or images.shape[0] != len(captions):
+        raise ValueError(f"need images (N, 3, H, W) and N captions; got {tuple(images.shape)} and {len(captions)}")
+    targets = [parse_caption(c) for c in captions]
+    feats, preds = [], []
+    for start in range(0, images.shape[0], batch_size):
+        f = classifier.features(images[start:start + batch_size])
+        preds += classifier.decode(classifier.logits_from_features(f))
+        feats.append(f.float().cpu())
+    correct = [all(p[k] == t[k] for k in ATTRIBUTES) for p, t in zip(preds, targets)]
+    return {"predictions": preds, "targets": targets, "correct": correct, "features": torch.cat(feats),
+            "adherence": adherence(preds, targets)}

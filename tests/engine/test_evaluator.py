@@ -1,0 +1,150 @@
+"""The shipped shapes evaluator and the demo's metrics (CPU, ~15 s)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dmad.demo import shapes
+from dmad.demo.evaluator import (ATTRIBUTES, HELDOUT_DATA_SEED, TRAIN_DATA_SEED, ShapesClassifier, default_path,
+                                 load_evaluator, render_real, to_unit, train_evaluator, vocabulary)
+from dmad.demo.metrics import adherence, diversity, evaluate_images, frechet_distance, parse_caption
+from dmad.errors import UserInputError
+
+FRESH_SEED = 31337  # neither the shipped dataset's (0) nor the evaluator's training or held-out seeds
+
+
+@pytest.fixture(scope="module")
+def evaluator() -> ShapesClassifier:
+    return load_evaluator()
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """300 real renders the evaluator has never seen, as the bench would pass them."""
+    images, attrs = render_real(range(300), FRESH_SEED)
+    return to_unit(images), attrs
+
+
+def test_shipped_files_are_complete_and_small():
+    folder = default_path()
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    assert (folder / "evaluator.safetensors").stat().st_size < 2 * 1024 * 1024
+    assert cfg["vocab"] == vocabulary()
+    assert report["n"] >= 2000 and min(report["per_attribute"].values()) >= 0.99
+    assert len((folder / "training_log.jsonl").read_text(encoding="utf-8").splitlines()) > 10
+    assert FRESH_SEED not in (0, TRAIN_DATA_SEED, HELDOUT_DATA_SEED)
+
+
+def test_shipped_evaluator_reads_fresh_real_renders(evaluator, fresh):
+    images, attrs = fresh
+    result = evaluate_images(evaluator, images, [shapes.caption(a) for a in attrs])
+    per = result["adherence"]["per_attribute"]
+    assert min(per.values()) >= 0.99, per
+    assert result["adherence"]["all"] >= 0.95
+    assert result["features"].shape == (300, evaluator.feature_dim)
+    assert sum(result["correct"]) == round(result["adherence"]["all"] * 300)
+
+
+def test_other_sizes_are_resized(evaluator, fresh):
+    images, attrs = fresh
+    big = torch.nn.functional.interpolate(images[:100], size=128, mode="nearest")  # the same picture, 2x
+    assert adherence(evaluator.predict(big), attrs[:100])["all"] >= 0.95
+
+
+def test_load_refuses_missing_files(tmp_path):
+    with pytest.raises(UserInputError, match="missing"):
+        load_evaluator(tmp_path)
+
+
+def test_parse_caption_inverts_caption():
+    for seed in (0, 7, FRESH_SEED):
+        for i in range(300):
+            a = shapes.attributes_for(i, seed)
+            assert parse_caption(shapes.caption(a)) == {k: a[k] for k in ATTRIBUTES}
+    every = {"shape": "cross", "colour": "purple", "size": "small", "position": "center", "background": "white"}
+    assert parse_caption(shapes.caption(every) + "\n") == every
+
+
+@pytest.mark.parametrize("garbage", [
+    "", "a red circle", "a small red circle at the top left on a black", "a huge red circle in the center on a black background",
+    "a small red circle at the center on a black background", "a small pink circle in the center on a black background",
+    "A small red circle in the center on a black background", "a small red circle in the center on a black background!"])
+def test_parse_caption_rejects_garbage(garbage):
+    with pytest.raises(ValueError, match="not a shapes caption"):
+        parse_caption(garbage)
+
+
+def test_frechet_distance_zero_for_identical_sets_and_symmetric():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(500, 16, generator=g)
+    b = torch.randn(400, 16, generator=g) * 1.5 + 0.3
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-8)
+    assert frechet_distance(a, b) == pytest.approx(frechet_distance(b, a), rel=1e-8)
+    assert frechet_distance(a, b) > 1.0
+
+
+def test_frechet_distance_matches_the_1d_formula():
+    a = np.array([0.0, 1.0, 2.0, 5.0])[:, None]
+    b = np.array([3.0, -1.0, 4.0, 10.0, 7.0])[:, None]
+    m1, m2, s1, s2 = a.mean(), b.mean(), a.std(ddof=1), b.std(ddof=1)
+    assert frechet_distance(a, b) == pytest.approx((m1 - m2) ** 2 + (s1 - s2) ** 2, rel=1e-10)
+
+
+def test_frechet_distance_grows_with_a_mean_shift():
+    a = torch.randn(300, 8, generator=torch.Generator().manual_seed(1))
+    fds = [frechet_distance(a, a + shift) for shift in (0.0, 0.5, 1.0, 2.0)]
+    assert fds == sorted(fds) and fds[0] < 1e-8
+    assert fds[-1] == pytest.approx(8 * 2.0 ** 2, rel=1e-6)  # |shift * ones(8)|^2, covariances equal
+
+
+def test_diversity(evaluator, fresh):
+    images, _ = fresh
+    same = evaluator.features(images[:1].repeat(4, 1, 1, 1))
+    varied = evaluator.features(images[:4])
+    assert diversity({"p": same, "q": same}) == pytest.approx(0.0, abs=1e-5)
+    assert diversity({"p": varied}) > 0.1
+    assert diversity({"p": same, "q": varied}) == pytest.approx(diversity({"q": varied}) / 2, rel=1e-5)
+    assert diversity({"a": torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]])}) == pytest.approx(10 / 3)
+    with pytest.raises(ValueError, match=">= 2 samples"):
+        diversity({"p": same[:1]})
+
+
+def test_adherence_counts():
+    t = {"shape": "circle", "colour": "red", "size": "small", "position": "center", "background": "black"}
+    wrong_colour = {**t, "colour": "blue"}
+    wrong_both = {**t, "shape": "square", "position": "top left"}
+    result = adherence([t, wrong_colour, wrong_both, t], [t] * 4)
+    assert result["n"] == 4 and result["all"] == 0.5
+    assert result["per_attribute"] == {"shape": 0.75, "colour": 0.75, "size": 1.0, "position": 0.75, "background": 1.0}
+    with pytest.raises(ValueError):
+        adherence([t], [t, t])
+
+
+def test_training_is_deterministic(tmp_path):
+    kwargs = dict(seed=3, n_train=64, n_val=16, steps=3, batch_size=8, log_every=1, log=lambda m: None)
+    torch.manual_seed(1)  # the caller's global RNG state must not matter, only `seed`
+    a = train_evaluator(tmp_path / "a", **kwargs)
+    torch.manual_seed(2)
+    b = train_evaluator(tmp_path / "b", **kwargs)
+    wa, wb = load_file(str(tmp_path / "a" / "evaluator.safetensors")), load_file(str(tmp_path / "b" / "evaluator.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["per_attribute"] == b["per_attribute"]
+    c = train_evaluator(tmp_path / "c", **{**kwargs, "seed": 4})
+    wc = load_file(str(tmp_path / "c" / "evaluator.safetensors"))
+    assert not torch.equal(wa["neck.0.weight"], wc["neck.0.weight"])
+    assert load_evaluator(tmp_path / "a").predict(torch.zeros(1, 3, 64, 64))[0].keys() == set(ATTRIBUTES)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "training_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+
+
+def test_training_leaves_the_global_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    train_evaluator(tmp_path / "x", n_train=16, n_val=4, steps=1, batch_size=4, log=lambda m: None)
+    assert torch.equal(torch.rand(3), expected)
