@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
+from dmad.jsonfile import read_json_file
 from dmad.paths import resources_dir
 
 CONFIG_VERSION = 1
@@ -159,19 +160,6 @@ class TrainConfig(_Group):
 
 # --------------------------------------------------------------------------- loading with clear errors
 
-def _json_error(path: str, text: str, e: json.JSONDecodeError) -> UserInputError:
-    return UserInputError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}")
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    seen: set[str] = set()
-    for k, _ in pairs:
-        if k in seen:
-            raise ValueError(f"duplicate key {k!r} (only one value can apply)")
-        seen.add(k)
-    return dict(pairs)
-
-
 def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     """The valid keys at `loc` (the parent of an unknown key), for did-you-mean."""
     cur: Any = model
@@ -252,18 +240,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     """Read, migrate, override and validate a config file. Raises UserInputError with one line."""
     p = Path(path)
-    if not p.is_file():
-        raise UserInputError(f"config file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{p}: cannot read config ({e.__class__.__name__}: {e})") from None
-    try:
-        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except json.JSONDecodeError as e:
-        raise _json_error(str(p), text, e) from None
-    except ValueError as e:  # a key given twice: json would silently keep the last one
-        raise UserInputError(f"{p}: {e}") from None
+    raw = read_json_file(p, "config")
     if not isinstance(raw, dict):
         raise UserInputError(f"{p}: the config must be a JSON object, got {type(raw).__name__}")
     raw = apply_overrides(migrate(raw), overrides or [])

@@ -16,6 +16,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
+from dmad.jsonfile import read_json_file
 from dmad.paths import resource
 
 # Names follow the usual UI spellings; each maps to one diffusers scheduler class.
@@ -145,14 +146,6 @@ def _one_line(e: ValidationError, raw: dict, source: str) -> str:
     return f"{source}: {where}{note}: {msg}{shown}{more}"
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-    if dup is not None:
-        raise ValueError(f"duplicate key {dup!r}")
-    return dict(pairs)
-
-
 def validate_prompt_set(raw: object, source: str = "prompt set") -> PromptSet:
     """A parsed JSON value -> PromptSet, or UserInputError with one line naming `source`."""
     if not isinstance(raw, dict):
@@ -166,19 +159,7 @@ def validate_prompt_set(raw: object, source: str = "prompt set") -> PromptSet:
 def load_prompt_set(path: str | Path) -> PromptSet:
     """Read and validate a prompt set file. Raises UserInputError with one line naming the file."""
     p = Path(path)
-    if not p.is_file():
-        raise UserInputError(f"prompt set file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{p}: cannot read prompt set ({e.__class__.__name__}: {e})") from None
-    try:
-        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except ValueError as e:
-        raise UserInputError(f"{p}: invalid prompt set: {e}") from None
-    return validate_prompt_set(raw, str(p))
+    return validate_prompt_set(read_json_file(p, "prompt set"), str(p))
 
 
 def default_prompt_set_path() -> Path:
