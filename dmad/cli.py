@@ -65,7 +65,55 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validate config, data, teacher and run folder; print the resolved config and the "
                             "memory estimate; do not train")
     train.set_defaults(handler=_cmd_train)
+
+    demo = sub.add_parser("demo", allow_abbrev=False, help="the built-in demo: distil the shipped shapes teacher",
+                          description="Distil the shipped shapes teacher with resources/configs/demo.json into a run "
+                                      "folder, then render the demo prompt set with the teacher and the student.")
+    demo.add_argument("--run-dir", metavar="DIR", help="run folder (default: a new dated folder under runs/)")
+    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a field of the demo config, as for train; repeatable")
+    demo.set_defaults(handler=_cmd_demo)
+    demo_sub = demo.add_subparsers(dest="demo_command", metavar="SUBCOMMAND")
+    make = demo_sub.add_parser("make-teacher", allow_abbrev=False, help="train the demo teacher from scratch",
+                               description="Train the demo teacher (VAE, then UNet + text encoder) on procedural "
+                                           "shapes, seeded and deterministic on a CPU; writes a diffusers folder "
+                                           "with training_config.json and training_log.jsonl beside the weights.")
+    make.add_argument("--out", required=True, metavar="DIR", help="new folder for the teacher (must not exist)")
+    from dmad.demo.make_teacher import add_training_arguments
+    add_training_arguments(make)
+    make.set_defaults(handler=_cmd_make_teacher)
+
+    bench = sub.add_parser("bench", allow_abbrev=False, help="benchmarks", description="Benchmarks.")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    distill = bench_sub.add_parser(
+        "distill", allow_abbrev=False, help="teacher vs distilled student on the demo, side by side",
+        description="Sample the demo teacher (50 steps + CFG, and 1/2/4 steps), distil the default demo config, "
+                    "sample the student at 1/2/4 steps, and score all with the shipped evaluator. The table goes "
+                    "to stdout, progress to stderr.")
+    distill.add_argument("--quick", action="store_true", help="fewer images and a 60-iteration distillation (minutes)")
+    distill.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    distill.add_argument("--out", metavar="DIR", help="keep the distillation run here (default: a temp folder)")
+    distill.add_argument("--config", metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
+    distill.set_defaults(handler=_cmd_bench_distill)
     return parser
+
+
+def _cmd_demo(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.demo.run import run_demo
+
+    return run_demo(run_dir=args.run_dir, overrides=args.set, ctx=ctx)
+
+
+def _cmd_make_teacher(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.demo.make_teacher import main_from_args
+
+    return main_from_args(args)
+
+
+def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.demo.bench import main_distill
+
+    return main_distill(args.quick, args.json, args.out, args.config)
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:

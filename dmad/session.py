@@ -319,7 +319,7 @@ class Session:
         """Validation images with the student's own timesteps (EMA weights when EMA is on). A
         failure here is a warning: sampling never ends training."""
         from dmad.models.teacher import encode_prompts
-        from dmad.sampling import render_student_samples
+        from dmad.sampling import library_versions, render_student_samples
 
         t = self.teacher
         student = self.nets.student
@@ -332,7 +332,7 @@ class Session:
             paths = render_student_samples(
                 out, student=student, vae=t.vae, encode=lambda p: encode_prompts(t.tokenizer, t.text_encoder, p, self.device),
                 schedule=self.schedule, timesteps=self.timesteps, prompt_set=self.prompt_set, iteration=self.iter,
-                device=self.device, dtype=torch.float32, versions=_versions())
+                device=self.device, dtype=torch.float32, versions=library_versions())
             self.events.emit("samples", self.iter, folder=str(out), paths=paths, model="student",
                              ema=self.nets.ema is not None)
         except Exception as e:  # noqa: BLE001 - reported, training goes on
@@ -350,8 +350,3 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     module-tree walk per step costs ~1 ms on a small UNet)."""
     return [p for group in opt.param_groups for p in group["params"]]
 
-
-def _versions() -> dict:
-    import diffusers
-
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__}

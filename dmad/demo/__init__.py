@@ -9,15 +9,61 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Sized for 64 px shapes: the VAE downsamples x4 (64x64x3 -> 16x16x4 latents). Captions are
-# byte-level tokens (one per character, spaces free): the longest demo caption is ~57 tokens
-# with BOS/EOS, so 32 would cut off position and background; 64 fits every one.
-TEACHER_MAX_LENGTH = 64
+# Sized for 64 px shapes: the VAE downsamples x4 (64x64x3 -> 16x16x4 latents). Every word of the
+# demo captions is one token (demo_vocab), so the longest caption is 15 tokens with BOS/EOS;
+# other text falls back to one token per byte, and 32 positions leave room for that.
+TEACHER_MAX_LENGTH = 32
 TEACHER_TEXT_DIM = 128
 # (64, 128, 256) would be 12.6 M UNet parameters alone (25 MB in fp16); 192 at the bottom
 # keeps the whole pipeline near 10.6 M parameters, ~21 MB in fp16.
 TEACHER_UNET_CHANNELS = (64, 128, 192)
 TEACHER_VAE_CHANNELS = (32, 64, 64)
+# GroupNorm groups for both networks. With 32 groups on 32 channels (SD's 32 groups, but SD has
+# 128+ channels) every channel is normalised on its own over the image, which erases the
+# amplitude of flat colour regions: a VAE so built reconstructs shapes but not their colours.
+# 8 groups keep 4-24 channels per group, as SD's 32 groups over 128-1280 channels do.
+TEACHER_NORM_GROUPS = 8
+
+
+def demo_words() -> list[str]:
+    """Every word the demo captions use (dmad.demo.shapes.caption), sorted."""
+    from dmad.demo import shapes
+
+    words = set(shapes.SHAPES) | set(shapes.COLOURS) | set(shapes.BACKGROUNDS) | set(shapes.SIZES)
+    for position in shapes.POSITIONS:
+        words.update(position.split())
+    words.update("a at the in on background".split())
+    return sorted(words)
+
+
+def demo_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A CLIP BPE vocabulary and merge list in which every demo word is a single token.
+
+    The base is the byte-level table (every byte a token, so any text still tokenizes); each
+    demo word adds the merges that build it left to right. Longer words' merges rank first so a
+    shorter word's pair (the "ri" of "right") cannot split a longer one ("triangle"); a test checks
+    that every word comes out as one token. A word-level vocabulary is what lets a text encoder
+    trained from scratch on a CPU learn the captions in minutes rather than hours: with one token
+    per byte it first has to learn to spell.
+    """
+    from dmad.tiny import byte_level_vocab
+
+    vocab = byte_level_vocab()
+    specials = ("<|startoftext|>", "<|endoftext|>")  # re-added after the words, as the last ids
+    for token in specials:
+        del vocab[token]
+    merges: list[tuple[str, str]] = []
+    for word in sorted(demo_words(), key=lambda w: (-len(w), w)):
+        parts = list(word[:-1]) + [word[-1] + "</w>"]
+        left = parts[0]
+        for right in parts[1:]:
+            if (left, right) not in merges:
+                merges.append((left, right))
+            left += right
+            vocab.setdefault(left, len(vocab))
+    for token in specials:
+        vocab[token] = len(vocab)
+    return vocab, merges
 
 
 def build_teacher(seed: int = 0):
@@ -26,12 +72,10 @@ def build_teacher(seed: int = 0):
     from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from dmad.tiny import byte_level_vocab
-
     torch.manual_seed(seed)
-    vocab = byte_level_vocab()
+    vocab, merges = demo_vocab()
     bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=[], model_max_length=TEACHER_MAX_LENGTH)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TEACHER_MAX_LENGTH)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         vocab_size=len(vocab), hidden_size=TEACHER_TEXT_DIM, intermediate_size=4 * TEACHER_TEXT_DIM,
         num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=TEACHER_MAX_LENGTH,
@@ -41,11 +85,11 @@ def build_teacher(seed: int = 0):
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=TEACHER_TEXT_DIM, attention_head_dim=tuple(c // 32 for c in TEACHER_UNET_CHANNELS),
-        norm_num_groups=32)  # attention_head_dim is the head COUNT in SD configs: 32 channels per head
+        norm_num_groups=TEACHER_NORM_GROUPS)  # attention_head_dim is the head COUNT in SD configs: 32 channels per head
     vae = AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=TEACHER_VAE_CHANNELS, latent_channels=4,
-        layers_per_block=1, norm_num_groups=32, sample_size=64)
+        layers_per_block=1, norm_num_groups=TEACHER_NORM_GROUPS, sample_size=64)
     # Stable Diffusion 1.x noise schedule; the sampler for reference images comes from the prompt set.
     scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085,
                               beta_end=0.012, prediction_type="epsilon", clip_sample=False,

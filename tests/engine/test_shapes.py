@@ -98,3 +98,13 @@ def test_demo_prompts_are_captions_the_dataset_can_produce():
                 if c != b and contrast(COLOURS[c], BACKGROUNDS[b]) >= MIN_CONTRAST}
     for item in load_prompt_set(default_prompt_set_path()).items:
         assert item.prompt in possible, item.id
+
+
+def test_vae_mosaics_are_deterministic_and_dense():
+    from dmad.demo.shapes import render_mosaic
+
+    a, b = np.asarray(render_mosaic(7, 0)), np.asarray(render_mosaic(7, 0))
+    assert a.shape == (64, 64, 3) and (a == b).all()
+    assert not (np.asarray(render_mosaic(7, 1)) == a).all()
+    colours = [len(np.unique(np.asarray(render_mosaic(i, 0)).reshape(-1, 3), axis=0)) for i in range(20)]
+    assert np.mean(colours) >= 3  # several colours per image, unlike the two of a captioned render

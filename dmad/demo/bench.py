@@ -1,0 +1,428 @@
+"""`dmad bench distill`: does distillation work? One run, everything side by side.
+
+1. The shipped demo teacher samples a fixed set of prompts x seeds with its own 50-step DDIM
+   sampler and CFG (seed set A), again with other seeds (set B: the noise floor of every FD), and
+   at 1, 2 and 4 DDIM steps with CFG: the equal-cost baseline. Few-step DDIM uses "trailing"
+   timestep spacing (999, 499, ... rather than 1, 501, ...), its best setting at so few steps.
+2. The default demo config (resources/configs/demo.json) distils a 4-step student through the
+   real command line (`dmad train`, a subprocess, timed wall to wall).
+3. The student samples the same prompts and seeds at 1, 2 and 4 steps: its own timesteps
+   (999), (999, 499) and (999, 749, 499, 249), each a prefix-spaced subset of what it trained on.
+4. The shipped evaluator (dmad.demo.evaluator) scores every set: FD to held-out real renders,
+   FD to the teacher's 50-step set A, prompt adherence, per-prompt diversity; plus network
+   evaluations (NFE) and sampling wall time per image.
+
+Every model sees exactly the same initial noise per (prompt, seed). Nothing here is tuned to the
+result: prompts, seeds and reference images come from fixed seeds of their own.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+
+from dmad.errors import RunFailed, UserInputError
+
+PROMPT_SEED = 2_000_001   # captions of the bench prompts: attributes_for(i, PROMPT_SEED)
+NOISE_SEED_A = 3_000_000  # initial noise of (prompt i, seed j): NOISE_SEED_A + i * 1000 + j
+NOISE_SEED_B = 4_000_000  # the teacher's second seed set (noise floor)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    prompts: int = 64              # distinct captions
+    seeds_per_prompt: int = 4      # samples per caption (diversity needs >= 2)
+    real_images: int = 2000        # held-out real renders for FD_real
+    teacher_steps: int = 50
+    baseline_steps: tuple[int, ...] = (1, 2, 4)
+    student_steps: tuple[int, ...] = (1, 2, 4)
+    batch_size: int = 64
+    train_overrides: tuple[str, ...] = ()   # --set items for the distillation
+
+    @property
+    def images_per_model(self) -> int:
+        return self.prompts * self.seeds_per_prompt
+
+
+FULL = BenchSettings()
+QUICK = BenchSettings(prompts=16, seeds_per_prompt=2, real_images=500, batch_size=32,
+                      train_overrides=("optimization.max_train_steps=60", "observation.checkpointing_steps=60",
+                                       "observation.validation_steps=60", "observation.log_every_steps=10"))
+
+
+@dataclass
+class Row:
+    model: str                 # "teacher" | "student" | "real"
+    label: str
+    steps: Optional[int]
+    nfe: Optional[int]         # network evaluations per image
+    fd_real: float
+    fd_teacher: Optional[float]
+    adherence: float
+    per_attribute: dict
+    diversity: float
+    seconds_per_image: Optional[float]
+    notes: str = ""
+
+
+@dataclass
+class BenchResult:
+    settings: dict
+    machine: dict
+    rows: list[Row] = field(default_factory=list)
+    distill: dict = field(default_factory=dict)
+    targets: list[dict] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    def row(self, label: str) -> Row:
+        return next(r for r in self.rows if r.label == label)
+
+
+def machine_info() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+# ------------------------------------------------------------------------------- prompts and noise
+
+def bench_prompts(s: BenchSettings) -> list[tuple[str, int, int]]:
+    """(caption, prompt index, seed index) for every image, prompt-major."""
+    from dmad.demo.shapes import attributes_for, caption
+
+    caps = [caption(attributes_for(i, PROMPT_SEED)) for i in range(s.prompts)]
+    return [(caps[i], i, j) for i in range(s.prompts) for j in range(s.seeds_per_prompt)]
+
+
+def initial_noise(items: list[tuple[str, int, int]], base: int, shape: tuple[int, int, int]):
+    """(N, C, h, w) float32: each item's noise from its own CPU generator, so any batch split or
+    model sees the same numbers."""
+    import torch
+
+    out = torch.empty((len(items), *shape))
+    for k, (_, i, j) in enumerate(items):
+        out[k] = torch.randn(shape, generator=torch.Generator().manual_seed(base + i * 1000 + j))
+    return out
+
+
+# ------------------------------------------------------------------------------- samplers
+
+def teacher_pipeline(teacher, trailing: bool):
+    """A StableDiffusionPipeline on the loaded teacher's modules with a DDIM sampler: its own
+    config for the reference run, trailing spacing for the few-step baselines."""
+    from diffusers import DDIMScheduler, StableDiffusionPipeline
+
+    sched = DDIMScheduler.from_config(teacher.scheduler.config)
+    if trailing:
+        sched = DDIMScheduler.from_config(teacher.scheduler.config, timestep_spacing="trailing")
+    pipe = StableDiffusionPipeline(vae=teacher.vae, text_encoder=teacher.text_encoder, tokenizer=teacher.tokenizer,
+                                   unet=teacher.unet, scheduler=sched, safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, batch: int, trailing: bool = False):
+    """(N, 3, H, W) in [-1, 1]."""
+    import torch
+
+    pipe = teacher_pipeline(teacher, trailing)
+    f = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
+    out = []
+    with torch.no_grad():
+        for a in range(0, len(captions), batch):
+            lat = noise[a:a + batch].to(teacher.unet.dtype)
+            img = pipe(captions[a:a + batch], latents=lat, num_inference_steps=steps, guidance_scale=cfg,
+                       height=lat.shape[-2] * f, width=lat.shape[-1] * f, output_type="pt").images
+            out.append(img.float() * 2 - 1)
+    return torch.cat(out)
+
+
+def student_timesteps_for(trained: list[int], steps: int) -> list[int]:
+    """A `steps`-step schedule taken from the student's trained timesteps: evenly spaced indices
+    from the first (999), e.g. 4 trained -> 1: [999], 2: [999, 499], 4: all."""
+    if steps > len(trained) or len(trained) % steps:
+        raise UserInputError(f"a {len(trained)}-step student cannot sample with {steps} steps "
+                             f"(pick a divisor of {len(trained)})")
+    return trained[:: len(trained) // steps]
+
+
+def sample_student_images(student, teacher, captions: list[str], noise, timesteps: list[int], batch: int):
+    import torch
+
+    from dmad.methods.dmd2 import sample_student
+    from dmad.methods.prediction import NoiseSchedule
+    from dmad.models.teacher import encode_prompts
+
+    schedule = NoiseSchedule.from_scheduler(teacher.scheduler)
+    vae, out = teacher.vae, []
+    with torch.no_grad():
+        for a in range(0, len(captions), batch):
+            emb = encode_prompts(teacher.tokenizer, teacher.text_encoder, captions[a:a + batch], "cpu")
+            gen = torch.Generator().manual_seed(a)  # re-noising between steps; fixed per batch
+
+            def x0_fn(x_t, t, emb=emb):
+                return schedule.to_x0(x_t, student(x_t, t, emb).sample.float(), t)
+
+            x0 = sample_student(x0_fn, noise[a:a + batch].float(), timesteps, schedule, gen)
+            img = vae.decode(x0.to(vae.dtype) / vae.config.scaling_factor).sample.float().clamp(-1, 1)
+            out.append(img)
+    return torch.cat(out)
+
+
+def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
+    """The student of a checkpoint of the run (default: its latest), full or LoRA, as a UNet in
+    eval mode; with the checkpoint's training state and iteration."""
+    from dmad.checkpoint import load_network, read_training_state
+    from dmad.config import load_config
+    from dmad.networks import make_trainable_copy
+    from dmad.runs import RunFolder
+
+    folder = RunFolder(run_dir)
+    if checkpoint is None:
+        latest = folder.latest_checkpoint()
+        if latest is None:
+            raise RunFailed(f"the distillation run {run_dir} left no checkpoint")
+        checkpoint = latest[1]
+    cfg = load_config(folder.config_json)
+    ident = cfg.identity
+    student = make_trainable_copy(teacher.unet, ident.student, ident.lora_rank, ident.lora_alpha, False)
+    load_network(student, checkpoint, "student", ident.student)
+    student.eval().requires_grad_(False)
+    state = read_training_state(checkpoint)
+    return student, state, state.iter
+
+
+# ------------------------------------------------------------------------------- evaluation
+
+def _evaluate(classifier, images, items, real_stats, teacher_stats) -> dict:
+    from dmad.demo.metrics import diversity, evaluate_images, feature_stats, frechet_distance_from_stats
+
+    captions = [c for c, _, _ in items]
+    res = evaluate_images(classifier, images, captions)
+    feats = res["features"]
+    stats = feature_stats(feats)
+    by_prompt: dict[str, list[int]] = {}
+    for k, (_, i, _) in enumerate(items):
+        by_prompt.setdefault(str(i), []).append(k)
+    return {
+        "stats": stats,
+        "fd_real": frechet_distance_from_stats(*stats, *real_stats),
+        "fd_teacher": None if teacher_stats is None else frechet_distance_from_stats(*stats, *teacher_stats),
+        "adherence": res["adherence"]["all"], "per_attribute": res["adherence"]["per_attribute"],
+        "diversity": diversity({p: feats[idx] for p, idx in by_prompt.items()}) if len(items) > len(by_prompt) else 0.0,
+    }
+
+
+def run_distillation(out: Path, s: BenchSettings, config: Path, log: Callable[[str], None]) -> dict:
+    """`dmad train` in a subprocess, timed wall to wall. Events go to the run folder; stderr to a log."""
+    run_dir = out / "run"
+    argv = [sys.executable, "-m", "dmad", "train", "--config", str(config), "--run-dir", str(run_dir)]
+    for item in s.train_overrides:
+        argv += ["--set", item]
+    log(f"distilling: {' '.join(argv[2:])}")
+    stderr_path = out / "train.stderr.log"
+    t0 = time.perf_counter()
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = stderr_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise RunFailed(f"the distillation exited with {proc.returncode}: {tail[0]} (log: {stderr_path})")
+    return {"wall_time_s": round(wall, 1), "run_dir": str(run_dir), "command": " ".join(argv)}
+
+
+def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> BenchResult:
+    import torch
+
+    from dmad.config import load_config
+    from dmad.demo.evaluator import HELDOUT_DATA_SEED, load_evaluator, render_real, to_unit
+    from dmad.demo.metrics import evaluate_images, feature_stats
+    from dmad.demo.shapes import caption as caption_of
+    from dmad.models.teacher import load_teacher
+    from dmad.paths import resource
+    from dmad.prompts import load_prompt_set
+    from dmad.runs import RunFolder
+
+    t_start = time.perf_counter()
+    config = Path(config) if config else resource("configs", "demo.json")
+    cfg = load_config(config, list(s.train_overrides))
+    teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
+                           cfg.identity.teacher_config_dir, dtype=torch.float32)
+    ps = load_prompt_set(cfg.observation.prompt_set) if cfg.observation.prompt_set else None
+    cfg_scale = ps.cfg if ps is not None and ps.cfg else cfg.distillation.real_guidance_scale
+    classifier = load_evaluator()
+    result = BenchResult(settings={**asdict(s), "config": str(config), "teacher": cfg.identity.pretrained_model_name_or_path,
+                                   "cfg": cfg_scale, "prompt_seed": PROMPT_SEED, "noise_seeds": [NOISE_SEED_A, NOISE_SEED_B],
+                                   "real_seed": HELDOUT_DATA_SEED},
+                         machine=machine_info())
+
+    items = bench_prompts(s)
+    captions = [c for c, _, _ in items]
+    f = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
+    res_px = cfg.resources.resolution
+    shape = (teacher.unet.config.in_channels, res_px // f, res_px // f)
+    noise_a, noise_b = initial_noise(items, NOISE_SEED_A, shape), initial_noise(items, NOISE_SEED_B, shape)
+
+    # real reference: held-out renders the evaluator never trained on
+    real, real_attrs = render_real(range(s.real_images), HELDOUT_DATA_SEED)
+    real_eval = evaluate_images(classifier, to_unit(real), [caption_of(a) for a in real_attrs])
+    real_stats = feature_stats(real_eval["features"])
+
+    def add(model: str, label: str, steps, nfe, images, seconds, teacher_stats, notes="") -> dict:
+        ev = _evaluate(classifier, images, items, real_stats, teacher_stats)
+        result.rows.append(Row(model, label, steps, nfe, ev["fd_real"], ev["fd_teacher"], ev["adherence"],
+                               ev["per_attribute"], ev["diversity"],
+                               None if seconds is None else seconds / len(items), notes))
+        r = result.rows[-1]
+        log(f"  {label:<28} FD_real {r.fd_real:8.3f}  FD_teacher {'-' if r.fd_teacher is None else f'{r.fd_teacher:8.3f}'}"
+            f"  adherence {r.adherence:6.1%}  diversity {r.diversity:.3f}")
+        return ev
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        images = fn()
+        return images, time.perf_counter() - t0
+
+    log(f"bench distill: {len(items)} images per model ({s.prompts} prompts x {s.seeds_per_prompt} seeds), "
+        f"teacher CFG {cfg_scale}")
+    ref_label = f"teacher {s.teacher_steps} steps + CFG"
+    images, sec = timed(lambda: sample_teacher(teacher, captions, noise_a, s.teacher_steps, cfg_scale, s.batch_size))
+    ref = add("teacher", ref_label, s.teacher_steps, 2 * s.teacher_steps, images, sec, None, "reference (seed set A)")
+    ref_stats = ref["stats"]
+    result.rows[-1].fd_teacher = 0.0
+    images, sec = timed(lambda: sample_teacher(teacher, captions, noise_b, s.teacher_steps, cfg_scale, s.batch_size))
+    add("teacher", f"{ref_label}, other seeds", s.teacher_steps, 2 * s.teacher_steps, images, sec, ref_stats,
+        "noise floor: same model, seed set B")
+    for k in s.baseline_steps:
+        images, sec = timed(lambda k=k: sample_teacher(teacher, captions, noise_a, k, cfg_scale, s.batch_size,
+                                                            trailing=True))
+        add("teacher", f"teacher {k} step{'s' if k > 1 else ''} + CFG", k, 2 * k, images, sec, ref_stats,
+            "equal-cost baseline (DDIM, trailing)")
+
+    dist = run_distillation(out, s, config, log)
+    student, state, iteration = load_student(Path(dist["run_dir"]), teacher)
+    dist.update(iterations=iteration, student_timesteps=state.student_timesteps)
+    result.distill = dist
+    log(f"distilled {iteration} iterations in {dist['wall_time_s']:.0f} s")
+    for k in s.student_steps:
+        ts = student_timesteps_for(list(state.student_timesteps), k)
+        images, sec = timed(lambda ts=ts: sample_student_images(student, teacher, captions, noise_a, ts, s.batch_size))
+        add("student", f"student {k} step{'s' if k > 1 else ''}", k, k, images, sec, ref_stats, f"timesteps {ts}")
+
+    # the learning curve: every earlier checkpoint at the student's full step count
+    top = max(s.student_steps)
+    for it, ckpt in RunFolder(dist["run_dir"]).list_checkpoints():
+        if it == iteration:
+            continue
+        early, st, _ = load_student(Path(dist["run_dir"]), teacher, ckpt)
+        ts = student_timesteps_for(list(st.student_timesteps), top)
+        images, sec = timed(lambda: sample_student_images(early, teacher, captions, noise_a, ts, s.batch_size))
+        add("student", f"student {top} steps @ iter {it}", top, top, images, sec, ref_stats, "earlier checkpoint")
+
+    result.targets = check_targets(result, s)
+    result.wall_time_s = round(time.perf_counter() - t_start, 1)
+    return result
+
+
+# ------------------------------------------------------------------------------- targets and report
+
+def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
+    """The issue's targets, each with its measured numbers; absent rows are skipped."""
+    labels = {x.label: x for x in r.rows}
+    teacher = labels.get(f"teacher {s.teacher_steps} steps + CFG")
+    out = []
+
+    def target(name: str, ok: bool, measured: str) -> None:
+        out.append({"target": name, "met": bool(ok), "measured": measured})
+
+    s4, s1, t4 = labels.get("student 4 steps"), labels.get("student 1 step"), labels.get("teacher 4 steps + CFG")
+    if teacher and s4:
+        target("4-step student FD_real <= 1.0 x teacher's", s4.fd_real <= teacher.fd_real,
+               f"{s4.fd_real:.3f} vs {teacher.fd_real:.3f} ({s4.fd_real / max(teacher.fd_real, 1e-12):.2f}x)")
+        target("4-step student adherence >= teacher's - 2 points", s4.adherence >= teacher.adherence - 0.02,
+               f"{s4.adherence:.1%} vs {teacher.adherence:.1%}")
+        target(">= 25x fewer network evaluations than the teacher with CFG", teacher.nfe / s4.nfe >= 25,
+               f"{teacher.nfe} / {s4.nfe} = {teacher.nfe / s4.nfe:.0f}x; sampling "
+               f"{teacher.seconds_per_image / s4.seconds_per_image:.1f}x faster per image")
+    if teacher and s1:
+        target("1-step student FD_real <= 1.3 x teacher's", s1.fd_real <= 1.3 * teacher.fd_real,
+               f"{s1.fd_real:.3f} vs {teacher.fd_real:.3f} ({s1.fd_real / max(teacher.fd_real, 1e-12):.2f}x)")
+    if s4 and t4:
+        target("4-step student FD_real <= 1/3 x teacher's own at 4 steps", s4.fd_real <= t4.fd_real / 3,
+               f"{s4.fd_real:.3f} vs {t4.fd_real:.3f} ({s4.fd_real / max(t4.fd_real, 1e-12):.2f}x)")
+    if r.distill:
+        target("distillation within 20 minutes", r.distill["wall_time_s"] <= 1200,
+               f"{r.distill['wall_time_s'] / 60:.1f} min")
+    return out
+
+
+def format_table(r: BenchResult) -> str:
+    s = r.settings
+    m = r.machine
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}, torch {m['torch']} "
+        f"({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), Python {m['python']}.",
+        f"{s['prompts']} prompts x {s['seeds_per_prompt']} seeds = {s['prompts'] * s['seeds_per_prompt']} images per row, "
+        f"same initial noise per (prompt, seed) in every row; FD on the evaluator's {128}-d features against "
+        f"{s['real_images']} held-out real renders (FD_real) and against the first row (FD_teacher). Teacher CFG {s['cfg']}.",
+        "",
+        "| model | NFE / image | FD_real | FD_teacher | adherence | diversity | sampling s / image | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in r.rows:
+        fdt = "-" if x.fd_teacher is None else f"{x.fd_teacher:.3f}"
+        spi = "-" if x.seconds_per_image is None else f"{x.seconds_per_image:.4f}"
+        lines.append(f"| {x.label} | {x.nfe} | {x.fd_real:.3f} | {fdt} | {x.adherence:.1%} | {x.diversity:.3f} | "
+                     f"{spi} | {x.notes} |")
+    if r.distill:
+        d = r.distill
+        lines += ["", f"Distillation: {d['iterations']} iterations, student timesteps {d['student_timesteps']}, "
+                      f"{d['wall_time_s']:.0f} s wall ({d['wall_time_s'] / 60:.1f} min). Whole bench: {r.wall_time_s:.0f} s."]
+    if r.targets:
+        lines += ["", "| target | met | measured |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {'yes' if t['met'] else 'NO'} | {t['measured']} |" for t in r.targets]
+    return "\n".join(lines)
+
+
+def to_json(r: BenchResult) -> dict:
+    return {"settings": r.settings, "machine": r.machine, "rows": [asdict(x) for x in r.rows],
+            "distill": r.distill, "targets": r.targets, "wall_time_s": r.wall_time_s}
+
+
+def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str]) -> int:
+    """The `dmad bench distill` command: prints the table on stdout, progress on stderr."""
+    from dmad.runs import atomic_write_json
+
+    s = QUICK if quick else FULL
+    if out_dir:
+        out = Path(out_dir).expanduser().resolve()
+        if out.exists() and any(out.iterdir()):
+            raise UserInputError(f"--out {out}: folder exists and is not empty")
+        out.mkdir(parents=True, exist_ok=True)
+        result = run_bench(s, out, Path(config) if config else None)
+    else:
+        with tempfile.TemporaryDirectory(prefix="dmad-bench-") as tmp:
+            result = run_bench(s, Path(tmp), Path(config) if config else None)
+    if json_out:
+        atomic_write_json(Path(json_out), to_json(result))
+    print(format_table(result), flush=True)
+    return 0

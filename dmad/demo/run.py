@@ -1,0 +1,192 @@
+"""`dmad demo`: the first-run experience, on any machine, with nothing to download.
+
+1. Makes sure the shapes dataset is there (resources/demo/shapes; regenerated when missing or
+   incomplete, into a user cache folder when resources/ is read-only, e.g. in a bundle).
+2. Runs the default distillation (resources/configs/demo.json, the app's default config) through
+   `dmad train` in a subprocess, showing one progress line per logged iteration.
+3. Renders the demo prompt set with the teacher (its 50-step sampler + CFG) into
+   samples/teacher/, beside the student's samples the run wrote at its checkpoints, and a grid
+   (prompts x [teacher, checkpoints...]) into samples/grid.png.
+4. Prints where to look.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from dmad.errors import RunFailed, UserInputError
+
+DATASET_SIZE, DATASET_SEED, DATASET_PX = 256, 0, 64
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def dataset_complete(folder: Path, n: int = DATASET_SIZE, seed: int = DATASET_SEED) -> bool:
+    from dmad.demo.shapes import GENERATOR, image_name
+
+    try:
+        meta = json.loads((folder / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or meta.get("generator") != GENERATOR or meta.get("count") != n \
+            or meta.get("seed") != seed:
+        return False
+    return all((folder / f"{image_name(i)}{ext}").is_file() for i in range(n) for ext in (".png", ".txt"))
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dmad-studio"
+
+
+def ensure_dataset(shipped: Path) -> Optional[Path]:
+    """None when the shipped dataset is complete (or was repaired in place); else the cache
+    folder the dataset was generated into."""
+    from dmad.demo.shapes import write_dataset
+
+    if dataset_complete(shipped):
+        return None
+    try:
+        _say(f"Generating the shapes dataset ({DATASET_SIZE} images) in {shipped} ...")
+        write_dataset(shipped, DATASET_SIZE, DATASET_PX, DATASET_SEED)
+        return None
+    except OSError:
+        cache = user_cache_dir() / "shapes"
+        if not dataset_complete(cache):
+            _say(f"{shipped} is not writable; generating the dataset in {cache} ...")
+            write_dataset(cache, DATASET_SIZE, DATASET_PX, DATASET_SEED)
+        return cache
+
+
+def _progress(line: str, state: dict) -> None:
+    from dmad.events import parse_line
+
+    ev = parse_line(line)
+    if ev is None:
+        return
+    d = ev.data
+    if ev.kind == "metric":
+        total = d.get("max_train_steps") or "?"
+        losses = "  ".join(f"{k} {d[k]:.4g}" for k in ("loss_dm", "loss_fake", "loss_gan_g", "loss_gan_d")
+                           if isinstance(d.get(k), (int, float)))
+        eta = d.get("eta_s")
+        _say(f"  iter {ev.iter}/{total}  {losses}  {d.get('step_time_s', 0):.2f} s/it"
+             + (f"  ETA {eta / 60:.1f} min" if isinstance(eta, (int, float)) else ""))
+    elif ev.kind == "started":
+        state["run_dir"] = d.get("run_dir")
+        _say(f"Run folder: {d.get('run_dir')}")
+    elif ev.kind == "checkpoint":
+        _say(f"  checkpoint at iter {ev.iter}")
+    elif ev.kind == "samples":
+        _say(f"  student samples: {d.get('folder')}")
+    elif ev.kind in ("warning", "error"):
+        _say(f"  {ev.kind}: {d.get('message') or d.get('reason')}")
+
+
+def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
+    from dmad.config import load_config
+    from dmad.paths import resource
+    from dmad.preflight import preflight
+
+    config = resource("configs", "demo.json")
+    overrides = list(overrides)
+    cache = ensure_dataset(resource("demo", "shapes"))
+    if cache is not None:
+        overrides.append(f"identity.train_data_dir={json.dumps(str(cache))}")
+    cfg = load_config(config, overrides)
+    rd = Path(run_dir).expanduser().resolve() if run_dir else None
+    pf = preflight(cfg, run_dir=rd, resume=None)
+    if not pf.teacher_has_weights:
+        raise UserInputError(f"the demo teacher in {cfg.identity.pretrained_model_name_or_path} has no weights; "
+                             f"train it with 'dmad demo make-teacher --out DIR' and pass "
+                             f"--set identity.pretrained_model_name_or_path=DIR")
+    if ctx is not None:
+        ctx.run_dir = pf.run_dir
+    _say(f"DMAD demo: distilling the shapes teacher into a {cfg.distillation.student_steps}-step student "
+         f"({cfg.optimization.max_train_steps} iterations, batch {cfg.resources.train_batch_size}, "
+         f"{cfg.resources.resolution} px) ...")
+    argv = [sys.executable, "-m", "dmad", "train", "--config", str(config), "--run-dir", str(pf.run_dir)]
+    for item in overrides:
+        argv += ["--set", item]
+    t0 = time.time()
+    state: dict = {}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            _progress(line, state)
+        _, err = proc.communicate()
+    except KeyboardInterrupt:
+        proc.terminate()  # the engine saves a checkpoint on SIGTERM
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        last = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        raise RunFailed(f"the demo distillation failed: {last[0]}")
+    _say(f"Distilled in {(time.time() - t0) / 60:.1f} min. Rendering the teacher's reference samples ...")
+    grid = render_demo_outputs(pf.run_dir)
+    _say("")
+    _say(f"Done. Run folder: {pf.run_dir}")
+    _say(f"  samples:   {pf.run_dir / 'samples'} (teacher/ and one folder per checkpoint)")
+    _say(f"  grid:      {grid} (rows: prompts; columns: teacher, then each checkpoint)")
+    _say(f"  metrics:   {pf.run_dir / 'metrics.csv'}")
+    _say(f"  student:   {pf.run_dir / 'checkpoints'}")
+    return 0
+
+
+def render_demo_outputs(run_dir: Path) -> Path:
+    """Teacher samples of the run's prompt set, then the comparison grid. Returns the grid path."""
+    import torch
+
+    from dmad.config import load_config
+    from dmad.models.teacher import load_teacher
+    from dmad.prompts import load_prompt_set
+    from dmad.runs import RunFolder
+    from dmad.sampling import library_versions, render_teacher_samples
+
+    folder = RunFolder(run_dir)
+    cfg = load_config(folder.config_json)
+    ps = load_prompt_set(folder.prompt_set_json)
+    teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
+                           cfg.identity.teacher_config_dir, dtype=torch.float32)
+    render_teacher_samples(folder.samples_dir / "teacher", teacher=teacher, prompt_set=ps, versions=library_versions())
+    return write_grid(folder.samples_dir, [item.id for item in ps.items])
+
+
+def write_grid(samples: Path, ids: list[str], scale: int = 2) -> Path:
+    """samples/grid.png: one row per prompt id, columns teacher then iter_N ascending."""
+    import re
+
+    from PIL import Image
+
+    from dmad.runs import atomic_write_bytes
+
+    cols = (["teacher"] if (samples / "teacher").is_dir() else []) + [
+        p.name for p in sorted((d for d in samples.iterdir() if re.fullmatch(r"iter_\d+", d.name)),
+                               key=lambda d: int(d.name[5:]))]
+    first = next((samples / c / f"{i}.png" for c in cols for i in ids if (samples / c / f"{i}.png").is_file()), None)
+    if first is None:
+        raise RunFailed(f"no sample images under {samples}")
+    with Image.open(first) as im:
+        w, h = im.size[0] * scale, im.size[1] * scale
+    grid = Image.new("RGB", (w * len(cols), h * len(ids)), (40, 40, 40))
+    for r, i in enumerate(ids):
+        for c, col in enumerate(cols):
+            path = samples / col / f"{i}.png"
+            if path.is_file():
+                with Image.open(path) as im:
+                    grid.paste(im.convert("RGB").resize((w, h), Image.NEAREST), (c * w, r * h))
+    import io
+    buf = io.BytesIO()
+    grid.save(buf, format="PNG")
+    out = samples / "grid.png"
+    atomic_write_bytes(out, buf.getvalue(), durable=False)
+    (samples / "grid.json").write_text(json.dumps({"rows": ids, "columns": cols}, indent=2) + "\n", encoding="utf-8")
+    return out

@@ -1,0 +1,86 @@
+"""The built-in default: the shipped teacher, `dmad demo` and `dmad bench distill --quick`, run
+for real on the shipped weights (nothing downloaded)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dmad.paths import resource  # noqa: E402
+
+TEACHER = resource("demo", "teacher")
+
+
+def test_the_shipped_teacher_is_small_fp16_safetensors_with_its_training_record():
+    files = list(TEACHER.rglob("*"))
+    assert not [f for f in files if f.suffix in (".bin", ".pt", ".ckpt", ".pkl")]  # never pickle
+    weights = [f for f in files if f.suffix == ".safetensors"]
+    assert {f.parent.name for f in weights} == {"unet", "vae", "text_encoder"}
+    assert sum(f.stat().st_size for f in files if f.is_file()) <= 25 * 2**20
+    record = json.loads((TEACHER / "training_config.json").read_text())
+    assert record["final_adherence_ddim50_cfg"]["all"] >= 0.90  # measured by make-teacher at the end
+    assert (TEACHER / "training_log.jsonl").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_plain_diffusers_loads_the_shipped_teacher_and_it_follows_prompts():
+    from diffusers import DDIMScheduler, StableDiffusionPipeline
+
+    from dmad.demo.evaluator import load_evaluator
+    from dmad.demo.metrics import evaluate_images
+    from dmad.demo.shapes import attributes_for, caption
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(TEACHER), local_files_only=True, safety_checker=None,
+                                                   torch_dtype=torch.float32)
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    pipe.set_progress_bar_config(disable=True)
+    captions = [caption(attributes_for(i, 77)) for i in range(16)]
+    images = pipe(captions, num_inference_steps=25, guidance_scale=3.0, height=64, width=64,
+                  generator=torch.Generator().manual_seed(0), output_type="pt").images
+    assert images.shape == (16, 3, 64, 64) and torch.isfinite(images).all()
+    result = evaluate_images(load_evaluator(), images * 2 - 1, captions)
+    # 16 images, 25 steps: a loose floor (the 50-step rate on 128 prompts is in training_config.json)
+    assert result["adherence"]["all"] >= 0.6, result["adherence"]
+
+
+@pytest.mark.slow
+def test_dmad_demo_distils_and_renders_teacher_and_student(dmad_cli, tmp_path):
+    run = tmp_path / "demo-run"
+    r = dmad_cli("demo", "--run-dir", str(run), "--set", "optimization.max_train_steps=4",
+                 "--set", "observation.checkpointing_steps=4", "--set", "observation.validation_steps=4",
+                 timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Done. Run folder:" in r.stdout and str(run) in r.stdout
+    ps = json.loads((run / "prompt_set.json").read_text())
+    ids = {item["id"] for item in ps["items"]}
+    for folder in ("teacher", "iter_4"):
+        meta = json.loads((run / "samples" / folder / "meta.json").read_text())
+        assert set(meta["items"]) == ids
+        assert {p.stem for p in (run / "samples" / folder).glob("*.png")} == ids
+    teacher_meta = json.loads((run / "samples" / "teacher" / "meta.json").read_text())
+    assert (teacher_meta["steps"], teacher_meta["cfg"], teacher_meta["sampler"]) == (ps["steps"], ps["cfg"], ps["sampler"])
+    grid = json.loads((run / "samples" / "grid.json").read_text())
+    assert grid["columns"] == ["teacher", "iter_4"] and len(grid["rows"]) == len(ids)
+    from PIL import Image
+
+    with Image.open(run / "samples" / "grid.png") as im:
+        assert im.size == (2 * 128, len(ids) * 128)
+
+
+@pytest.mark.slow
+def test_bench_distill_quick_student_beats_the_teacher_at_equal_steps(dmad_cli, tmp_path):
+    out = tmp_path / "bench.json"
+    r = dmad_cli("bench", "distill", "--quick", "--json", str(out), "--out", str(tmp_path / "b"), timeout=1500)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = {row["label"]: row for row in doc["rows"]}
+    assert "| student 1 step |" in r.stdout  # the table is printed
+    # the one-step student against the teacher at one DDIM step (which even spends 2 NFE on CFG)
+    assert rows["student 1 step"]["fd_real"] < rows["teacher 1 step + CFG"]["fd_real"]
+    assert rows["student 1 step"]["nfe"] == 1 and rows["teacher 1 step + CFG"]["nfe"] == 2
+    assert rows["student 4 steps"]["fd_real"] < rows["teacher 4 steps + CFG"]["fd_real"]
+    ref = rows["teacher 50 steps + CFG"]
+    assert ref["nfe"] == 100 and ref["fd_teacher"] == 0.0
+    assert doc["distill"]["iterations"] == 60 and doc["distill"]["wall_time_s"] > 0

@@ -1,0 +1,70 @@
+"""`dmad demo` helpers that need no model: the dataset check and its fallback, and the grid."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from dmad.demo import run as demo_run
+from dmad.demo.shapes import write_dataset
+from dmad.paths import resource
+
+
+def test_the_shipped_dataset_is_complete():
+    assert demo_run.dataset_complete(resource("demo", "shapes"))
+
+
+def test_an_incomplete_dataset_is_regenerated_in_place(tmp_path):
+    folder = write_dataset(tmp_path / "shapes", demo_run.DATASET_SIZE, 64, demo_run.DATASET_SEED)
+    (folder / "img_0007.png").unlink()
+    assert not demo_run.dataset_complete(folder)
+    assert demo_run.ensure_dataset(folder) is None
+    assert demo_run.dataset_complete(folder)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root ignores directory permissions")
+def test_a_read_only_dataset_folder_falls_back_to_the_user_cache(tmp_path, monkeypatch):
+    shipped = tmp_path / "ro"
+    shipped.mkdir()
+    shipped.chmod(0o555)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    try:
+        got = demo_run.ensure_dataset(shipped)
+    finally:
+        shipped.chmod(0o755)
+    assert got == tmp_path / "cache" / "dmad-studio" / "shapes" and demo_run.dataset_complete(got)
+
+
+def test_an_unwritable_dataset_folder_falls_back_to_the_user_cache_even_as_root(tmp_path, monkeypatch):
+    """The same fallback when writing fails for any reason (root ignores permission bits)."""
+    from dmad.demo import shapes
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    original, tried = shapes.write_dataset, []
+
+    def write_or_refuse(out, n, size, seed):
+        tried.append(out)
+        if out == tmp_path / "ro":
+            raise PermissionError(f"{out}: read-only file system")
+        return original(out, n, size, seed)
+
+    monkeypatch.setattr(shapes, "write_dataset", write_or_refuse)
+    got = demo_run.ensure_dataset(tmp_path / "ro")
+    assert tried[0] == tmp_path / "ro"
+    assert got == tmp_path / "cache" / "dmad-studio" / "shapes" and demo_run.dataset_complete(got)
+
+
+def test_grid_has_a_row_per_prompt_and_teacher_first_then_iterations_in_order(tmp_path):
+    samples = tmp_path / "samples"
+    for col, colour in (("iter_100", "red"), ("teacher", "blue"), ("iter_20", "green")):
+        (samples / col).mkdir(parents=True)
+        for i in ("a", "b"):
+            Image.new("RGB", (8, 8), colour).save(samples / col / f"{i}.png")
+    out = demo_run.write_grid(samples, ["a", "b"], scale=2)
+    meta = json.loads((samples / "grid.json").read_text())
+    assert meta == {"rows": ["a", "b"], "columns": ["teacher", "iter_20", "iter_100"]}
+    with Image.open(out) as im:
+        assert im.size == (3 * 16, 2 * 16)
+        assert im.getpixel((0, 0)) == (0, 0, 255) and im.getpixel((16, 0)) == (0, 128, 0)
