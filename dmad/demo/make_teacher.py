@@ -1,7 +1,7 @@
 """Train the built-in demo teacher from scratch on procedural shapes: `dmad demo make-teacher`.
 
 Two stages, both seeded and deterministic on a CPU (same torch build and thread count):
-  1. the VAE (AutoencoderKL, 64x64x3 <-> 16x16x4 latents) as an autoencoder on its posterior
+  1. the VAE (AutoencoderKL, 64x64x3 <-> 16x16x8 latents) as an autoencoder on its posterior
      mean, plus a small KL term. Captioned images are ~90% background, and an autoencoder trained
      on them plainly learns shape colours last (after 500 steps its reconstructions still had the
      wrong colour 70% of the time): so three quarters of each batch are dense "mosaics" of random
@@ -9,8 +9,17 @@ Two stages, both seeded and deterministic on a CPU (same torch build and thread 
      the background each carry half of the loss. The latent scaling factor is then set to
      1 / std of the latents of captioned images, as for SD.
   2. the UNet and the CLIP text encoder together (word-level tokens, dmad.demo.demo_vocab), with
-     the standard epsilon-prediction DDPM loss on the VAE's latents and captions dropped to ""
-     10% of the time so classifier-free guidance works at sampling time.
+     the v-prediction DDPM loss (SD 2.x) on the VAE's latents, captions dropped to ""
+     10% of the time so classifier-free guidance works at sampling time, and offset noise (0.1
+     per sample and channel). Offset noise matters here: with SD's schedule a 16x16 latent keeps
+     its mean visible through the noise even at t = 999 (signal 0.068 against noise 1/16 for the
+     mean), so a model trained without it reads the background from the noise instead of the
+     caption and, sampling from pure noise, picks it at random (measured: background and every
+     other attribute at chance after 500 steps). Offset noise hides that mean.
+     v-prediction matters too: with epsilon prediction, at high noise predicting eps ~ x_t is
+     nearly free whatever the caption says, so the caption gets almost no gradient; v asks for
+     the clean image there. (With epsilon prediction, offset noise and word tokens, adherence was
+     still at chance after 500 steps.)
 Captioned images are rendered on the fly from an index range of their own (no image of the
 shipped dataset or of the evaluator's held-out set is trained on), so there is no epoch and
 nothing to overfit. Every `eval_every` UNet steps the log gets the prompt adherence of a quick
@@ -44,11 +53,15 @@ class TeacherTraining:
     vae_lr: float = 2e-3
     vae_kl_weight: float = 1e-6
     vae_mosaic_fraction: float = 0.75
-    unet_steps: int = 3000
+    unet_steps: int = 1500
+    decoder_steps: int = 800
+    decoder_batch: int = 16
+    decoder_lr: float = 5e-4
     unet_batch: int = 32
     unet_lr: float = 5e-4
     text_lr: float = 5e-4
     caption_dropout: float = 0.1
+    offset_noise: float = 0.1
     warmup_steps: int = 50
     image_size: int = 64
     eval_every: int = 500
@@ -69,6 +82,8 @@ def render_batch(start: int, n: int, seed: int, size: int):
         a = attributes_for(TRAIN_INDEX_OFFSET + i, seed)
         imgs.append(np.asarray(render(a, size), dtype=np.float32) / 127.5 - 1.0)
         caps.append(caption(a))
+    if not imgs:
+        return torch.empty((0, 3, size, size)), caps
     return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).contiguous(), caps
 
 
@@ -194,11 +209,13 @@ def train_unet(pipe, cfg: TeacherTraining, log: Callable[[dict], None]) -> None:
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mean * vae.config.scaling_factor
         noise = torch.randn(z.shape, generator=gen)
+        noise = noise + cfg.offset_noise * torch.randn((*z.shape[:2], 1, 1), generator=gen)
         t = torch.randint(0, sched.config.num_train_timesteps, (len(caps),), generator=gen)
         a = alphas[t].view(-1, 1, 1, 1)
         z_t = a.sqrt() * z + (1 - a).sqrt() * noise
         emb = encode_prompts(pipe.tokenizer, te, caps, "cpu")
-        loss = F.mse_loss(unet(z_t, t, emb).sample, noise)
+        target = a.sqrt() * noise - (1 - a).sqrt() * z  # v-prediction (SD 2.x)
+        loss = F.mse_loss(unet(z_t, t, emb).sample, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(unet.parameters()) + list(te.parameters()), 1.0)
@@ -212,20 +229,80 @@ def train_unet(pipe, cfg: TeacherTraining, log: Callable[[dict], None]) -> None:
     te.eval()
 
 
-def make_teacher(out_dir: str | Path, cfg: TeacherTraining, log: Callable[[dict], None] = print) -> dict:
+def finetune_decoder(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> None:
+    """Stage 3: sharpen the VAE decoder on captioned images with the encoder frozen. The latent
+    space the UNet learned stays exactly as it was (as Stable Diffusion's ft-MSE decoder did);
+    only the drawing of shapes from latents improves."""
+    import torch
+
+    for module in (vae.encoder, vae.quant_conv):
+        if module is not None:
+            module.requires_grad_(False)
+    params = [p for m in (vae.post_quant_conv, vae.decoder) if m is not None for p in m.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=cfg.decoder_lr, weight_decay=0.0)
+    captions_eval = render_batch(10**6, 256, cfg.seed, cfg.image_size)
+
+    def recon_adherence() -> dict:
+        vae.eval()
+        with torch.no_grad():
+            rec = vae.decode(vae.encode(captions_eval[0]).latent_dist.mean).sample.clamp(-1, 1)
+        vae.train()
+        return _adherence_of(rec, captions_eval[1])
+
+    log({"stage": "decoder", "step": 0, "reconstruction_adherence": recon_adherence()})
+    vae.train()
+    for step in range(cfg.decoder_steps):
+        for g in opt.param_groups:
+            g["lr"] = cfg.decoder_lr * _lr_factor(step, cfg.decoder_steps, cfg.warmup_steps)
+        x, _ = render_batch(3 * 2**24 + step * cfg.decoder_batch, cfg.decoder_batch, cfg.seed, cfg.image_size)
+        with torch.no_grad():
+            z = vae.encode(x).latent_dist.mean
+        rec = vae.decode(z).sample
+        err = (rec - x).abs() + (rec - x) ** 2
+        loss = (err * _balanced_weights(x, 0)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == cfg.decoder_steps - 1:
+            log({"stage": "decoder", "step": step, "loss_rec": round(loss.item(), 5)})
+    vae.eval()
+    vae.requires_grad_(False)
+    log({"stage": "decoder", "step": cfg.decoder_steps, "reconstruction_adherence": recon_adherence()})
+
+
+def make_teacher(out_dir: str | Path, cfg: TeacherTraining, log: Callable[[dict], None] = print,
+                 continue_from: Path | None = None) -> dict:
     """Train the demo teacher and save it into `out_dir` (an existing empty folder): a diffusers
-    folder with fp16 weights and training_config.json. Returns the final measurements."""
+    folder with fp16 weights and training_config.json. Returns the final measurements.
+
+    Stages: VAE, UNet + text encoder, decoder fine-tune. Between the UNet and the decoder stage the
+    weights are rounded to fp16 (what is saved), so `continue_from` a folder written with
+    decoder_steps 0 (stages 1-2) gives exactly the weights of one run of all three stages."""
     import torch
 
     from dmad.demo import build_teacher, parameter_counts
 
-    torch.manual_seed(cfg.seed)
     t0 = time.time()
-    pipe = build_teacher(cfg.seed)
-    scaling = train_vae(pipe.vae, cfg, log)
-    pipe.vae.register_to_config(scaling_factor=scaling)
-    log({"stage": "vae", "scaling_factor": scaling, "elapsed_s": round(time.time() - t0, 1)})
-    train_unet(pipe, cfg, log)
+    if continue_from is None:
+        torch.manual_seed(cfg.seed)
+        pipe = build_teacher(cfg.seed)
+        scaling = train_vae(pipe.vae, cfg, log)
+        pipe.vae.register_to_config(scaling_factor=scaling)
+        log({"stage": "vae", "scaling_factor": scaling, "elapsed_s": round(time.time() - t0, 1)})
+        train_unet(pipe, cfg, log)
+        pipe.to(torch.float16).to(torch.float32)
+    else:
+        from diffusers import StableDiffusionPipeline
+
+        pipe = StableDiffusionPipeline.from_pretrained(str(continue_from), local_files_only=True, safety_checker=None,
+                                                       requires_safety_checker=False, torch_dtype=torch.float32)
+        pipe.unet.eval()
+        pipe.text_encoder.eval()
+    if cfg.decoder_steps:
+        torch.manual_seed(cfg.seed + 3)
+        finetune_decoder(pipe.vae, cfg, log)
     train_s = time.time() - t0
     pipe.to(torch.float16)
     out = Path(out_dir)
@@ -236,11 +313,18 @@ def make_teacher(out_dir: str | Path, cfg: TeacherTraining, log: Callable[[dict]
     doc = {**asdict(cfg), "parameters": parameter_counts(pipe), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "train_time_s": round(train_s, 1),
            "final_adherence_ddim50_cfg": final, "eval_caption_seed": EVAL_CAPTION_SEED}
+    if continue_from is not None:
+        earlier = json.loads((continue_from / "training_config.json").read_text(encoding="utf-8"))
+        doc["continued_from"] = {k: earlier.get(k) for k in ("train_time_s", "final_adherence_ddim50_cfg",
+                                                               "vae_steps", "unet_steps", "decoder_steps")}
+        doc["train_time_s"] = round(train_s + float(earlier.get("train_time_s", 0.0)), 1)
     (out / "training_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--continue-from", metavar="DIR",
+                   help="skip stages 1-2: start from a teacher written by make-teacher with --decoder-steps 0")
     for f in fields(TeacherTraining):
         default = f.default
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default, metavar=type(default).__name__.upper(),
@@ -252,6 +336,11 @@ def main_from_args(args: argparse.Namespace) -> int:
     from dmad.errors import UserInputError
 
     cfg = TeacherTraining(**{f.name: getattr(args, f.name) for f in fields(TeacherTraining)})
+    continue_from = getattr(args, "continue_from", None)
+    if continue_from is not None:
+        continue_from = Path(continue_from).expanduser().resolve()
+        if not (continue_from / "training_config.json").is_file():
+            raise UserInputError(f"--continue-from {continue_from}: not a make-teacher folder (no training_config.json)")
     out = Path(args.out).expanduser().resolve()
     if out.exists():
         raise UserInputError(f"--out {out}: already exists; choose a new folder (the teacher is written whole)")
@@ -261,12 +350,15 @@ def main_from_args(args: argparse.Namespace) -> int:
     tmp.mkdir()
     try:
         with open(tmp / "training_log.jsonl", "w", encoding="utf-8") as f:
+            if continue_from is not None:  # the earlier stages' log first: one log for the whole recipe
+                f.write((continue_from / "training_log.jsonl").read_text(encoding="utf-8"))
+
             def log(row: dict) -> None:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(json.dumps(row), flush=True)
 
-            make_teacher(tmp, cfg, log)
+            make_teacher(tmp, cfg, log, continue_from)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
