@@ -368,14 +368,9 @@ def round_stats(r: dict, warmup_cycles: int) -> dict:
 def machine() -> dict:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from dmad.env import cpu_name
+
+    cpu = cpu_name()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(), "os": platform.platform(), "loadavg_at_start": load}

@@ -5,6 +5,7 @@ import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 
 
 def _version(pkg: str) -> str | None:
@@ -38,13 +39,24 @@ def _gpus() -> list[dict]:
     return out
 
 
+def cpu_name() -> str:
+    """The CPU model ("AMD EPYC 7B13"), from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def collect_env() -> dict:
     import torch
 
     return {
         "os": platform.platform(),
         "python": sys.version.split()[0],
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,

@@ -88,14 +88,9 @@ class BenchResult:
 def machine_info() -> dict:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from dmad.env import cpu_name
+
+    cpu = cpu_name()
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

@@ -117,6 +117,12 @@ def _balanced_weights(x, n_mosaic: int):
     return w
 
 
+def _reconstruction_loss(rec, x, n_mosaic: int):
+    """L1 + L2 per pixel, weighted by _balanced_weights, averaged."""
+    err = (rec - x).abs() + (rec - x) ** 2
+    return (err * _balanced_weights(x, n_mosaic)).mean()
+
+
 def train_vae(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> float:
     """Returns the latent scaling factor (1 / std of the latents of fresh captioned images)."""
     import torch
@@ -132,8 +138,7 @@ def train_vae(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> float:
             x = torch.cat([render_mosaics(step * cfg.vae_batch, n_mosaic, cfg.seed, cfg.image_size), x])
         post = vae.encode(x).latent_dist
         rec = vae.decode(post.mode()).sample
-        err = (rec - x).abs() + (rec - x) ** 2  # L1 + L2 per pixel
-        loss_rec = (err * _balanced_weights(x, n_mosaic)).mean()
+        loss_rec = _reconstruction_loss(rec, x, n_mosaic)
         loss = loss_rec + cfg.vae_kl_weight * post.kl().mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -260,8 +265,7 @@ def finetune_decoder(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> 
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mean
         rec = vae.decode(z).sample
-        err = (rec - x).abs() + (rec - x) ** 2
-        loss = (err * _balanced_weights(x, 0)).mean()
+        loss = _reconstruction_loss(rec, x, 0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
