@@ -106,20 +106,28 @@ def make_scheduler(name: str, base_config):
     return getattr(diffusers, cls_name).from_config(base_config, **extra)
 
 
+def sd_pipeline(modules, scheduler):
+    """A StableDiffusionPipeline on already-loaded modules (anything with vae, text_encoder,
+    tokenizer and unet: a dmad Teacher or another pipeline) with the given sampler; no safety
+    checker, no progress bar."""
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline(vae=modules.vae, text_encoder=modules.text_encoder, tokenizer=modules.tokenizer,
+                                   unet=modules.unet, scheduler=scheduler, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 @torch.no_grad()
 def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, versions: dict,
                            device: torch.device | str = "cpu") -> list[str]:
     """The teacher reference images of a prompt set: its sampler, steps and CFG, each item's noise
     drawn exactly as for the student (a CPU generator seeded with the item's seed), so teacher and
     student images of one item start from the same latents. One PNG per item and a meta.json."""
-    from diffusers import StableDiffusionPipeline
-
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    pipe = StableDiffusionPipeline(vae=teacher.vae, text_encoder=teacher.text_encoder, tokenizer=teacher.tokenizer,
-                                   unet=teacher.unet, scheduler=make_scheduler(prompt_set.sampler, teacher.scheduler.config),
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config))
     c, h, w = latent_shape(teacher.vae, prompt_set.width, prompt_set.height)
     dtype = next(teacher.unet.parameters()).dtype
     paths, items = [], {}

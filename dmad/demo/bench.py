@@ -119,26 +119,17 @@ def initial_noise(items: list[tuple[str, int, int]], base: int, shape: tuple[int
 
 # ------------------------------------------------------------------------------- samplers
 
-def teacher_pipeline(teacher, trailing: bool):
-    """A StableDiffusionPipeline on the loaded teacher's modules with a DDIM sampler: its own
-    config for the reference run, trailing spacing for the few-step baselines."""
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
-
-    sched = DDIMScheduler.from_config(teacher.scheduler.config)
-    if trailing:
-        sched = DDIMScheduler.from_config(teacher.scheduler.config, timestep_spacing="trailing")
-    pipe = StableDiffusionPipeline(vae=teacher.vae, text_encoder=teacher.text_encoder, tokenizer=teacher.tokenizer,
-                                   unet=teacher.unet, scheduler=sched, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, batch: int, trailing: bool = False):
     """(N, 3, H, W) in [-1, 1]."""
     import torch
 
-    pipe = teacher_pipeline(teacher, trailing)
+    from diffusers import DDIMScheduler
+
+    from dmad.sampling import sd_pipeline
+
+    # the teacher's own DDIM config for the reference; trailing spacing for the few-step baselines
+    spacing = {"timestep_spacing": "trailing"} if trailing else {}
+    pipe = sd_pipeline(teacher, DDIMScheduler.from_config(teacher.scheduler.config, **spacing))
     f = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
     out = []
     with torch.no_grad():
@@ -256,6 +247,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     from dmad.paths import resource
     from dmad.prompts import load_prompt_set
     from dmad.runs import RunFolder
+    from dmad.sampling import latent_shape
 
     t_start = time.perf_counter()
     config = Path(config) if config else resource("configs", "demo.json")
@@ -272,9 +264,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
 
     items = bench_prompts(s)
     captions = [c for c, _, _ in items]
-    f = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
-    res_px = cfg.resources.resolution
-    shape = (teacher.unet.config.in_channels, res_px // f, res_px // f)
+    shape = latent_shape(teacher.vae, cfg.resources.resolution, cfg.resources.resolution)
     noise_a, noise_b = initial_noise(items, NOISE_SEED_A, shape), initial_noise(items, NOISE_SEED_B, shape)
 
     # real reference: held-out renders the evaluator never trained on

@@ -166,15 +166,13 @@ def _adherence_of(images, captions) -> dict:
 def measure_adherence(pipe, n: int, steps: int, guidance: float, size: int, seed: int = 0) -> dict:
     """Sample n fresh captions with DDIM `steps` + CFG and score them with the shipped evaluator."""
     import torch
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
+    from diffusers import DDIMScheduler
 
     from dmad.demo.shapes import attributes_for, caption
+    from dmad.sampling import sd_pipeline
 
     caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
-    sampler = StableDiffusionPipeline(vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
-                                      unet=pipe.unet, scheduler=DDIMScheduler.from_config(pipe.scheduler.config),
-                                      safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    sampler.set_progress_bar_config(disable=True)
+    sampler = sd_pipeline(pipe, DDIMScheduler.from_config(pipe.scheduler.config))
     was = pipe.unet.training, pipe.text_encoder.training
     pipe.unet.eval()
     pipe.text_encoder.eval()
