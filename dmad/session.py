@@ -38,6 +38,34 @@ METRIC_COLUMNS = (["iter"] + LOSS_COLUMNS +
 LIBRARY_LOGGERS = ("diffusers", "transformers", "accelerate", "peft", "torch")
 
 
+class PipeSafeStream:
+    """stderr that outlives its reader. When the app that started the engine exits and leaves the
+    run going, the engine's stderr pipe has no reader: a later write (a log line, a library's
+    print) would raise BrokenPipeError in the middle of training. Everything also goes to
+    logs/engine.log, so once the reader is gone the writes are dropped."""
+
+    def __init__(self, stream):
+        self._stream, self.reader_gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                self._stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self.reader_gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                self.reader_gone = True
+
+    def __getattr__(self, name):  # fileno, isatty, encoding ...: those of the wrapped stream
+        return getattr(self._stream, name)
+
+
 def setup_logging(path: Path) -> logging.Logger:
     """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,8 +316,9 @@ class Session:
         RSS on a CPU machine): two scopes, two columns, never mixed."""
         peak = memory.framework_peak_gb(self.device)
         memory.reset_framework_peak(self.device)
-        _, used, _ = device_reading(self.device)
-        return {"mem_peak_alloc_gb": peak, "mem_device_used_gb": used}
+        _, used, total = device_reading(self.device)
+        # the total rides on the metric event only (the app draws it as a line), not in metrics.csv
+        return {"mem_peak_alloc_gb": peak, "mem_device_used_gb": used, "mem_device_total_gb": total}
 
     def training_state(self) -> TrainingState:
         return TrainingState(iter=self.iter, generator_steps=self.generator_steps, batches_used=self.batches_used,

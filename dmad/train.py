@@ -29,7 +29,7 @@ from dmad.monitor import Monitor
 from dmad.runs import ControlReader, RunFolder
 from dmad.build import build_session, restore
 from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, classify_oom, cut_back_to_checkpoint,
-                          is_oom, prepare_folder, setup_logging)
+                          PipeSafeStream, is_oom, prepare_folder, setup_logging)
 from dmad.step import critic_loss, generator_loss
 
 
@@ -39,6 +39,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
     if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
         cut_back_to_checkpoint(folder, Path(resume))
+    real_stderr, sys.stderr = sys.stderr, PipeSafeStream(sys.stderr)  # before logging takes its handle
     log = setup_logging(folder.engine_log)
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout)
@@ -76,7 +77,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         if s is not None:
             s.metrics.close()
         events.close()
-        sys.stdout = real_stdout
+        sys.stdout, sys.stderr = real_stdout, real_stderr
 
 
 def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int,

@@ -324,3 +324,22 @@ def test_list_runs_newest_first(tmp_path):
     (tmp_path / "not_a_run").mkdir()
     (tmp_path / "file.txt").write_text("x")
     assert [r.name for r in list_runs(tmp_path)] == ["b_new", "a_old"]
+
+
+def test_engine_stderr_survives_its_reader_leaving():
+    """The app may exit and leave a run going: the engine's stderr pipe then has no reader."""
+    from dmad.session import PipeSafeStream
+
+    r, w = os.pipe()
+    os.close(r)
+    raw = os.fdopen(w, "w")
+    with pytest.raises(BrokenPipeError):  # what an unwrapped print would do mid-training
+        raw.write("x" * 100_000)
+        raw.flush()
+    stream = PipeSafeStream(raw)
+    print("a log line after the app left", file=stream, flush=True)
+    assert stream.reader_gone
+    stream.write("more")
+    stream.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), raw.fileno())  # let the buffered bytes go on close
+    raw.close()
