@@ -1,0 +1,28 @@
+"""The question asked when the window closes while a run is live."""
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+STOP, LEAVE, CANCEL = "stop", "leave", "cancel"
+
+
+def ask_close_during_run(parent: Optional[QWidget], run_name: str) -> str:
+    """STOP (graceful: the engine saves a checkpoint, then the window closes), LEAVE (the engine
+    keeps training; reopening the app with the run folder reattaches) or CANCEL."""
+    box = QMessageBox(QMessageBox.Question, "A run is training",
+                      f"{run_name} is still training. What should happen to it?",
+                      QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
+    # Standard buttons (relabelled) rather than custom ones: exec() then returns which was chosen.
+    box.button(QMessageBox.Yes).setText("Stop the run (save a checkpoint)")
+    box.button(QMessageBox.No).setText("Leave it running")
+    box.setInformativeText("A run left running keeps writing its run folder; open it again with "
+                           "dmad-studio RUN_DIR or from the Runs panel to follow it.")
+    box.setDefaultButton(QMessageBox.Cancel)
+    answer = box.exec()
+    if answer == QMessageBox.Yes:
+        return STOP
+    if answer == QMessageBox.No:
+        return LEAVE
+    return CANCEL

@@ -1,0 +1,477 @@
+"""The main window: its six places, the wiring between panels, closing during a run, the tabs the
+shell owns (Samples, Memory, Data), `dmad-studio` arguments and --screenshots.
+
+Runs are replayed from tests/app/fixtures/demo_run (a real `dmad demo` run, weights left out;
+see its README.md), copied to tmp_path with its event paths rewritten. No torch here.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from PySide6.QtCore import QObject, QSettings, Signal
+from PySide6.QtGui import QColor, QFontInfo, QImage
+from PySide6.QtWidgets import QMessageBox
+
+from app import close_dialog
+from app.data_tab import DataTab, data_dir_of
+from app.main import _BadInput, main, parse_args
+from app.memory_tab import MemoryTab, ledger_part, read_gpu_mem
+from app.samples_tab import GRID_ITEM, SamplesTab, scan_samples
+from app.screenshots import RECORDED_RUN, prepare_recorded_run
+from app.window import PANELS, ROOT_KEY, MainWindow
+from dmad.config import TrainConfig, format_validation_error
+from tests.conftest import REPO, dmad_env
+
+
+def no_nvml():
+    raise ImportError("no NVML in tests")
+
+
+@pytest.fixture
+def recorded_run(tmp_path) -> Path:
+    return prepare_recorded_run(RECORDED_RUN, tmp_path / "runs")
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    w = MainWindow(settings, runs_root=tmp_path / "runs", load_nvml=no_nvml, unsaved_dir=tmp_path / "unsaved")
+    qtbot.addWidget(w)
+    yield w
+    w.training._clear()  # stop followers and timers before the widgets go
+
+
+# ---------------------------------------------------------------- places
+
+def test_window_has_the_six_places_in_order(window):
+    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == list(PANELS)
+    assert list(PANELS) == ["Config", "Data", "Training", "Samples", "Runs", "Memory"]
+    assert window.panel("Config") is window.config and window.panel("Runs") is window.runs
+    assert window.panel("Training") is window.training and window.panel("Memory") is window.memory
+
+
+def test_set_panel_replaces_a_place_without_reshaping(window, qtbot, recorded_run):
+    from PySide6.QtWidgets import QLabel
+
+    window.show_panel("Runs")
+    new = QLabel("the data panel of a later issue")
+    window.set_panel("Data", new)
+    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == list(PANELS)
+    assert window.panel("Data") is new
+    assert window.tabs.currentWidget() is window.runs  # the user's place is kept
+    raw = window.config.config()
+    raw["resources"]["seed"] = 1
+    window.config.set_config(raw, window.config.base_dir())  # a panel without set_config is skipped
+
+    class Samples(QLabel):
+        def set_run(self, run_dir):
+            self.seen = run_dir
+    samples = Samples()
+    window.set_panel("Samples", samples)
+    window.open_run(recorded_run)
+    assert samples.seen == recorded_run and window.panel("Samples") is samples
+    with pytest.raises(ValueError, match="cannot be replaced"):
+        window.set_panel("Training", QLabel())
+
+
+# ---------------------------------------------------------------- wiring
+
+def test_the_config_panel_starts_on_the_cpu_demo_and_start_is_enabled(window):
+    assert window.config.is_valid()
+    assert window.config.config()["identity"]["train_data_dir"] == "../demo/shapes"
+    assert window.training.buttons["start"].isEnabled()
+    assert window.data.folder() == (REPO / "resources" / "demo" / "shapes").resolve()
+
+
+def test_an_invalid_field_disables_start_with_the_engines_message(window):
+    raw = window.config.config()
+    raw["resources"]["resolution"] = 100
+    window.config.set_config(raw, window.config.base_dir())
+    start = window.training.buttons["start"]
+    assert not start.isEnabled()
+    with pytest.raises(ValidationError) as e:
+        TrainConfig.model_validate(raw)
+    engine_words = format_validation_error(e.value, "config").split(": ", 1)[1]  # minus the source name
+    assert "multiple of 8" in engine_words and engine_words in start.toolTip()
+    raw["resources"]["resolution"] = 64
+    window.config.set_config(raw, window.config.base_dir())
+    assert start.isEnabled() and start.toolTip() == ""
+
+
+def test_start_materializes_the_config_and_starts_under_the_runs_root(window, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(window.training, "start", lambda path, root: calls.append((path, root)) or True)
+    window.show_panel("Config")
+    window.training.start_requested.emit()
+    (path, root), = calls
+    assert root == tmp_path / "runs"
+    assert path.parent == tmp_path / "unsaved" and json.loads(path.read_text())["resources"]["resolution"] == 64
+    assert window.tabs.currentWidget() is window.training
+
+
+def test_start_with_an_invalid_config_says_why_and_starts_nothing(window, monkeypatch):
+    calls = []
+    monkeypatch.setattr(window.training, "start", lambda *a: calls.append(a))
+    raw = window.config.config()
+    raw["optimization"]["max_train_steps"] = 0
+    window.config.set_config(raw, window.config.base_dir())
+    window.training.start_requested.emit()
+    assert calls == [] and "max_train_steps" in window.statusBar().currentMessage()
+
+
+def test_opening_a_run_from_the_runs_panel_fills_training_samples_memory_and_title(window, recorded_run, qtbot):
+    window.show_panel("Runs")
+    window.runs.run_opened.emit(recorded_run)
+    assert window.tabs.currentWidget() is window.training
+    assert window.training.run_dir() == recorded_run
+    assert window.samples.run_dir() == recorded_run
+    assert recorded_run.name in window.windowTitle() and "finished" in window.windowTitle()
+    qtbot.waitUntil(lambda: window.memory.readings.rowCount() == 1, timeout=10_000)
+    qtbot.waitUntil(lambda: window.samples.folders.count() > 0, timeout=10_000)
+
+
+def test_the_runs_root_is_remembered(qtbot, tmp_path):
+    path = str(tmp_path / "settings.ini")
+    w = MainWindow(QSettings(path, QSettings.IniFormat), runs_root=tmp_path / "a", load_nvml=no_nvml,
+                   unsaved_dir=tmp_path / "u")
+    qtbot.addWidget(w)
+    w.runs.set_root(tmp_path / "b")
+    settings = QSettings(path, QSettings.IniFormat)
+    assert Path(settings.value(ROOT_KEY)) == tmp_path / "b"
+    w2 = MainWindow(settings, load_nvml=no_nvml, unsaved_dir=tmp_path / "u")
+    qtbot.addWidget(w2)
+    assert w2.runs.root() == tmp_path / "b"
+
+
+def test_status_bar_shows_the_gpu_from_a_fake_nvml_and_nothing_without_one(qtbot, tmp_path):
+    from tests.app.test_gpu_status import FakeNvml
+
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
+    w = MainWindow(settings, runs_root=tmp_path, load_nvml=lambda: FakeNvml(names=("NVIDIA L4",), used_gib=1.5,
+                                                                             total_gib=22.5, util=7),
+                   unsaved_dir=tmp_path / "u")
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.gpu.isVisible(), timeout=10_000)
+    assert w.gpu.text() == "GPU0 NVIDIA L4  1.5 / 22.5 GB  7%"
+    w.close()
+
+    w2 = MainWindow(settings, runs_root=tmp_path, load_nvml=no_nvml, unsaved_dir=tmp_path / "u")
+    qtbot.addWidget(w2)
+    w2.show()
+    qtbot.waitUntil(lambda: w2.gpu.probe.failed is not None, timeout=10_000)
+    w2.gpu.wait_idle()
+    qtbot.waitUntil(lambda: not w2.gpu._timer.isActive(), timeout=10_000)
+    assert not w2.gpu.isVisible() and w2.gpu.text() == ""
+
+
+# ---------------------------------------------------------------- closing during a run
+
+class _LiveRun:
+    """Stands in for the Training panel's live-run methods: the choice is what is tested here."""
+
+    def __init__(self, monkeypatch, training):
+        self.live, self.calls = True, []
+        monkeypatch.setattr(training, "is_live", lambda: self.live)
+        monkeypatch.setattr(training, "stop_run", lambda: self.calls.append("stop"))
+        monkeypatch.setattr(training, "leave_running", lambda: self.calls.append("leave"))
+
+
+def _answer(monkeypatch, button):
+    asked = []
+
+    def exec_(box):
+        asked.append([b.text() for b in box.buttons()])
+        return button
+    monkeypatch.setattr(QMessageBox, "exec", exec_)
+    return asked
+
+
+def test_close_during_a_run_cancel_keeps_the_window(window, monkeypatch):
+    run = _LiveRun(monkeypatch, window.training)
+    asked = _answer(monkeypatch, QMessageBox.Cancel)
+    window.show()
+    assert not window.close()
+    assert window.isVisible() and run.calls == []
+    assert {"Stop the run (save a checkpoint)", "Leave it running", "Cancel"} <= set(asked[0])
+
+
+def test_close_during_a_run_leave_it_running_detaches_and_closes(window, monkeypatch):
+    run = _LiveRun(monkeypatch, window.training)
+    _answer(monkeypatch, QMessageBox.No)
+    window.show()
+    assert window.close()
+    assert run.calls == ["leave"] and not window.isVisible()
+
+
+def test_close_during_a_run_stop_waits_for_the_checkpoint_then_closes(window, monkeypatch, qtbot):
+    run = _LiveRun(monkeypatch, window.training)
+    _answer(monkeypatch, QMessageBox.Yes)
+    window.show()
+    assert not window.close()  # the engine is still saving its checkpoint
+    assert run.calls == ["stop"] and window.isVisible()
+    assert "saving a checkpoint" in window.statusBar().currentMessage()
+    window.training.run_state_changed.emit("stopping")
+    assert window.isVisible()
+    run.live = False
+    window.training.run_state_changed.emit("stopped")
+    assert not window.isVisible()
+
+
+def test_close_without_a_live_run_asks_nothing(window, monkeypatch):
+    monkeypatch.setattr(close_dialog, "ask_close_during_run", lambda *a: pytest.fail("asked"))
+    window.show()
+    assert window.close()
+
+
+# ---------------------------------------------------------------- Samples tab
+
+def _png(path: Path, colour: str, px: int = 8) -> None:
+    img = QImage(px, px, QImage.Format_RGB32)
+    img.fill(QColor(colour))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert img.save(str(path))
+
+
+def test_samples_of_the_recorded_run_grid_then_each_folder(qtbot, recorded_run):
+    tab = SamplesTab()
+    qtbot.addWidget(tab)
+    tab.show()
+    tab.set_run(recorded_run)
+    qtbot.waitUntil(lambda: tab.folders.count() > 0 and not tab.busy(), timeout=10_000)
+    names = [tab.folders.item(i).text() for i in range(tab.folders.count())]
+    iters = sorted((p.name for p in (recorded_run / "samples").glob("iter_*")), key=lambda n: int(n[5:]))
+    assert names == [GRID_ITEM, "teacher", *iters]
+    qtbot.waitUntil(lambda: tab.grid_label.pixmap() is not None and not tab.grid_label.pixmap().isNull(),
+                    timeout=10_000)
+    assert f"columns: teacher, {', '.join(iters)}" in tab._header.text()
+    tab.folders.setCurrentRow(names.index(iters[-1]))
+    qtbot.waitUntil(lambda: tab.thumbs.count() == 10, timeout=10_000)
+    tips = [tab.thumbs.item(i).toolTip() for i in range(tab.thumbs.count())]
+    meta = json.loads((recorded_run / "samples" / iters[-1] / "meta.json").read_text())
+    assert any(item["prompt"] in tip for item in meta["items"].values() for tip in tips)
+    assert "student" in tab._header.text() and "4 steps" in tab._header.text()
+
+
+def test_samples_without_a_grid_show_the_folder_and_new_checkpoints_appear(qtbot, tmp_path):
+    run = tmp_path / "run"
+    for name in ("a", "b"):
+        _png(run / "samples" / "teacher" / f"{name}.png", "red")
+    _png(run / "samples" / "iter_10" / "a.png", "blue")
+    assert [f.name for f in scan_samples(run).folders] == ["teacher", "iter_10"]
+    tab = SamplesTab()
+    qtbot.addWidget(tab)
+    tab.show()
+    tab.set_run(run)
+    qtbot.waitUntil(lambda: tab.thumbs.count() == 2, timeout=10_000)  # the first folder: teacher
+    _png(run / "samples" / "iter_2" / "a.png", "green")
+    tab.refresh()
+    qtbot.waitUntil(lambda: tab.folders.count() == 3, timeout=10_000)
+    assert [tab.folders.item(i).text() for i in range(3)] == ["teacher", "iter_2", "iter_10"]  # numeric order
+
+
+def test_samples_of_a_run_without_samples_say_so(qtbot, tmp_path):
+    tab = SamplesTab()
+    qtbot.addWidget(tab)
+    tab.set_run(tmp_path)
+    qtbot.waitUntil(lambda: "no samples yet" in tab._header.text(), timeout=10_000)
+
+
+# ---------------------------------------------------------------- Memory tab
+
+class FakeEngine(QObject):
+    dry_run_finished = Signal(int, str)
+
+    def __init__(self, code: int, text: str):
+        super().__init__()
+        self.code, self.text, self.started = code, text, []
+
+    def start_dry_run(self, path, overrides=()):
+        self.started.append(path)
+        self.overrides = list(overrides)
+        self.dry_run_finished.emit(self.code, self.text)
+
+
+DRY_RUN = """Resolved config:
+{
+  "config_version": 1
+}
+
+Run folder:  /runs/x (will be created)
+Resume from: (fresh start)
+Memory ledger (estimate, framework peak per device):
+                      GiB  assumption
+student weights      0.04  fp32
+total                0.05"""
+
+
+def test_estimate_memory_shows_the_engines_ledger_in_monospace(qtbot, tmp_path):
+    engine = FakeEngine(0, DRY_RUN)
+    tab = MemoryTab(lambda: tmp_path / "c.json", lambda: engine, lambda: ["identity.output_dir=\"/r\""])
+    qtbot.addWidget(tab)
+    tab.estimate_button.click()
+    assert engine.started == [tmp_path / "c.json"] and engine.overrides == ['identity.output_dir="/r"']
+    assert tab.ledger.toPlainText().startswith("Run folder:") and "student weights      0.04" in tab.ledger.toPlainText()
+    assert "config_version" not in tab.ledger.toPlainText()  # the Config panel shows the resolved config
+    assert QFontInfo(tab.ledger.font()).fixedPitch()  # the ledger's columns line up
+
+
+def test_estimate_memory_failures_are_one_line(qtbot):
+    engine = FakeEngine(2, "dmad: error: train_data_dir not found: /nope")
+    tab = MemoryTab(lambda: Path("c.json"), lambda: engine)
+    qtbot.addWidget(tab)
+    tab.estimate()
+    assert tab.estimate_status.text() == "Dry run failed (exit 2): dmad: error: train_data_dir not found: /nope"
+
+    def invalid():
+        raise ValueError("config: resources.resolution: must be a multiple of 8")
+    tab2 = MemoryTab(invalid, lambda: pytest.fail("no engine for an invalid config"))
+    qtbot.addWidget(tab2)
+    tab2.estimate()
+    assert "multiple of 8" in tab2.estimate_status.text()
+
+
+def test_gpu_mem_readings_keep_their_scopes_apart(qtbot, tmp_path):
+    (tmp_path / "gpu_mem.csv").write_text(
+        "t,scope,mem_used_gb,mem_total_gb\n"
+        "100.0,device_nvml,5.0,24.0\n"
+        "101.0,process_rss,1.25,\n"
+        "102.0,device_nvml,7.5,24.0\n"
+        "103.0,device_nvml,6.0,24.0\n"
+        "104.0,device_nv", encoding="utf-8")  # a torn last row: ignored
+    readings = {r.scope: r for r in read_gpu_mem(tmp_path / "gpu_mem.csv")}
+    assert set(readings) == {"device_nvml", "process_rss"}
+    nvml, rss = readings["device_nvml"], readings["process_rss"]
+    assert (nvml.last_used_gb, nvml.total_gb, nvml.peak_used_gb, nvml.samples) == (6.0, 24.0, 7.5, 3)
+    assert (rss.last_used_gb, rss.total_gb, rss.peak_used_gb, rss.samples) == (1.25, None, 1.25, 1)
+    tab = MemoryTab(lambda: None, lambda: None)
+    qtbot.addWidget(tab)
+    tab.set_run(tmp_path)
+    qtbot.waitUntil(lambda: tab.readings.rowCount() == 2, timeout=10_000)
+    rows = {tab.readings.item(i, 0).text(): [tab.readings.item(i, j).text() for j in (1, 2, 3)] for i in range(2)}
+    assert rows == {"device_nvml": ["6.00", "24.00", "7.50"], "process_rss": ["1.25", "", "1.25"]}
+
+
+def test_ledger_part_of_a_report_without_a_run_folder_line_is_the_whole_report():
+    assert ledger_part("just text\n") == "just text"
+
+
+# ---------------------------------------------------------------- Data tab
+
+def test_data_tab_counts_images_and_captions(qtbot, tmp_path):
+    data = tmp_path / "cfg" / "data"
+    for i, colour in enumerate(("red", "green", "blue")):
+        _png(data / f"{i}.png", colour)
+    (data / "0.txt").write_text("a red square", encoding="utf-8")
+    (data / "1.txt").write_text("", encoding="utf-8")
+    (data / "notes.md").write_text("not an image", encoding="utf-8")
+    assert data_dir_of({"identity": {"train_data_dir": "data"}}, tmp_path / "cfg") == data
+    tab = DataTab()
+    qtbot.addWidget(tab)
+    tab.set_config({"identity": {"train_data_dir": "data"}}, tmp_path / "cfg")
+    qtbot.waitUntil(lambda: "with a caption" in tab.summary.text(), timeout=10_000)
+    text = tab.summary.text()
+    assert "3 images, 2 with a caption" in text and "1 images without a .txt caption" in text
+    assert "1 captions are empty" in text
+    assert tab.examples.count() == 2 and tab.examples.item(0).text() == "a red square"
+
+
+def test_data_tab_says_when_the_folder_is_missing(qtbot, tmp_path):
+    tab = DataTab()
+    qtbot.addWidget(tab)
+    tab.set_config({"identity": {"train_data_dir": str(tmp_path / "nope")}}, None)
+    qtbot.waitUntil(lambda: "not found" in tab.summary.text(), timeout=10_000)
+    assert tab.summary.text() == f"train_data_dir not found: {tmp_path / 'nope'}"
+    tab.set_config({"identity": {}}, None)
+    qtbot.waitUntil(lambda: "No dataset" in tab.summary.text(), timeout=10_000)
+
+
+def test_data_tab_follows_the_config_panel(window, qtbot, tmp_path):
+    data = tmp_path / "mine"
+    _png(data / "x.png", "red")
+    (data / "x.txt").write_text("a red square", encoding="utf-8")
+    raw = window.config.config()
+    raw["identity"]["train_data_dir"] = str(data)
+    window.config.set_config(raw, window.config.base_dir())
+    qtbot.waitUntil(lambda: "1 images, 1 with a caption" in window.data.summary.text(), timeout=10_000)
+
+
+# ---------------------------------------------------------------- dmad-studio
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--no-such-option"]) == 2
+    assert main([str(tmp_path / "missing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("dmad-studio: error: ") for line in err)
+    assert "run folder not found" in err[1] and "not a run folder (no config.json)" in err[2]
+
+
+def test_arguments_resolve_paths(recorded_run, tmp_path):
+    args = parse_args([str(recorded_run), "--runs-root", str(tmp_path)])
+    assert args.run_dir == recorded_run and args.runs_root == tmp_path
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(_BadInput, match="--screenshots is not a folder"):
+        parse_args(["--screenshots", str(tmp_path / "file")])
+
+
+def _run_python(code: str, **env) -> str:
+    full = dmad_env()
+    full.update(QT_QPA_PLATFORM="offscreen", **env)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_lc_numeric_is_c_after_the_application_starts():
+    available = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.split()
+    if not {"C.utf8", "C.UTF-8"} & set(available):
+        pytest.skip("no C.UTF-8 locale to start from")
+    probe = "import locale; print(locale.setlocale(locale.LC_NUMERIC))"
+    # Control: a bare QApplication takes LC_NUMERIC from the environment (what the reset is for)
+    bare = _run_python(f"from PySide6.QtWidgets import QApplication; a = QApplication([]); {probe}",
+                       LC_ALL="C.UTF-8")
+    assert bare != "C"
+    ours = _run_python(f"from app.main import _make_app; a = _make_app(); {probe}", LC_ALL="C.UTF-8")
+    assert ours == "C"
+
+
+def test_ctrl_c_closes_the_window_then_a_second_one_quits(qapp, monkeypatch):
+    import signal
+
+    from app.main import _install_sigint
+
+    handlers, closes, quits = {}, [], []
+    monkeypatch.setattr(signal, "signal", lambda sig, h: handlers.__setitem__(sig, h))
+    monkeypatch.setattr(qapp, "quit", lambda: quits.append(1))
+    heartbeat = _install_sigint(qapp, lambda: closes.append(1))
+    assert heartbeat.isActive()  # Python gets control while Qt's loop runs
+    handlers[signal.SIGINT](signal.SIGINT, None)
+    qapp.processEvents()  # the close is deferred to the event loop (a signal handler must not re-enter Qt)
+    assert closes == [1] and quits == []
+    handlers[signal.SIGINT](signal.SIGINT, None)
+    assert quits == [1]
+    heartbeat.stop()
+
+
+def test_screenshots_writes_one_png_per_panel(tmp_path):
+    # The real CLI in a subprocess: it runs its own event loop and the engine's dry run (~7 s).
+    out = tmp_path / "shots"
+    full = dmad_env()
+    full["QT_QPA_PLATFORM"] = "offscreen"
+    r = subprocess.run([sys.executable, "-m", "app", "--screenshots", str(out)], cwd=tmp_path, env=full,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(f"{i + 1}-{p.lower()}.png" for i, p in enumerate(PANELS))
+    for p in out.iterdir():
+        img = QImage(str(p))
+        assert (img.width(), img.height()) == (1280, 800), p
+    assert not list(RECORDED_RUN.glob("control.jsonl"))  # the recorded run itself is never written
