@@ -181,12 +181,12 @@ def test_form_edit_rewrites_the_json_in_schema_order(panel):
 def test_json_edit_updates_the_form(qtbot, panel):
     raw = panel.config()
     raw["resources"]["train_batch_size"] = 3
-    raw["optimization"]["generator_lr"] = 2e-5
+    raw["optimization"]["generator_lr"] = 3e-5
     raw["resources"]["mixed_precision"] = "bf16"
     with qtbot.waitSignal(panel.config_edited, timeout=None):
         panel.json.edit.setPlainText(json.dumps(raw, indent=2))
     assert line(panel, "resources", "train_batch_size").text() == "3"
-    assert line(panel, "optimization", "generator_lr").text() == "2e-05"
+    assert line(panel, "optimization", "generator_lr").text() == "3e-05"
     assert panel.form.rows[("resources", "mixed_precision")].editor.control().currentText() == "bf16"
     assert panel.config() == raw and panel.is_valid()
 
