@@ -178,3 +178,76 @@ def item_seed(ps: PromptSet, item: PromptItem | str) -> int:
 def to_json(ps: PromptSet) -> dict:
     """The file form: unset optional fields are left out, so load(to_json(ps)) == ps."""
     return ps.model_dump(mode="json", exclude_none=True)
+
+
+# --------------------------------------------------------------------------- versions
+
+_VERSION_NUMBER = re.compile(r"v(\d+)")
+
+
+def file_name(ps: PromptSet) -> str:
+    """<name>_<version>.json, the shipped sets' naming (demo_v1.json)."""
+    return f"{ps.prompt_set}_{ps.version}.json"
+
+
+def find_versions(folder: str | Path, name: str) -> dict[str, tuple[Path, PromptSet]]:
+    """{version: (file, set)} of every valid prompt set named `name` in `folder` (found by content,
+    not file name, so a renamed file still counts). Unreadable or invalid files are skipped."""
+    found: dict[str, tuple[Path, PromptSet]] = {}
+    for f in sorted(Path(folder).glob("*.json")):
+        try:
+            ps = load_prompt_set(f)
+        except UserInputError:
+            continue
+        if ps.prompt_set == name:
+            found.setdefault(ps.version, (f, ps))
+    return found
+
+
+def _write_new_file(ps: PromptSet, folder: Path) -> Path:
+    from dmad.runs import atomic_write_text  # torch-free; imported late to keep this module light
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / file_name(ps)
+    if path.exists():
+        raise UserInputError(f"{path} exists already; prompt set files are never overwritten")
+    atomic_write_text(path, json.dumps(to_json(ps), indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def save_prompt_set(raw: object, folder: str | Path) -> Path:
+    """Save a set under its own name + version as <folder>/<name>_<version>.json. Versions are
+    immutable: if that name + version exists in `folder` with other content, the save is refused
+    (use save_new_version); with the same content the existing file is returned untouched."""
+    ps = validate_prompt_set(raw)
+    existing = find_versions(folder, ps.prompt_set).get(ps.version)
+    if existing is not None:
+        if existing[1] == ps:
+            return existing[0]
+        raise UserInputError(f"prompt set {ps.prompt_set}-{ps.version} already exists in {existing[0]} with other "
+                             f"content; versions are immutable: save the edit as a new version")
+    return _write_new_file(ps, Path(folder))
+
+
+def next_version(versions: "list[str] | set[str] | dict[str, object]") -> str:
+    """v<N+1> after the highest v<N> among `versions` (v2 after v1; v1 when there is none)."""
+    numbers = [int(m.group(1)) for v in versions if (m := _VERSION_NUMBER.fullmatch(v))]
+    n = max(numbers, default=0) + 1
+    while f"v{n}" in versions:
+        n += 1
+    return f"v{n}"
+
+
+def save_new_version(raw: object, folder: str | Path) -> Path:
+    """Save an edited set as the next version of its name in `folder` (v2 after v1, ...), as a new
+    file; every existing file stays byte-for-byte as it was. The version in `raw` is replaced, except
+    when the name has no version in `folder` yet (then it is kept). When the content equals an
+    existing version's (all fields but the version), that file is returned and nothing is written."""
+    ps = validate_prompt_set(raw)
+    versions = find_versions(folder, ps.prompt_set)
+    for path, old in versions.values():
+        if old.model_copy(update={"version": ps.version}) == ps:
+            return path
+    if versions:
+        ps = ps.model_copy(update={"version": next_version(versions)})
+    return _write_new_file(ps, Path(folder))

@@ -133,3 +133,59 @@ def test_to_json_round_trips_and_leaves_out_unset_fields(tmp_path):
 def test_prompts_module_is_torch_free():
     code = "import sys, dmad.prompts; sys.exit(1 if 'torch' in sys.modules or 'PIL' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --------------------------------------------------------------------------- versions
+
+def test_id_with_parent_path_is_refused(tmp_path):
+    msg = load_error(tmp_path, with_item(id="../x"))
+    assert "items[0].id" in msg and "path separator" in msg
+
+
+def test_editing_v1_saves_v2_as_a_new_file_and_leaves_v1_untouched(tmp_path):
+    from dmad.prompts import save_new_version, save_prompt_set
+
+    lib = tmp_path / "sets"
+    v1 = save_prompt_set(base(), lib)
+    assert v1 == lib / "demo_v1.json" and load_prompt_set(v1) == validate_prompt_set(base())
+    before = v1.read_bytes()
+
+    edited = base()
+    edited["items"][0]["prompt"] = "a red circle, edited"
+    with pytest.raises(UserInputError) as e:  # re-saving v1 with other content
+        save_prompt_set(edited, lib)
+    assert "demo-v1 already exists" in str(e.value) and "immutable" in str(e.value) and "\n" not in str(e.value)
+
+    v2 = save_new_version(edited, lib)
+    assert v2 == lib / "demo_v2.json" and v1.read_bytes() == before
+    got = load_prompt_set(v2)
+    assert got.version == "v2" and got.items[0].prompt == "a red circle, edited"
+    edited["items"][1]["prompt"] = "a second edit"
+    assert save_new_version(edited, lib) == lib / "demo_v3.json"
+    assert v1.read_bytes() == before and load_prompt_set(v2) == got
+
+    # saving unchanged content is not a new version
+    assert save_prompt_set(base(), lib) == v1 and save_new_version(base(), lib) == v1
+    assert sorted(p.name for p in lib.iterdir()) == ["demo_v1.json", "demo_v2.json", "demo_v3.json"]
+
+
+def test_versions_are_found_by_content_and_an_invalid_edit_is_not_saved(tmp_path):
+    from dmad.prompts import find_versions, next_version, save_new_version
+
+    write(tmp_path, base(), name="renamed.json")  # demo v1 under another file name
+    write(tmp_path, "{broken", name="junk.json")
+    assert set(find_versions(tmp_path, "demo")) == {"v1"}
+    edited = base()
+    edited["items"][0]["prompt"] = "changed"
+    assert save_new_version(edited, tmp_path) == tmp_path / "demo_v2.json"
+    bad = base()
+    bad["items"][0]["id"] = "../x"
+    with pytest.raises(UserInputError, match="path separator"):
+        save_new_version(bad, tmp_path)
+    assert next_version({"v1", "v9", "beta"}) == "v10" and next_version([]) == "v1" and next_version(["x"]) == "v1"
+
+
+def test_the_template_covers_the_topics_users_check():
+    template = load_prompt_set(resource("prompt_sets", "template_v1.json"))
+    assert {"people", "indoor scene", "text and signs", "several objects", "stylised illustration"} <= \
+        {it.topic for it in template.items}
