@@ -66,6 +66,14 @@ def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
                              f"(lora_rank or targets changed?)")
 
 
+def student_weight_files(ckpt: Path) -> list[Path]:
+    """The files the student's sampling weights come from, in a fixed order: the full student's
+    safetensors (or the LoRA adapter), then ema.safetensors when the run kept an EMA (samples use
+    the EMA weights). What meta.json's weights_sha256 covers."""
+    files = sorted((ckpt / "student").glob("*.safetensors")) or sorted(ckpt.glob("student_lora.safetensors"))
+    return files + ([ckpt / "ema.safetensors"] if (ckpt / "ema.safetensors").is_file() else [])
+
+
 def _save_ema(ema, path: Path) -> None:
     tensors = {f"shadow.{i}": t.detach().contiguous().cpu() for i, t in enumerate(ema.shadow_params)}
     meta = {"decay": str(ema.decay), "optimization_step": str(ema.optimization_step)}
@@ -80,6 +88,29 @@ def _load_ema(ema, path: Path) -> None:
         for i, t in enumerate(ema.shadow_params):
             t.copy_(f.get_tensor(f"shadow.{i}"))
     ema.optimization_step = int(meta["optimization_step"])
+
+
+def load_student(teacher_unet: nn.Module, identity, ckpt: Path) -> tuple[nn.Module, bool]:
+    """The checkpoint's student as it is sampled (training's validation samples, `dmad sample`,
+    `dmad export`, the demo bench): a copy of the teacher UNet, full or LoRA as identity.student
+    says, with the checkpoint's weights, then its EMA weights when it has them. Eval mode, no
+    grads. Returns (student, whether EMA weights were used)."""
+    from safetensors import safe_open
+
+    from dmad.networks import make_trainable_copy, trainable_parameters
+
+    student = make_trainable_copy(teacher_unet, identity.student, identity.lora_rank, identity.lora_alpha, False)
+    load_network(student, ckpt, "student", identity.student)
+    ema = ckpt / "ema.safetensors"
+    if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)
+        params = trainable_parameters(student)
+        with safe_open(str(ema), framework="pt") as f, torch.no_grad():
+            if set(f.keys()) != {f"shadow.{i}" for i in range(len(params))}:
+                raise UserInputError(f"{ema}: {len(list(f.keys()))} EMA tensors for {len(params)} student parameters")
+            for i, p in enumerate(params):
+                p.copy_(f.get_tensor(f"shadow.{i}"))
+    student.requires_grad_(False).eval()
+    return student, ema.is_file()
 
 
 def _rng_state() -> dict[str, torch.Tensor]:

@@ -6,10 +6,12 @@ the same weights give the same pixels whichever device trains and however far tr
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -23,9 +25,35 @@ from dmad.runs import atomic_write_bytes, atomic_write_json
 
 def library_versions() -> dict:
     """What a sample's pixels depend on besides the weights, for meta.json."""
-    import diffusers
+    import platform
 
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__}
+    import diffusers
+    import PIL
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__, "numpy": np.__version__, "pillow": PIL.__version__}
+
+
+def sha256_files(paths: list[Path]) -> Optional[str]:
+    """sha256 over the bytes of `paths` in the given order (streamed, 1 MiB at a time: ~1 s per GB);
+    None for no files. Names which weights made an image (meta.json weights_sha256)."""
+    if not paths:
+        return None
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def provenance(device: torch.device | str, checkpoint: Optional[str], weights_sha256: Optional[str],
+               versions: dict) -> dict:
+    """The meta.json fields shared by teacher and student folders."""
+    return {"checkpoint": checkpoint, "weights_sha256": weights_sha256, "device": str(device),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "versions": versions,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def latent_shape(vae, width: int, height: int) -> tuple[int, int, int]:
@@ -33,52 +61,80 @@ def latent_shape(vae, width: int, height: int) -> tuple[int, int, int]:
     return vae.config.latent_channels, height // f, width // f
 
 
-def decode_to_png(vae, latents: torch.Tensor) -> bytes:
-    """(1, C, h, w) latents -> PNG bytes. Decoded in the VAE's dtype, clamped to [-1, 1]."""
-    lat = latents.to(next(vae.parameters()).dtype) / vae.config.scaling_factor
-    img = vae.decode(lat).sample[0].float().clamp(-1, 1)
-    arr = ((img.permute(1, 2, 0).cpu().numpy() + 1.0) * 127.5).round().astype(np.uint8)
+def _png(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     return buf.getvalue()
 
 
+def decode_to_png(vae, latents: torch.Tensor) -> bytes:
+    """(1, C, h, w) latents -> PNG bytes. Decoded in the VAE's dtype, clamped to [-1, 1]."""
+    lat = latents.to(next(vae.parameters()).dtype) / vae.config.scaling_factor
+    img = vae.decode(lat).sample[0].float().clamp(-1, 1)
+    return _png(((img.permute(1, 2, 0).cpu().numpy() + 1.0) * 127.5).round().astype(np.uint8))
+
+
+def item_noise(seed: int, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Generator]:
+    """(1, C, h, w) float32 CPU noise of an item and the generator, which then drives any later
+    draw (the student's re-noising): the same numbers on every device."""
+    gen = torch.Generator("cpu").manual_seed(seed)
+    return torch.randn((1, *shape), generator=gen), gen
+
+
+@torch.no_grad()
+def student_png(*, student, vae, emb: torch.Tensor, schedule: NoiseSchedule, timesteps: list[int], seed: int,
+                device: torch.device, dtype: torch.dtype, cfg: Optional[float] = None,
+                uncond: Optional[torch.Tensor] = None, size: tuple[int, int]) -> bytes:
+    """One student image. `emb` (1, L, D); cfg > 1 (with `uncond`) guides the student's own
+    prediction, u + cfg (c - u), at twice the cost; None or 1: the plain student, as trained."""
+    noise, gen = item_noise(seed, latent_shape(vae, *size))
+    guided = cfg is not None and cfg != 1.0 and uncond is not None
+    ctx = torch.cat([uncond, emb]) if guided else emb
+
+    def x0_fn(x_t, t):
+        x_in = torch.cat([x_t, x_t]) if guided else x_t
+        t_in = torch.cat([t, t]) if guided else t
+        out = student(x_in.to(dtype), t_in, ctx.to(device, dtype)).sample.float()
+        if guided:
+            u, c = out.chunk(2)
+            out = u + cfg * (c - u)
+        return schedule.to_x0(x_t.float(), out, t)
+
+    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, gen)
+    return decode_to_png(vae, x0)
+
+
 @torch.no_grad()
 def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: NoiseSchedule, timesteps: list[int],
                            prompt_set: PromptSet, iteration: int, device: torch.device,
-                           dtype: torch.dtype, versions: dict) -> list[str]:
+                           dtype: torch.dtype, versions: dict, checkpoint: Optional[str] = None,
+                           weights_sha256: Optional[str] = None, ema: bool = False) -> list[str]:
     """Render every prompt with the student; returns the written PNG paths. `encode(list[str])`
-    gives text embeddings (B, L, D)."""
+    gives text embeddings (B, L, D). `checkpoint` / `weights_sha256`: the checkpoint folder name and
+    the hash of its weight files the student holds (None for a validation render between checkpoints)."""
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    c, h, w = latent_shape(vae, prompt_set.width, prompt_set.height)
     was_training = student.training
     student.eval()
     paths, items = [], {}
     try:
         for item in prompt_set.items:
             seed = item_seed(prompt_set, item)
-            gen = torch.Generator("cpu").manual_seed(seed)
-            noise = torch.randn((1, c, h, w), generator=gen).to(device)
-            emb = encode([item.prompt]).to(device)
-
-            def x0_fn(x_t, t):
-                out = student(x_t.to(dtype), t, emb.to(dtype)).sample
-                return schedule.to_x0(x_t.float(), out.float(), t)
-
-            x0 = sample_student(x0_fn, noise.float(), timesteps, schedule, gen)
+            png = student_png(student=student, vae=vae, emb=encode([item.prompt]).to(device), schedule=schedule,
+                              timesteps=timesteps, seed=seed, device=device, dtype=dtype,
+                              size=(prompt_set.width, prompt_set.height))
             path = out_dir / f"{item.id}.png"
-            atomic_write_bytes(path, decode_to_png(vae, x0), durable=False)
+            atomic_write_bytes(path, png, durable=False)
             paths.append(str(path))
             items[item.id] = {"prompt": item.prompt, "seed": seed, "file": path.name}
     finally:
         student.train(was_training)
     atomic_write_json(out_dir / "meta.json", {
-        "source": f"iter_{iteration}", "iter": iteration, "model": "student",
+        "source": f"iter_{iteration}", "iter": iteration, "model": "student", "ema": ema,
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
         "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
         "resolution": [prompt_set.width, prompt_set.height], "items": items,
-        "wall_time_s": round(time.time() - t0, 3), "versions": versions,
+        "wall_time_s": round(time.time() - t0, 3), **provenance(device, checkpoint, weights_sha256, versions),
     })
     return paths
 
@@ -119,37 +175,73 @@ def sd_pipeline(modules, scheduler):
     return pipe
 
 
+def teacher_weight_files(teacher) -> list[Path]:
+    """The teacher UNet's weight files (the whole file for a single-file teacher): what the
+    teacher's weights_sha256 covers."""
+    return [Path(f) for f in teacher.info.weights_files["unet"]]
+
+
+@torch.no_grad()
+def teacher_png(pipe, *, prompt: str, negative_prompt: Optional[str], seed: int, steps: int, cfg: float,
+                size: tuple[int, int], device: torch.device | str = "cpu") -> bytes:
+    """One teacher image from `pipe` (sd_pipeline), its noise drawn exactly as for the student (a
+    CPU generator seeded with the item's seed), so teacher and student images of one item start
+    from the same latents."""
+    latents, gen = item_noise(seed, latent_shape(pipe.vae, *size))
+    latents = latents.to(device=device, dtype=next(pipe.unet.parameters()).dtype)
+    image = pipe(prompt, negative_prompt=negative_prompt or None, latents=latents, num_inference_steps=steps,
+                 guidance_scale=cfg, height=size[1], width=size[0], generator=gen, output_type="pt").images[0]
+    return _png((image.float().permute(1, 2, 0).cpu().numpy() * 255.0).round().clip(0, 255).astype(np.uint8))
+
+
 @torch.no_grad()
 def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, versions: dict,
-                           device: torch.device | str = "cpu") -> list[str]:
-    """The teacher reference images of a prompt set: its sampler, steps and CFG, each item's noise
-    drawn exactly as for the student (a CPU generator seeded with the item's seed), so teacher and
-    student images of one item start from the same latents. One PNG per item and a meta.json."""
+                           device: torch.device | str = "cpu", weights_sha256: Optional[str] = None) -> list[str]:
+    """The teacher reference images of a prompt set: its sampler, steps and CFG. One PNG per item
+    and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given)."""
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config))
-    c, h, w = latent_shape(teacher.vae, prompt_set.width, prompt_set.height)
-    dtype = next(teacher.unet.parameters()).dtype
     paths, items = [], {}
     for item in prompt_set.items:
         seed = item_seed(prompt_set, item)
-        gen = torch.Generator("cpu").manual_seed(seed)
-        latents = torch.randn((1, c, h, w), generator=gen).to(device=device, dtype=dtype)
-        image = pipe(item.prompt, negative_prompt=item.negative_prompt or None, latents=latents,
-                     num_inference_steps=prompt_set.steps, guidance_scale=prompt_set.cfg, height=prompt_set.height,
-                     width=prompt_set.width, generator=gen, output_type="pt").images[0]
-        arr = (image.float().permute(1, 2, 0).cpu().numpy() * 255.0).round().clip(0, 255).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, format="PNG")
+        png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
+                          steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
+                          device=device)
         path = out_dir / f"{item.id}.png"
-        atomic_write_bytes(path, buf.getvalue(), durable=False)
+        atomic_write_bytes(path, png, durable=False)
         paths.append(str(path))
         items[item.id] = {"prompt": item.prompt, "negative_prompt": item.negative_prompt, "seed": seed, "file": path.name}
+    if weights_sha256 is None:
+        weights_sha256 = sha256_files(teacher_weight_files(teacher))
     atomic_write_json(out_dir / "meta.json", {
         "source": "teacher", "iter": None, "model": "teacher",
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
         "sampler": prompt_set.sampler, "steps": prompt_set.steps, "cfg": prompt_set.cfg,
         "resolution": [prompt_set.width, prompt_set.height], "items": items,
-        "wall_time_s": round(time.time() - t0, 3), "versions": versions,
+        "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
     })
     return paths
+
+
+def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device, events, log,
+                           iteration: Optional[int]) -> None:
+    """Render the teacher reference into `out` unless its meta.json already names this prompt set
+    + version (a resumed run: rendered once per run). A failure is a warning event, never the end
+    of training. Events: phase `teacher-samples`, then `samples` (model teacher, iter null)."""
+    try:
+        meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        if (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version):
+            return
+    except (OSError, ValueError, AttributeError):
+        pass  # absent or unreadable: render
+    events.emit("phase", iteration, phase="teacher-samples")
+    try:
+        paths = render_teacher_samples(out, teacher=teacher, prompt_set=prompt_set, versions=library_versions(),
+                                       device=device)
+        events.emit("samples", None, folder=str(out), paths=paths, model="teacher")
+    except Exception as e:  # noqa: BLE001 - reported, training goes on
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # an OOM here must not leave the cache full for training
+        log.warning("teacher reference samples failed: %r", e, exc_info=True)
+        events.emit("warning", iteration, message=f"teacher samples failed: {type(e).__name__}: {e}")

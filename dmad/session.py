@@ -20,6 +20,7 @@ import torch
 from dmad import memory
 from dmad.checkpoint import TrainingState, config_fingerprint, read_training_state, save_checkpoint
 from dmad.config import TrainConfig
+from dmad.errors import UserInputError
 from dmad.events import EventWriter
 from dmad.methods.dmd2 import backward_simulate, sample_stop_index
 from dmad.noise import SampleRNG, iteration_generator
@@ -165,6 +166,7 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
         changed = _config_changes(folder, resolved)
         if changed:
             events.emit("warning", None, message=f"resuming with a changed config: {', '.join(changed)}")
+        prompt_set = _resumed_prompt_set(folder, prompt_set, events)
         command = folder.command_txt.read_text(encoding="utf-8") if folder.command_txt.is_file() else ""
         from dmad.runs import atomic_write_text
         import shlex
@@ -180,6 +182,25 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
                 resume_from=resume, max_train_steps=cfg.optimization.max_train_steps,
                 effective_batch=cfg.effective_batch(1), prompt_set=f"{prompt_set.name}-{prompt_set.version}")
     return prompt_set
+
+
+def _resumed_prompt_set(folder: RunFolder, wanted: PromptSet, events: EventWriter) -> PromptSet:
+    """On resume the run's own copy wins over an in-place edit of the same name + version
+    (versions are immutable); another name or version replaces the copy, with a warning."""
+    try:
+        own = load_prompt_set(folder.prompt_set_json)
+    except UserInputError:
+        own = None
+    if own is not None and (own.name, own.version) == (wanted.name, wanted.version):
+        if own != wanted:
+            events.emit("warning", None, message=f"prompt set {wanted.name}-{wanted.version} was edited in place; "
+                                                 f"using the run's copy (save an edit as a new version)")
+        return own
+    if own is not None:
+        events.emit("warning", None, message=f"prompt set changed on resume: {own.name}-{own.version} -> "
+                                             f"{wanted.name}-{wanted.version}")
+    folder.write_json("prompt_set.json", to_json(wanted))
+    return wanted
 
 
 def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
@@ -348,20 +369,25 @@ class Session:
         """Validation images with the student's own timesteps (EMA weights when EMA is on). A
         failure here is a warning: sampling never ends training."""
         from dmad.models.teacher import encode_prompts
-        from dmad.sampling import library_versions, render_student_samples
+        from dmad.checkpoint import student_weight_files
+        from dmad.sampling import library_versions, render_student_samples, sha256_files
 
         t = self.teacher
         student = self.nets.student
         params = trainable_parameters(student)
         out = self.folder.samples_dir / f"iter_{self.iter}"
         try:
+            # between checkpoints the weights exist only in memory: no checkpoint, no hash
+            ckpt = self.folder.checkpoint_path(self.iter) if self.last_saved == self.iter else None
             if self.nets.ema is not None:
                 self.nets.ema.store(params)
                 self.nets.ema.copy_to(params)
             paths = render_student_samples(
                 out, student=student, vae=t.vae, encode=lambda p: encode_prompts(t.tokenizer, t.text_encoder, p, self.device),
                 schedule=self.schedule, timesteps=self.timesteps, prompt_set=self.prompt_set, iteration=self.iter,
-                device=self.device, dtype=torch.float32, versions=library_versions())
+                device=self.device, dtype=torch.float32, versions=library_versions(),
+                checkpoint=ckpt.name if ckpt else None, ema=self.nets.ema is not None,
+                weights_sha256=sha256_files(student_weight_files(ckpt)) if ckpt else None)
             self.events.emit("samples", self.iter, folder=str(out), paths=paths, model="student",
                              ema=self.nets.ema is not None)
         except Exception as e:  # noqa: BLE001 - reported, training goes on
@@ -372,6 +398,14 @@ class Session:
         finally:
             if self.nets.ema is not None:
                 self.nets.ema.restore(params)
+
+
+    def render_teacher_reference(self) -> None:
+        """samples/teacher/, once per run, before iteration 1 (dmad.sampling.ensure_teacher_samples)."""
+        from dmad.sampling import ensure_teacher_samples
+
+        ensure_teacher_samples(self.folder.samples_dir / "teacher", teacher=self.teacher, prompt_set=self.prompt_set,
+                               device=self.device, events=self.events, log=self.log, iteration=self.iter)
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

@@ -53,6 +53,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         phase[0] = "loading"
         s = build_session(cfg, folder, prompt_set, events, log, monitor)
         restore(s, resume)
+        phase[0] = "sampling"
+        s.render_teacher_reference()  # before iteration 1; a no-op on resume
         return train_loop(s, stop, phase)
     except NonFiniteLoss as e:
         return _fail(folder, events, s, f"{e}; the last good checkpoint is kept", 1, term=e.term, cause="non_finite_loss")

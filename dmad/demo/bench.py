@@ -176,9 +176,9 @@ def sample_student_images(student, teacher, captions: list[str], noise, timestep
 def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
     """The student of a checkpoint of the run (default: its latest), full or LoRA, as a UNet in
     eval mode; with the checkpoint's training state and iteration."""
-    from dmad.checkpoint import load_network, read_training_state
+    from dmad.checkpoint import load_student as load_checkpoint_student
+    from dmad.checkpoint import read_training_state
     from dmad.config import load_config
-    from dmad.networks import make_trainable_copy
     from dmad.runs import RunFolder
 
     folder = RunFolder(run_dir)
@@ -188,10 +188,7 @@ def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
             raise RunFailed(f"the distillation run {run_dir} left no checkpoint")
         checkpoint = latest[1]
     cfg = load_config(folder.config_json)
-    ident = cfg.identity
-    student = make_trainable_copy(teacher.unet, ident.student, ident.lora_rank, ident.lora_alpha, False)
-    load_network(student, checkpoint, "student", ident.student)
-    student.eval().requires_grad_(False)
+    student, _ = load_checkpoint_student(teacher.unet, cfg.identity, checkpoint)
     state = read_training_state(checkpoint)
     return student, state, state.iter
 

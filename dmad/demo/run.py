@@ -4,9 +4,9 @@
    incomplete, into a user cache folder when resources/ is read-only, e.g. in a bundle).
 2. Runs the default distillation (resources/configs/demo.json, the app's default config) through
    `dmad train` in a subprocess, showing one progress line per logged iteration.
-3. Renders the demo prompt set with the teacher (its 50-step sampler + CFG) into
-   samples/teacher/, beside the student's samples the run wrote at its checkpoints, and a grid
-   (prompts x [teacher, checkpoints...]) into samples/grid.png.
+3. Writes a grid (prompts x [teacher, checkpoints...]) into samples/grid.png from the images
+   the run itself rendered: the teacher's reference samples (its 50-step sampler + CFG, before
+   iteration 1) in samples/teacher/ and the student's at every checkpoint.
 4. Prints where to look.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _progress(line: str, state: dict) -> None:
     elif ev.kind == "checkpoint":
         _say(f"  checkpoint at iter {ev.iter}")
     elif ev.kind == "samples":
-        _say(f"  student samples: {d.get('folder')}")
+        _say(f"  {d.get('model', 'student')} samples: {d.get('folder')}")
     elif ev.kind in ("warning", "error"):
         _say(f"  {ev.kind}: {d.get('message') or d.get('reason')}")
 
@@ -130,7 +130,7 @@ def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
     if proc.returncode != 0:
         last = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         raise RunFailed(f"the demo distillation failed: {last[0]}")
-    _say(f"Distilled in {(time.time() - t0) / 60:.1f} min. Rendering the teacher's reference samples ...")
+    _say(f"Distilled in {(time.time() - t0) / 60:.1f} min.")
     grid = render_demo_outputs(pf.run_dir)
     _say("")
     _say(f"Done. Run folder: {pf.run_dir}")
@@ -142,21 +142,13 @@ def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
 
 
 def render_demo_outputs(run_dir: Path) -> Path:
-    """Teacher samples of the run's prompt set, then the comparison grid. Returns the grid path."""
-    import torch
-
-    from dmad.config import load_config
-    from dmad.models.teacher import load_teacher
+    """The comparison grid of what the run rendered (the engine writes samples/teacher/ itself,
+    once per run). Returns the grid path."""
     from dmad.prompts import load_prompt_set
     from dmad.runs import RunFolder
-    from dmad.sampling import library_versions, render_teacher_samples
 
     folder = RunFolder(run_dir)
-    cfg = load_config(folder.config_json)
     ps = load_prompt_set(folder.prompt_set_json)
-    teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
-                           cfg.identity.teacher_config_dir, dtype=torch.float32)
-    render_teacher_samples(folder.samples_dir / "teacher", teacher=teacher, prompt_set=ps, versions=library_versions())
     return write_grid(folder.samples_dir, [item.id for item in ps.items])
 
 

@@ -56,6 +56,7 @@ def test_dmad_demo_distils_and_renders_teacher_and_student(dmad_cli, tmp_path):
                  timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Done. Run folder:" in r.stdout and str(run) in r.stdout
+    assert "teacher samples:" in r.stdout  # rendered by the engine, before iteration 1 (the demo only makes the grid)
     ps = json.loads((run / "prompt_set.json").read_text())
     ids = {item["id"] for item in ps["items"]}
     for folder in ("teacher", "iter_4"):

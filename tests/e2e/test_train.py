@@ -86,7 +86,9 @@ def test_thirty_steps_write_the_whole_run_folder(write_config, dmad_cli, tmp_pat
     assert kinds[0] == "started" and kinds[-1] == "finished"
     assert [e.iter for e in events if e.kind == "metric"] == list(range(1, 31))
     assert [e.iter for e in events if e.kind == "checkpoint"] == [10, 20, 30]
-    assert sorted({e.iter for e in events if e.kind == "samples"}) == [10, 15, 20, 30]
+    assert sorted({e.iter for e in events if e.kind == "samples" and e.data["model"] == "student"}) == [10, 15, 20, 30]
+    teacher_events = [e for e in events if e.kind == "samples" and e.data["model"] == "teacher"]
+    assert len(teacher_events) == 1 and kinds.index("samples") < kinds.index("metric")  # before iteration 1
     assert kinds.index("phase") < kinds.index("metric")
 
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
@@ -109,6 +111,9 @@ def test_thirty_steps_write_the_whole_run_folder(write_config, dmad_cli, tmp_pat
 
     meta = json.loads((run / "samples/iter_30/meta.json").read_text())
     assert meta["timesteps"] == [999, 499] and meta["prompt_set"] == "tiny" and set(meta["items"]) == {"red", "blue"}
+    assert meta["checkpoint"] == "iter_30" and meta["ema"] is True and len(meta["weights_sha256"]) == 64
+    assert json.loads((run / "samples/iter_15/meta.json").read_text())["checkpoint"] is None  # validation only
+    assert json.loads((run / "samples/teacher/meta.json").read_text())["checkpoint"] == "teacher"
     with Image.open(run / "samples/iter_30/red.png") as im:
         assert im.size == (32, 32) and im.mode == "RGB"
     assert len(_rows(run / "gpu_mem.csv")) >= 1
