@@ -66,6 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "memory estimate; do not train")
     train.set_defaults(handler=_cmd_train)
 
+    sample = sub.add_parser(
+        "sample", allow_abbrev=False, help="render a checkpoint (or the teacher) again with the prompt set",
+        description="Render a run's checkpoint with the student's own timesteps (from the checkpoint) or the teacher "
+                    "with the prompt set's sampler, steps and CFG, into <out>/<iter_N|teacher>/<id>.png + meta.json. "
+                    "An existing folder is never replaced: the images go to the first free <name>-r2, -r3, ... "
+                    "The same checkpoint and prompt set give byte-identical PNGs on a CPU. stdout: one samples "
+                    "event (JSON); stderr: where the images went and the time per image.")
+    sample.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    sample.add_argument("--checkpoint", default="latest", metavar="latest|teacher|N",
+                        help="the latest checkpoint (default), the teacher, or checkpoints/iter_N")
+    sample.add_argument("--prompt-set", metavar="FILE", help="prompt set (default: the run's prompt_set.json)")
+    sample.add_argument("--out", metavar="DIR", help="output base folder (default: <run>/samples)")
+    sample.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
+                        help="render one prompt over steps and/or cfg values (e.g. steps=1,2,4 cfg=1,3: rows, then "
+                             "columns) into a labelled grid <out>/sweep_<iter_N|teacher>_<id>.png with a .json beside it")
+    sample.add_argument("--prompt-id", metavar="ID", help="the prompt of a --sweep (default: the set's first)")
+    sample.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where to render (default: cuda when available)")
+    sample.set_defaults(handler=_cmd_sample)
+
     demo = sub.add_parser("demo", allow_abbrev=False, help="the built-in demo: distil the shipped shapes teacher",
                           description="Distil the shipped shapes teacher with resources/configs/demo.json into a run "
                                       "folder, then render the demo prompt set with the teacher and the student.")
@@ -95,7 +115,32 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--out", metavar="DIR", help="keep the distillation run here (default: a temp folder)")
     distill.add_argument("--config", metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
     distill.set_defaults(handler=_cmd_bench_distill)
+
+    export = sub.add_parser(
+        "export", allow_abbrev=False, help="export a checkpoint's student for diffusers",
+        description="Export a checkpoint's student: 'diffusers' writes a complete StableDiffusionPipeline folder "
+                    "whose scheduler reproduces the student's timesteps; 'lora' (LoRA students) writes a LoRA "
+                    "that diffusers' load_lora_weights puts on the teacher. Prints the output folder.")
+    export.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    export.add_argument("--checkpoint", default="latest", metavar="latest|N", help="checkpoint (default: latest)")
+    export.add_argument("--format", required=True, choices=("diffusers", "lora"), help="what to write")
+    export.add_argument("--out", metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
+    export.set_defaults(handler=_cmd_export)
     return parser
+
+
+def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.export import main as export_main  # torch is imported only once the request is known good
+
+    ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
+    return export_main(args.run, args.checkpoint, args.format, args.out)
+
+
+def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.render import main_sample
+
+    ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
+    return main_sample(args)
 
 
 def _cmd_demo(args: argparse.Namespace, ctx: _Context) -> int:
