@@ -22,7 +22,7 @@ from app.engine import EngineProcess
 from app.gpu_status import GpuStatusLabel, _import_pynvml
 from app.memory_tab import MemoryTab
 from app.runs_panel import RunsPanel
-from app.samples_tab import SamplesTab
+from app.samples_panel import SamplesPanel
 from app.training_panel import TrainingPanel
 
 PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Memory")
@@ -55,7 +55,7 @@ class MainWindow(QMainWindow):
         self.config = ConfigPanel(unsaved_dir=unsaved_dir)  # opens on the CPU demo preset
         self.data = DataTab()
         self.training = TrainingPanel()
-        self.samples = SamplesTab()
+        self.samples = SamplesPanel()
         self.runs = RunsPanel(remembered_root(settings))
         self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override)
         self.tabs = QTabWidget()

@@ -21,7 +21,7 @@ from app import close_dialog
 from app.data_tab import DataTab, data_dir_of
 from app.main import _BadInput, main, parse_args
 from app.memory_tab import MemoryTab, ledger_part, read_gpu_mem
-from app.samples_tab import GRID_ITEM, SamplesTab, scan_samples
+from app.samples_panel import SamplesPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
 from app.window import PANELS, ROOT_KEY, MainWindow
 from dmad.config import TrainConfig, format_validation_error
@@ -38,7 +38,8 @@ def recorded_run(tmp_path) -> Path:
 
 
 @pytest.fixture
-def window(qtbot, tmp_path):
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # thumbnails: not the user's cache
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
     w = MainWindow(settings, runs_root=tmp_path / "runs", load_nvml=no_nvml, unsaved_dir=tmp_path / "unsaved")
     qtbot.addWidget(w)
@@ -132,7 +133,9 @@ def test_opening_a_run_from_the_runs_panel_fills_training_samples_memory_and_tit
     assert window.samples.run_dir() == recorded_run
     assert recorded_run.name in window.windowTitle() and "finished" in window.windowTitle()
     qtbot.waitUntil(lambda: window.memory.readings.rowCount() == 1, timeout=10_000)
-    qtbot.waitUntil(lambda: window.samples.folders.count() > 0, timeout=10_000)
+    assert isinstance(window.samples, SamplesPanel)
+    qtbot.waitUntil(lambda: window.samples.model.rowCount() == 10 and window.samples.model.columnCount() == 3,
+                    timeout=10_000)
 
 
 def test_the_runs_root_is_remembered(qtbot, tmp_path):
@@ -229,57 +232,13 @@ def test_close_without_a_live_run_asks_nothing(window, monkeypatch):
     assert window.close()
 
 
-# ---------------------------------------------------------------- Samples tab
+# ---------------------------------------------------------------- helpers
 
 def _png(path: Path, colour: str, px: int = 8) -> None:
     img = QImage(px, px, QImage.Format_RGB32)
     img.fill(QColor(colour))
     path.parent.mkdir(parents=True, exist_ok=True)
     assert img.save(str(path))
-
-
-def test_samples_of_the_recorded_run_grid_then_each_folder(qtbot, recorded_run):
-    tab = SamplesTab()
-    qtbot.addWidget(tab)
-    tab.show()
-    tab.set_run(recorded_run)
-    qtbot.waitUntil(lambda: tab.folders.count() > 0 and not tab.busy(), timeout=10_000)
-    names = [tab.folders.item(i).text() for i in range(tab.folders.count())]
-    iters = sorted((p.name for p in (recorded_run / "samples").glob("iter_*")), key=lambda n: int(n[5:]))
-    assert names == [GRID_ITEM, "teacher", *iters]
-    qtbot.waitUntil(lambda: tab.grid_label.pixmap() is not None and not tab.grid_label.pixmap().isNull(),
-                    timeout=10_000)
-    assert f"columns: teacher, {', '.join(iters)}" in tab._header.text()
-    tab.folders.setCurrentRow(names.index(iters[-1]))
-    qtbot.waitUntil(lambda: tab.thumbs.count() == 10, timeout=10_000)
-    tips = [tab.thumbs.item(i).toolTip() for i in range(tab.thumbs.count())]
-    meta = json.loads((recorded_run / "samples" / iters[-1] / "meta.json").read_text())
-    assert any(item["prompt"] in tip for item in meta["items"].values() for tip in tips)
-    assert "student" in tab._header.text() and "4 steps" in tab._header.text()
-
-
-def test_samples_without_a_grid_show_the_folder_and_new_checkpoints_appear(qtbot, tmp_path):
-    run = tmp_path / "run"
-    for name in ("a", "b"):
-        _png(run / "samples" / "teacher" / f"{name}.png", "red")
-    _png(run / "samples" / "iter_10" / "a.png", "blue")
-    assert [f.name for f in scan_samples(run).folders] == ["teacher", "iter_10"]
-    tab = SamplesTab()
-    qtbot.addWidget(tab)
-    tab.show()
-    tab.set_run(run)
-    qtbot.waitUntil(lambda: tab.thumbs.count() == 2, timeout=10_000)  # the first folder: teacher
-    _png(run / "samples" / "iter_2" / "a.png", "green")
-    tab.refresh()
-    qtbot.waitUntil(lambda: tab.folders.count() == 3, timeout=10_000)
-    assert [tab.folders.item(i).text() for i in range(3)] == ["teacher", "iter_2", "iter_10"]  # numeric order
-
-
-def test_samples_of_a_run_without_samples_say_so(qtbot, tmp_path):
-    tab = SamplesTab()
-    qtbot.addWidget(tab)
-    tab.set_run(tmp_path)
-    qtbot.waitUntil(lambda: "no samples yet" in tab._header.text(), timeout=10_000)
 
 
 # ---------------------------------------------------------------- Memory tab
@@ -466,6 +425,7 @@ def test_screenshots_writes_one_png_per_panel(tmp_path):
     out = tmp_path / "shots"
     full = dmad_env()
     full["QT_QPA_PLATFORM"] = "offscreen"
+    full["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the Samples panel's thumbnails
     r = subprocess.run([sys.executable, "-m", "app", "--screenshots", str(out)], cwd=tmp_path, env=full,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
