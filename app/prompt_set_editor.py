@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDoubleSpinBox, QFileDialog, 
                                QWidget)
 
 from dmad.errors import UserInputError
-from dmad.prompts import SAMPLERS, find_versions, next_version, save_new_version, validate_prompt_set
+from dmad.prompts import SAMPLERS, find_versions, save_new_version, save_prompt_set, validate_prompt_set
 
 ITEM_COLUMNS = ("id", "topic", "prompt", "negative_prompt", "seed")
 SOURCE = "prompt set"  # the name the engine's messages start with
@@ -36,10 +36,9 @@ def save_edited(raw: dict, folder: Path, used: Iterable[dict] = ()) -> Path:
             continue
         if other.prompt_set == ps.prompt_set:
             taken[other.version] = other
-    if ps.version in taken and taken[ps.version] != ps:
-        versions = set(taken) | set(find_versions(folder, ps.prompt_set))
-        raw = {**raw, "version": next_version(versions)}
-    return save_new_version(raw, folder)
+    if taken.get(ps.version) == ps and ps.version not in find_versions(folder, ps.prompt_set):
+        return save_prompt_set(raw, folder)  # a run's set, unedited: kept under its own version
+    return save_new_version(raw, folder, taken=set(taken))
 
 
 def _int_or_text(text: str):

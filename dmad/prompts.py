@@ -238,16 +238,19 @@ def next_version(versions: "list[str] | set[str] | dict[str, object]") -> str:
     return f"v{n}"
 
 
-def save_new_version(raw: object, folder: str | Path) -> Path:
+def save_new_version(raw: object, folder: str | Path, taken: "set[str] | frozenset[str]" = frozenset()) -> Path:
     """Save an edited set as the next version of its name in `folder` (v2 after v1, ...), as a new
     file; every existing file stays byte-for-byte as it was. The version in `raw` is replaced, except
-    when the name has no version in `folder` yet (then it is kept). When the content equals an
-    existing version's (all fields but the version), that file is returned and nothing is written."""
+    when the name has no version in `folder` or `taken` yet (then it is kept). `taken`: versions of
+    this name in use elsewhere (a run's own copy), so the new one comes after them too. When the
+    content equals an existing version's (all fields but the version), that file is returned and
+    nothing is written."""
     ps = validate_prompt_set(raw)
     versions = find_versions(folder, ps.prompt_set)
     for path, old in versions.values():
         if old.model_copy(update={"version": ps.version}) == ps:
             return path
-    if versions:
-        ps = ps.model_copy(update={"version": next_version(versions)})
+    known = set(versions) | set(taken)
+    if known:
+        ps = ps.model_copy(update={"version": next_version(known)})
     return _write_new_file(ps, Path(folder))

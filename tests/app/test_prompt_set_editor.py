@@ -111,3 +111,15 @@ def test_saving_an_unedited_set_writes_nothing(folder):
     before = sorted(p.name for p in folder.iterdir())
     assert save_edited(raw, folder, [raw]) == folder / "demo_v1.json"
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_an_edit_of_a_runs_later_version_comes_after_every_known_version(folder):
+    """The folder holds demo v1; a run used demo v3 (not in the folder). Editing the run's v3 must
+    save v4, not the folder's next (v2), which would sort before the set it came from."""
+    run_v3 = {**json.loads(DEMO.read_text()), "version": "v3"}
+    edited = {**run_v3, "seed": run_v3["seed"] + 1}
+    assert save_edited(edited, folder, [run_v3]) == folder / "demo_v4.json"
+    assert validate_prompt_set(json.loads((folder / "demo_v4.json").read_text())).version == "v4"
+    # the run's v3 saved unedited keeps its own version
+    assert save_edited(run_v3, folder, [run_v3]) == folder / "demo_v3.json"
+    assert json.loads((folder / "demo_v1.json").read_text()) == json.loads(DEMO.read_text())
