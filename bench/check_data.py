@@ -1,0 +1,105 @@
+"""`dmad check-data` speed vs a naive loop (issue 6, part 5): on one generated folder of N captioned
+images (128-512 px, mixed PNG/JPEG, 6% with problems), time (a) a loop that fully decodes every
+image with PIL (Image.open().convert("RGB")) and reads every caption, (b) dmad.checkdata.check_source
+with the default workers. Targets: >= 5x faster than (a), and <= 10 s for 10,000 images.
+
+    python bench/check_data.py [--quick] [-n N] [--workers N] [--keep DIR] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dmad.checkdata import check_source  # noqa: E402
+
+
+def make_folder(root: Path, n: int, seed: int = 0, px: tuple[int, int] = (128, 512)) -> None:
+    """n images with captions; 3 in every 50 have a problem (truncated, no caption, empty caption)."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    grain = rng.normal(0, 6, (px[1], px[1], 3)).astype(np.float32)  # photo-like: smooth shapes + mild grain
+    for i in range(n):
+        w, h = (int(x) for x in rng.integers(px[0], px[1] + 1, 2))
+        coarse = Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8), "RGB").resize((w, h), Image.BICUBIC)
+        arr = (np.asarray(coarse, dtype=np.float32) + grain[:h, :w]).clip(0, 255).astype(np.uint8)
+        ext = ".jpg" if i % 2 else ".png"
+        path = root / f"img_{i:05d}{ext}"
+        Image.fromarray(arr, "RGB").save(path, **({"quality": 90} if ext == ".jpg" else {}))
+        kind = i % 50
+        if kind == 7:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        if kind != 13:
+            caption = "" if kind == 21 else f"image number {i} of a generated benchmark set"
+            path.with_suffix(".txt").write_text(caption, encoding="utf-8")
+
+
+def naive(root: Path) -> float:
+    t = time.perf_counter()
+    for path in sorted(root.iterdir()):
+        if path.suffix == ".txt":
+            path.read_text(encoding="utf-8")
+            continue
+        try:
+            with Image.open(path) as im:
+                im.convert("RGB")
+        except OSError:
+            pass
+    return time.perf_counter() - t
+
+
+def ours(root: Path, workers: int | None) -> tuple[float, dict]:
+    t = time.perf_counter()
+    report = check_source(root, min_size=64, resolution=512, batch=4, workers=workers)
+    return time.perf_counter() - t, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1,000 images instead of 10,000")
+    ap.add_argument("-n", type=int, help="number of images (overrides --quick)")
+    ap.add_argument("--workers", type=int, help="check_source workers (default: its own, the CPU count)")
+    ap.add_argument("--px", type=int, nargs=2, default=(128, 512), metavar=("MIN", "MAX"),
+                    help="image sides drawn from MIN..MAX pixels (default 128 512, the issue's benchmark)")
+    ap.add_argument("--keep", metavar="DIR", help="build (or reuse) the folder here instead of a temp folder")
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    n = args.n or (1000 if args.quick else 10_000)
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dmad-bench-check-")) / "data"
+    try:
+        if not root.exists() or not any(root.iterdir()):
+            t = time.perf_counter()
+            make_folder(root, n, px=tuple(args.px))
+            print(f"built {n} images in {time.perf_counter() - t:.1f} s: {root}", file=sys.stderr)
+        naive(root)  # warm the page cache so both timings read from memory
+        t_naive = naive(root)
+        t_ours, report = ours(root, args.workers)
+        images = report["summary"]["images"]
+        speedup = t_naive / t_ours
+        print(f"{'images':>8} {'naive s':>9} {'ours s':>8} {'speed-up':>9}   cores {os.cpu_count()}")
+        print(f"{images:>8} {t_naive:>9.2f} {t_ours:>8.2f} {speedup:>8.1f}x")
+        per10k = t_ours * 10_000 / max(1, images)
+        print(f"targets: speed-up >= 5x: {'met' if speedup >= 5 else 'NOT met'}; "
+              f"<= 10 s per 10,000 images: {per10k:.1f} s, {'met' if per10k <= 10 else 'NOT met'}")
+        print(f"problems found: { {k: v for k, v in report['counts'].items() if v} }")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"images": images, "naive_s": t_naive, "ours_s": t_ours,
+                                                   "speedup": speedup, "cpu_count": os.cpu_count()}, indent=2))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root.parent, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

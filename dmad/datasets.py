@@ -1,0 +1,99 @@
+"""The dataset list JSON (issue 6, part 1), in the spirit of SimpleTuner's multidatabackend:
+a JSON list of entries, each a local folder of images. A plain folder is a one-entry list.
+Torch-free: `dmad check-data` reads it. Relative folders resolve against the JSON file's folder,
+so a list can move with its data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dmad.errors import UserInputError
+
+
+class DatasetEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="unique name of the dataset (reports and events use it)")
+    type: Literal["local"] = Field("local", description="where the images are: only local folders for now")
+    instance_data_dir: str = Field(min_length=1, description="folder of images (relative: to the JSON file)")
+    caption_strategy: Literal["textfile", "filename", "instanceprompt"] = Field(
+        "textfile", description="textfile: <stem>.txt beside the image; filename: the stem (_ and - as spaces); "
+                                "instanceprompt: instance_prompt for every image")
+    instance_prompt: Optional[str] = Field(None, description="the caption of every image (instanceprompt)")
+    resolution: Optional[int] = Field(None, gt=0, description="target size (default: the run's resolution)")
+    resolution_type: Literal["pixel", "pixel_area"] = Field(
+        "pixel_area", description="pixel: shorter side = resolution; pixel_area: about resolution**2 pixels")
+    minimum_image_size: Optional[int] = Field(None, ge=0, description="shorter side below this: skipped")
+    repeats: int = Field(0, ge=0, description="extra passes over this dataset per epoch")
+    probability: float = Field(1.0, ge=0.0, le=1.0, description="chance that a batch is drawn from this dataset")
+    crop: bool = Field(False, description="crop to the bucket (else resize)")
+    crop_style: Literal["center", "random", "corner"] = Field("center", description="where to crop")
+    crop_aspect: Literal["square", "preserve"] = Field("preserve", description="square crops or the bucket's aspect")
+    cache_dir: Optional[str] = Field(None, description="latent cache folder (relative: to the JSON file)")
+
+    @model_validator(mode="after")
+    def _prompt_needed(self) -> "DatasetEntry":
+        if self.caption_strategy == "instanceprompt" and not (self.instance_prompt or "").strip():
+            raise ValueError("caption_strategy 'instanceprompt' needs a non-empty instance_prompt")
+        return self
+
+    @property
+    def root(self) -> Path:
+        return Path(self.instance_data_dir)
+
+
+def _resolve(entry: DatasetEntry, base: Path) -> DatasetEntry:
+    dirs = {"instance_data_dir": str((base / entry.instance_data_dir).expanduser().resolve())}
+    if entry.cache_dir:
+        dirs["cache_dir"] = str((base / entry.cache_dir).expanduser().resolve())
+    return entry.model_copy(update=dirs)
+
+
+def _entry_error(e: ValidationError, source: Path, index: int) -> str:
+    err = e.errors()[0]
+    field = ".".join(str(p) for p in err["loc"])
+    where = f"{source}: entry {index}" + (f" '{field}'" if field else "")
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key (valid keys: {', '.join(DatasetEntry.model_fields)})"
+    if err["type"] == "missing":
+        return f"{where}: missing required field"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
+
+
+def parse_dataset_list(raw: object, source: Path) -> list[DatasetEntry]:
+    """Entries from the decoded JSON of `source`; UserInputError (one line) when it is not valid."""
+    if not isinstance(raw, list) or not raw:
+        raise UserInputError(f"{source}: a dataset list is a non-empty JSON list of entries")
+    entries = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise UserInputError(f"{source}: entry {i} is not a JSON object")
+        try:
+            entries.append(_resolve(DatasetEntry.model_validate(item), source.parent))
+        except ValidationError as e:
+            raise UserInputError(_entry_error(e, source, i)) from None
+    ids = [e.id for e in entries]
+    dup = next((x for x in ids if ids.count(x) > 1), None)
+    if dup is not None:
+        raise UserInputError(f"{source}: dataset id '{dup}' is used twice")
+    for e in entries:
+        if not e.root.is_dir():
+            raise UserInputError(f"{source}: dataset '{e.id}': instance_data_dir is not a folder: {e.root}")
+    return entries
+
+
+def load_dataset_list(path: str | Path) -> list[DatasetEntry]:
+    """A dataset list JSON, or a folder (one 'textfile' entry whose id is the folder's name)."""
+    path = Path(path).expanduser().resolve()
+    if path.is_dir():
+        return [DatasetEntry(id=path.name or "data", instance_data_dir=str(path))]
+    if not path.is_file():
+        raise UserInputError(f"not a folder or a dataset list file: {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"{path}: not a readable JSON dataset list ({e})") from None
+    return parse_dataset_list(raw, path)
