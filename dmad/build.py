@@ -47,7 +47,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                   log: logging.Logger, monitor: Monitor) -> Session:
     from accelerate.utils import set_seed
 
-    from dmad.data import CaptionedImages
+    from dmad.data import open_dataset
     from dmad.models.teacher import load_teacher
 
     ident, res, opt, dist = cfg.identity, cfg.resources, cfg.optimization, cfg.distillation
@@ -55,6 +55,9 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
     wdtype = DTYPES[res.mixed_precision]
     monitor.device = acc.device
+    # the data first: too few usable images must stop the run before any model loads
+    dataset, skip_log = open_dataset(ident.train_data_dir, res.resolution, cfg.effective_batch(acc.num_processes),
+                                     events, folder, log)
     events.emit("phase", None, phase="loading", device=str(acc.device))
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
@@ -80,12 +83,11 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     schedule = NoiseSchedule.from_scheduler(teacher.scheduler)
     real = RealScore(teacher.unet, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, wdtype)
     trange = TimestepRange(dist.min_timestep, dist.max_timestep)
-    dataset = CaptionedImages(ident.train_data_dir, res.resolution)
     s = Session(cfg=cfg, folder=folder, events=events, accelerator=acc, device=acc.device, weight_dtype=wdtype,
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
                 opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
                 timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
-                dataset=dataset,
+                dataset=dataset, skip_log=skip_log,
                 metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS), log=log)
     _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
@@ -110,6 +112,7 @@ def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> N
 def restore(s: Session, resume: Optional[str]) -> None:
     """Load a checkpoint (exact resume) and start the data stream at the batch it reached."""
     from dmad.data import ResumableBatches, make_loader
+    from dmad.data_checks import report_skips
 
     if resume:
         ident = s.cfg.identity
@@ -126,4 +129,5 @@ def restore(s: Session, resume: Optional[str]) -> None:
     sampler = ResumableBatches(len(s.dataset), res.train_batch_size, res.seed, acc.process_index,
                                acc.num_processes, consumed=s.batches_used)
     s.sampler = sampler
-    s.data = iter(make_loader(s.dataset, sampler, res.dataloader_num_workers))
+    loader = iter(make_loader(s.dataset, sampler, res.dataloader_num_workers))
+    s.data = report_skips(loader, lambda skips: s.skip_log.loaded(s.iter, skips))

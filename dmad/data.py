@@ -1,9 +1,11 @@
 """Training data: a captioned image folder (image + .txt caption of the same stem).
 
-A deliberately small reader for the engine core; multi-source mixing, buckets, caching and
-`dmad check-data` build on it. Order is deterministic and resumable: the sampler's position
-(samples consumed) is saved with each checkpoint, so a resumed run sees the same batches as
-an uninterrupted one.
+A deliberately small reader for the engine core; multi-source mixing, buckets and caching
+build on it. Order is deterministic and resumable: the sampler's position (samples consumed)
+is saved with each checkpoint, so a resumed run sees the same batches as an uninterrupted one.
+Bad items never stop a run (dmad.data_checks): the scan keeps them out of the dataset, and an
+item that fails to load is replaced by the next index that loads, a pure function of the index
+and the files, so resumed runs and accumulation splits still see the same samples.
 """
 from __future__ import annotations
 
@@ -14,9 +16,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from dmad.data_checks import Skip, SkipLog, require_batch, scan_folder
 from dmad.datafiles import caption_of, images_in
 from dmad.errors import UserInputError
 
+# What a corrupt, truncated or vanished file raises while loading (Pillow: OSError for truncated
+# data, SyntaxError/ValueError for broken headers, DecompressionBombError for huge ones).
+LOAD_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
 def find_pairs(folder: str | Path) -> list[tuple[Path, Path]]:
@@ -28,8 +34,9 @@ def find_pairs(folder: str | Path) -> list[tuple[Path, Path]]:
 
 
 def read_caption(path: Path) -> str:
-    """UTF-8 (a BOM is tolerated); lines are joined with spaces so a caption is one line."""
-    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    """UTF-8 (a BOM is tolerated; anything else raises UnicodeDecodeError); lines are joined with
+    spaces so a caption is one line."""
+    text = path.read_bytes().decode("utf-8-sig")
     return " ".join(text.split())
 
 
@@ -47,18 +54,74 @@ def load_image(path: Path, resolution: int) -> torch.Tensor:
 
 
 class CaptionedImages(torch.utils.data.Dataset):
-    def __init__(self, folder: str | Path, resolution: int):
-        self.pairs = find_pairs(folder)
-        if not self.pairs:
-            raise UserInputError(f"no captioned images in {folder} (need image files with a .txt caption of the same stem)")
-        self.resolution = resolution
+    """Items are (image (3, R, R), caption, skips): `skips` names the items that failed to load
+    before this one was found in their place (usually empty)."""
+
+    def __init__(self, pairs: list[tuple[Path, Path]], resolution: int, folder: str | Path = ""):
+        if not pairs:
+            raise UserInputError(f"no usable captioned images in {folder} (need image files with a .txt caption "
+                                 f"of the same stem; `dmad check-data {folder}` says what is wrong)")
+        self.pairs, self.resolution, self.folder = pairs, resolution, folder
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, resolution: int) -> "CaptionedImages":
+        return cls(find_pairs(folder), resolution, folder)
 
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
-        img, cap = self.pairs[i]
-        return load_image(img, self.resolution), read_caption(cap)
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, tuple[Skip, ...]]:
+        skips = []
+        for k in range(len(self.pairs)):
+            j = (i + k) % len(self.pairs)
+            try:
+                image, caption = self._load(j)
+                return image, caption, tuple(skips)
+            except LOAD_ERRORS as e:
+                skips.append(_skip_of(self.pairs[j], e))
+        raise UserInputError(f"no image of {self.folder} loads any more (the first: {skips[0].path}: "
+                             f"{skips[0].category}: {skips[0].detail})")
+
+    def _load(self, j: int) -> tuple[torch.Tensor, str]:
+        img, cap = self.pairs[j]
+        caption = read_caption(cap)
+        if not caption:
+            raise ValueError("empty caption")
+        return load_image(img, self.resolution), caption
+
+
+def _skip_of(pair: tuple[Path, Path], e: BaseException) -> Skip:
+    """Which check category a load failure is: the caption's or the image's."""
+    img, cap = pair
+    if isinstance(e, UnicodeDecodeError):
+        return Skip("caption_not_utf8", str(cap), str(e))
+    if isinstance(e, ValueError) and str(e) == "empty caption":
+        return Skip("empty_caption", str(cap), "the caption is empty or whitespace only")
+    if isinstance(e, OSError) and not cap.is_file():
+        return Skip("image_without_caption", str(img), f"caption {cap.name} is gone: {e}")
+    if isinstance(e, OSError) and getattr(e, "filename", None) is not None:
+        return Skip("file_unreadable", str(e.filename), str(e))
+    return Skip("image_corrupt", str(img), f"{type(e).__name__}: {e}")
+
+
+def collate(items: list) -> tuple[torch.Tensor, list[str], list[Skip]]:
+    return (torch.stack([it[0] for it in items]), [it[1] for it in items],
+            [s for it in items for s in it[2]])
+
+
+def open_dataset(folder: str | Path, resolution: int, effective_batch: int, events, run_folder,
+                 log) -> tuple[CaptionedImages, SkipLog]:
+    """The usable items of `folder` (refused when fewer than one effective batch), and the log
+    their skips go to; the scan's skips are reported once per run (a resume keeps the events)."""
+    from dmad.events import read_events
+
+    data = scan_folder(Path(folder))
+    require_batch(data, effective_batch)
+    previous = list(read_events(run_folder.events_jsonl)) if run_folder.events_jsonl.exists() else []
+    skip_log = SkipLog(events, run_folder, log, previous)
+    reported = any(e.kind == "warning" and e.data.get("stage") == "scan" for e in previous)
+    skip_log.scanned(data, report=not reported)
+    return CaptionedImages(data.pairs, resolution, folder), skip_log
 
 
 class ResumableBatches(torch.utils.data.Sampler):
@@ -101,5 +164,5 @@ class ResumableBatches(torch.utils.data.Sampler):
 
 
 def make_loader(dataset: CaptionedImages, sampler: ResumableBatches, num_workers: int) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
                                        persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available())

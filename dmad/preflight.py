@@ -1,9 +1,10 @@
 """Checks that run before anything heavy: data, prompt set, teacher, run folder, resume target.
 
 Everything a user can get wrong is found here and reported as one UserInputError line naming
-the problem and where. The cheap checks come first and need no torch (well under a second); the
-teacher's configs are inspected last, which imports torch and diffusers (~1-3 s). `dmad train --dry-run` stops
-after these checks; a real run goes on to dmad.train with the facts gathered here.
+the problem and where. The cheap checks come first and need no torch (well under a second; the
+data scan reads image headers and captions only); the teacher's configs are inspected last,
+which imports torch and diffusers (~1-3 s). `dmad train --dry-run` stops after these checks;
+a real run goes on to dmad.train with the facts gathered here.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:  # both import torch or pydantic models we only name here
 class DataSummary:
     folder: Path
     images: int     # image files at the top of the folder
-    captioned: int  # of those, images with a .txt caption of the same stem (what training reads)
+    captioned: int  # of those, images with a .txt caption of the same stem
+    usable: Optional[int] = None  # of those, images that pass the checks training applies (dmad.data_checks)
 
     @property
     def dataset_id(self) -> str:
@@ -68,7 +70,7 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
     from dmad.prompts import default_prompt_set_path, load_prompt_set
 
     prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
-    data = summarize_data(Path(cfg.identity.train_data_dir))
+    data = check_usable(summarize_data(Path(cfg.identity.train_data_dir)), cfg)
     if run_dir is None and resume not in (None, "latest"):
         run_dir = _run_dir_of_checkpoint(Path(resume))
     if run_dir is None:
@@ -101,6 +103,17 @@ def summarize_data(folder: Path) -> DataSummary:
         raise UserInputError(f"train_data_dir {folder}: {found} (need image files "
                              f"({', '.join(IMAGE_EXTS)}) each with a .txt caption of the same stem)")
     return DataSummary(folder=folder, images=len(images), captioned=captioned)
+
+
+def check_usable(summary: DataSummary, cfg: TrainConfig) -> DataSummary:
+    """Training's per-item checks from file headers and captions (no pixel decoding): fewer
+    usable images than one effective batch stop here, before any model loads."""
+    from dmad.data_checks import require_batch, scan_folder, world_size
+
+    data = scan_folder(summary.folder)
+    require_batch(data, cfg.effective_batch(world_size()))
+    return DataSummary(folder=summary.folder, images=summary.images, captioned=summary.captioned,
+                       usable=len(data.pairs))
 
 
 def default_run_dir(cfg: TrainConfig, dataset_id: str, prompt_set_name: str, prompt_set_version: str,

@@ -245,6 +245,7 @@ class Session:
     sampler: Any  # dmad.data.ResumableBatches: sample positions of each batch
     prompt_set: PromptSet
     dataset: Any
+    skip_log: Any  # dmad.data_checks.SkipLog: items the data skipped, as events and status counts
     metrics: CsvAppender
     log: logging.Logger
     generator_kwargs: dict = field(default_factory=dict)
