@@ -97,6 +97,7 @@ class ScreenshotRun(QObject):
         self.window.open_run(self._run)
         self.window.show()
         self.window.memory.estimate()  # runs in the engine while the other panels are shot
+        self.window.data.check()  # `dmad check-data` on the config's dataset, for the Data picture
         QTimer.singleShot(SETTLE_MS, self._show_next)
 
     def _show_next(self) -> None:

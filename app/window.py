@@ -13,11 +13,11 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QMainWindow, QTabWidget, QWidget
+from PySide6.QtWidgets import QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from app import close_dialog
 from app.config_panel import ConfigPanel
-from app.data_tab import DataTab
+from app.data_panel import DataPanel
 from app.engine import EngineProcess
 from app.gpu_status import GpuStatusLabel, _import_pynvml
 from app.memory_tab import MemoryTab
@@ -53,7 +53,7 @@ class MainWindow(QMainWindow):
         if runs_root is not None:
             settings.setValue(ROOT_KEY, str(runs_root))
         self.config = ConfigPanel(unsaved_dir=unsaved_dir)  # opens on the CPU demo preset
-        self.data = DataTab()
+        self.data = DataPanel()
         self.training = TrainingPanel()
         self.samples = SamplesPanel()
         self.runs = RunsPanel(remembered_root(settings))
@@ -121,6 +121,10 @@ class MainWindow(QMainWindow):
         return [f"identity.output_dir={json.dumps(str(self.runs.root().expanduser().resolve()))}"]
 
     def _start(self) -> None:
+        warning = _call(self.data, "start_warning")  # the last data check of this config's data found errors
+        if warning and QMessageBox.question(self, "Data check", warning, QMessageBox.Yes | QMessageBox.No,
+                                            QMessageBox.No) != QMessageBox.Yes:
+            return
         try:
             path = self.config.materialize()
         except (OSError, ValueError) as e:  # invalid form or unwritable folder: say so, start nothing
@@ -194,8 +198,7 @@ class MainWindow(QMainWindow):
         self.gpu.stop()
 
 
-def _call(widget: QWidget, method: str, *args: Any) -> None:
-    """Panels that replace Data / Samples / Memory may not need what the window tells them."""
+def _call(widget: QWidget, method: str, *args: Any) -> Any:
+    """Panels that replace Data / Samples / Memory may not need what the window tells them (None)."""
     fn = getattr(widget, method, None)
-    if callable(fn):
-        fn(*args)
+    return fn(*args) if callable(fn) else None

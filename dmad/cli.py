@@ -116,6 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--config", metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
     distill.set_defaults(handler=_cmd_bench_distill)
 
+    check = sub.add_parser(
+        "check-data", allow_abbrev=False, help="check a data folder or dataset list; report every problem",
+        description="One pass over a folder of captioned images or a dataset list JSON: reports every problem "
+                    "with its path (docs/check-data.md), then usable images per dataset and bucket and caption "
+                    "lengths. Exit 0 when clean, 1 when problems were found, 2 on a usage error.")
+    check.add_argument("source", metavar="DATASETS_JSON|FOLDER", help="a dataset list JSON or a folder of images")
+    check.add_argument("--json", metavar="REPORT", help="also write the report as JSON (written atomically)")
+    check.add_argument("--min-size", type=int, metavar="N",
+                       help="shorter side below N pixels is an error (default half of --resolution: 256 at "
+                            "512; a dataset's minimum_image_size wins)")
+    check.add_argument("--resolution", type=int, default=512, metavar="N",
+                       help="bucket target: about N*N pixels (default 512; a dataset's resolution wins)")
+    check.add_argument("--batch", type=int, metavar="N", help="effective batch size: full batches per bucket")
+    check.add_argument("--workers", type=int, metavar="N", help="parallel readers (default: CPU count)")
+    check.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
+    check.set_defaults(handler=_cmd_check_data)
+
     export = sub.add_parser(
         "export", allow_abbrev=False, help="export a checkpoint's student for diffusers",
         description="Export a checkpoint's student: 'diffusers' writes a complete StableDiffusionPipeline folder "
@@ -127,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
     export.set_defaults(handler=_cmd_export)
     return parser
+
+
+def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.checkdata_report import main_check_data  # PIL and numpy only when this command runs
+
+    return main_check_data(args)
 
 
 def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
@@ -212,7 +235,8 @@ def dry_run_report(cfg, pf) -> str:
         f"Resume from: {pf.resume.checkpoint}" if pf.resume else "Resume from: (fresh start)",
         f"Teacher:     {ident.pretrained_model_name_or_path}" + ("" if pf.teacher_has_weights else
                                                                  " (weights missing: a real run needs them)"),
-        f"Data:        {pf.data.images} images, {pf.data.captioned} with captions, in {pf.data.folder}",
+        f"Data:        {pf.data.images} images, {pf.data.captioned} with captions"
+        + (f", {pf.data.usable} usable" if pf.data.usable is not None else "") + f", in {pf.data.folder}",
         f"Prompt set:  {pf.prompt_set.name}-{pf.prompt_set.version}",
         "",
         "Memory ledger (estimate, framework peak per device):",

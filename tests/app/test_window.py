@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from PySide6.QtCore import QObject, QSettings, Signal
-from PySide6.QtGui import QColor, QFontInfo, QImage
+from PySide6.QtGui import QFontInfo, QImage
 from PySide6.QtWidgets import QMessageBox
 
 from app import close_dialog
-from app.data_tab import DataTab, data_dir_of
 from app.main import _BadInput, main, parse_args
 from app.memory_tab import MemoryTab, ledger_part, read_gpu_mem
 from app.samples_panel import SamplesPanel
@@ -86,7 +85,7 @@ def test_the_config_panel_starts_on_the_cpu_demo_and_start_is_enabled(window):
     assert window.config.is_valid()
     assert window.config.config()["identity"]["train_data_dir"] == "../demo/shapes"
     assert window.training.buttons["start"].isEnabled()
-    assert window.data.folder() == (REPO / "resources" / "demo" / "shapes").resolve()
+    assert window.data.source() == (REPO / "resources" / "demo" / "shapes").resolve()
 
 
 def test_an_invalid_field_disables_start_with_the_engines_message(window):
@@ -232,15 +231,6 @@ def test_close_without_a_live_run_asks_nothing(window, monkeypatch):
     assert window.close()
 
 
-# ---------------------------------------------------------------- helpers
-
-def _png(path: Path, colour: str, px: int = 8) -> None:
-    img = QImage(px, px, QImage.Format_RGB32)
-    img.fill(QColor(colour))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    assert img.save(str(path))
-
-
 # ---------------------------------------------------------------- Memory tab
 
 class FakeEngine(QObject):
@@ -320,44 +310,14 @@ def test_ledger_part_of_a_report_without_a_run_folder_line_is_the_whole_report()
     assert ledger_part("just text\n") == "just text"
 
 
-# ---------------------------------------------------------------- Data tab
+# ---------------------------------------------------------------- Data panel (tests/app/test_data_panel.py)
 
-def test_data_tab_counts_images_and_captions(qtbot, tmp_path):
-    data = tmp_path / "cfg" / "data"
-    for i, colour in enumerate(("red", "green", "blue")):
-        _png(data / f"{i}.png", colour)
-    (data / "0.txt").write_text("a red square", encoding="utf-8")
-    (data / "1.txt").write_text("", encoding="utf-8")
-    (data / "notes.md").write_text("not an image", encoding="utf-8")
-    assert data_dir_of({"identity": {"train_data_dir": "data"}}, tmp_path / "cfg") == data
-    tab = DataTab()
-    qtbot.addWidget(tab)
-    tab.set_config({"identity": {"train_data_dir": "data"}}, tmp_path / "cfg")
-    qtbot.waitUntil(lambda: "with a caption" in tab.summary.text(), timeout=10_000)
-    text = tab.summary.text()
-    assert "3 images, 2 with a caption" in text and "1 images without a .txt caption" in text
-    assert "1 captions are empty" in text
-    assert tab.examples.count() == 2 and tab.examples.item(0).text() == "a red square"
-
-
-def test_data_tab_says_when_the_folder_is_missing(qtbot, tmp_path):
-    tab = DataTab()
-    qtbot.addWidget(tab)
-    tab.set_config({"identity": {"train_data_dir": str(tmp_path / "nope")}}, None)
-    qtbot.waitUntil(lambda: "not found" in tab.summary.text(), timeout=10_000)
-    assert tab.summary.text() == f"train_data_dir not found: {tmp_path / 'nope'}"
-    tab.set_config({"identity": {}}, None)
-    qtbot.waitUntil(lambda: "No dataset" in tab.summary.text(), timeout=10_000)
-
-
-def test_data_tab_follows_the_config_panel(window, qtbot, tmp_path):
-    data = tmp_path / "mine"
-    _png(data / "x.png", "red")
-    (data / "x.txt").write_text("a red square", encoding="utf-8")
+def test_data_panel_follows_the_config_panel(window, tmp_path):
     raw = window.config.config()
-    raw["identity"]["train_data_dir"] = str(data)
+    raw["identity"]["train_data_dir"] = str(tmp_path / "mine")
+    raw["resources"].update(train_batch_size=3, gradient_accumulation_steps=2)
     window.config.set_config(raw, window.config.base_dir())
-    qtbot.waitUntil(lambda: "1 images, 1 with a caption" in window.data.summary.text(), timeout=10_000)
+    assert window.data.source() == tmp_path / "mine" and window.data.effective_batch() == 6
 
 
 # ---------------------------------------------------------------- dmad-studio
