@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
 from app.background import Task
 from app.bucket_plot import BucketPlot
 from app.data_report import DataReport, ProblemsFilter, ProblemsModel, load_report
-from app.engine import LineBuffer, engine_command, engine_environment
+from app.engine import LineBuffer, engine_command, engine_qprocess
 from app.sample_index import ImageFile
 from app.thumbs import ThumbCache, ThumbLoader
 from dmad.config import Resources
@@ -242,10 +242,7 @@ class DataPanel(QWidget):
             return
         self._tmp = tempfile.TemporaryDirectory(prefix="dmad-check-")
         cmd = self.check_command(Path(self._tmp.name) / "report.json")
-        proc = QProcess(self)
-        proc.setProgram(cmd[0])
-        proc.setArguments(cmd[1:])
-        proc.setProcessEnvironment(engine_environment())
+        proc = engine_qprocess(self, cmd)
         proc.readyReadStandardError.connect(self._read_err)
         proc.finished.connect(self._on_finished)
         proc.errorOccurred.connect(self._on_error)

@@ -58,6 +58,15 @@ def engine_environment() -> QProcessEnvironment:
     return env
 
 
+def engine_qprocess(parent: QObject, cmd: list[str]) -> QProcess:
+    """A QProcess (not started) for one `dmad` command line, in the engine's environment."""
+    proc = QProcess(parent)
+    proc.setProgram(cmd[0])
+    proc.setArguments(cmd[1:])
+    proc.setProcessEnvironment(engine_environment())
+    return proc
+
+
 class LineBuffer:
     """Reassembles lines from pipe chunks. Splits on bytes before decoding, so a multi-byte UTF-8
     character cut between two chunks is decoded whole."""

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBox
 
 from app.ab_view import ABView
 from app.background import Task
-from app.engine import LineBuffer, engine_command, engine_environment, exit_meaning
+from app.engine import LineBuffer, engine_command, engine_qprocess, exit_meaning
 from app.prompt_set_editor import PromptSetEditor
 from app.sample_index import SamplesIndex, checkpoint_of, provenance, scan_samples
 from app.samples_grid import SamplesGridView, SamplesModel
@@ -256,10 +256,7 @@ class SamplesPanel(QWidget):
         cmd = self.render_command()
         if cmd is None or self._proc is not None:
             return
-        proc = QProcess(self)
-        proc.setProgram(cmd[0])
-        proc.setArguments(cmd[1:])
-        proc.setProcessEnvironment(engine_environment())
+        proc = engine_qprocess(self, cmd)
         proc.readyReadStandardError.connect(self._read_err)
         proc.readyReadStandardOutput.connect(self._read_out)
         proc.finished.connect(self._render_done)
