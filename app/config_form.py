@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QLineEdit, QToolButton, QVBoxLayout, QWidget)
+                               QLineEdit, QMenu, QToolButton, QVBoxLayout, QWidget)
 
 from app.config_doc import PATH_FIELDS, UNSET, FieldSpec, GroupSpec, Key, get_field
 
@@ -140,7 +140,14 @@ class TextEditor(_Editor):
             browse = QToolButton()
             browse.setText("…")
             browse.setToolTip("Choose with a file dialog")
-            browse.clicked.connect(self._browse)
+            if spec.name == "train_data_dir":  # a captioned folder or a dataset list JSON
+                menu = QMenu(browse)
+                menu.addAction("Image folder…", self._browse)
+                menu.addAction("Dataset list (JSON)…", self._browse_list)
+                browse.setMenu(menu)
+                browse.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+            else:
+                browse.clicked.connect(self._browse)
             self.row.addWidget(browse)
 
     def parse(self, text: str) -> Any:
@@ -165,6 +172,11 @@ class TextEditor(_Editor):
             path, _ = QFileDialog.getOpenFileName(self, "Prompt set", self.line.text(), "JSON (*.json)")
         else:
             path = QFileDialog.getExistingDirectory(self, self.spec.name, self.line.text())
+        if path:
+            self.line.setText(str(Path(path)))
+
+    def _browse_list(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Dataset list", self.line.text(), "JSON (*.json)")
         if path:
             self.line.setText(str(Path(path)))
 

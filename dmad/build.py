@@ -56,14 +56,21 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     wdtype = DTYPES[res.mixed_precision]
     monitor.device = acc.device
     # the data first: too few usable images must stop the run before any model loads
-    dataset, skip_log = open_dataset(ident.train_data_dir, res.resolution, cfg.effective_batch(acc.num_processes),
-                                     events, folder, log)
+    dataset, groups, skip_log = open_dataset(ident.train_data_dir, res.resolution, res.train_batch_size,
+                                             cfg.effective_batch(acc.num_processes), res.seed, events, folder, log)
     events.emit("phase", None, phase="loading", device=str(acc.device))
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
     nets = build_networks(teacher.unet, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
                           lora_alpha=ident.lora_alpha, gradient_checkpointing=res.gradient_checkpointing,
                           ema_decay=dist.ema_decay, gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck")
+    check_buckets(groups, teacher, ident.train_data_dir)
+    caches = None
+    if res.cache_latents:
+        from dmad.encode import make_caches
+
+        caches = make_caches(dataset, teacher, wdtype)
+        log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
     for m in (teacher.unet, teacher.vae, teacher.text_encoder):
         m.requires_grad_(False)
         m.eval()
@@ -87,13 +94,28 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
                 opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
                 timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
-                dataset=dataset, skip_log=skip_log,
+                dataset=dataset, groups=groups, skip_log=skip_log, caches=caches,
                 metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS), log=log)
     _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
              ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,
              ident.student, ident.fake_score, acc.device, res.mixed_precision)
     return s
+
+
+def size_step(teacher) -> int:
+    """Pixel sides the teacher takes: a multiple of VAE factor x UNet downsampling (64 for SD)."""
+    vae_factor = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
+    return vae_factor * 2 ** (len(teacher.unet.config.block_out_channels) - 1)
+
+
+def check_buckets(groups, teacher, source) -> None:
+    step = size_step(teacher)
+    for g in groups:
+        if g.bucket[0] % step or g.bucket[1] % step:
+            raise UserInputError(f"train_data_dir {source}: bucket {g.bucket[0]}x{g.bucket[1]} is not a multiple of "
+                                 f"{step} pixels, which this teacher needs: set bucket_step to a multiple of {step} "
+                                 f"in the dataset list")
 
 
 def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> None:
@@ -111,7 +133,8 @@ def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> N
 
 def restore(s: Session, resume: Optional[str]) -> None:
     """Load a checkpoint (exact resume) and start the data stream at the batch it reached."""
-    from dmad.data import ResumableBatches, make_loader
+    from dmad.data import make_loader
+    from dmad.mixing import MixtureBatches
     from dmad.data_checks import report_skips
 
     if resume:
@@ -126,8 +149,8 @@ def restore(s: Session, resume: Optional[str]) -> None:
         s.generator_steps, s.batches_used = state.generator_steps, state.batches_used
         s.events.emit("phase", s.iter, phase="restored", checkpoint=str(resume))
     acc, res = s.accelerator, s.cfg.resources
-    sampler = ResumableBatches(len(s.dataset), res.train_batch_size, res.seed, acc.process_index,
-                               acc.num_processes, consumed=s.batches_used)
+    sampler = MixtureBatches(s.groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
+                             consumed=s.batches_used)
     s.sampler = sampler
     loader = iter(make_loader(s.dataset, sampler, res.dataloader_num_workers))
     s.data = report_skips(loader, lambda skips: s.skip_log.loaded(s.iter, skips))

@@ -131,7 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--batch", type=int, metavar="N", help="effective batch size: full batches per bucket")
     check.add_argument("--workers", type=int, metavar="N", help="parallel readers (default: CPU count)")
     check.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
+    check.add_argument("--no-cache", action="store_true",
+                       help="neither read nor write the fingerprint cache: read and decode every file "
+                            "(default: unchanged files reuse their last results; docs/check-data.md)")
     check.set_defaults(handler=_cmd_check_data)
+
+    cache = sub.add_parser(
+        "cache", allow_abbrev=False, help="fill the latent and text-embedding cache of a config ahead of training",
+        description="Encode every usable image (VAE, vae_batch_size per call) and caption (text encoder) of the "
+                    "config's datasets into the cache that training with resources.cache_latents reads. Entries are "
+                    "keyed by file, size, mtime, bucket and model identity: what is cached is never encoded again, "
+                    "and a changed file, resolution or model gets new entries.")
+    cache.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    cache.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field by its dotted path, as for train; repeatable")
+    cache.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
+    cache.set_defaults(handler=_cmd_cache)
 
     export = sub.add_parser(
         "export", allow_abbrev=False, help="export a checkpoint's student for diffusers",
@@ -150,6 +165,12 @@ def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.checkdata_report import main_check_data  # PIL and numpy only when this command runs
 
     return main_check_data(args)
+
+
+def _cmd_cache(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.cache_cmd import main_cache
+
+    return main_cache(args)
 
 
 def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
@@ -236,7 +257,8 @@ def dry_run_report(cfg, pf) -> str:
         f"Teacher:     {ident.pretrained_model_name_or_path}" + ("" if pf.teacher_has_weights else
                                                                  " (weights missing: a real run needs them)"),
         f"Data:        {pf.data.images} images, {pf.data.captioned} with captions"
-        + (f", {pf.data.usable} usable" if pf.data.usable is not None else "") + f", in {pf.data.folder}",
+        + (f", {pf.data.usable} usable in {pf.data.buckets} bucket(s)" if pf.data.usable is not None else "")
+        + f", in {pf.data.folder}",
         f"Prompt set:  {pf.prompt_set.name}-{pf.prompt_set.version}",
         "",
         "Memory ledger (estimate, framework peak per device):",

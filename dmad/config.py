@@ -42,7 +42,9 @@ class Identity(_Group):
         "auto", description="Teacher family. auto: read from model_index.json. sd1/sd2: Stable Diffusion 1.x/2.x "
                             "(UNet2DConditionModel + CLIP text encoder; epsilon or v-prediction from the scheduler config).")
     train_data_dir: str = Field(
-        ..., min_length=1, description="Captioned image folder: each image with a .txt caption of the same stem.")
+        ..., min_length=1, description="The training images: a captioned folder (each image with a .txt caption of the same "
+                                       "stem), or a dataset list JSON (several folders mixed by weight, caption strategies, "
+                                       "buckets and crops per folder: docs/datasets.md).")
     student: Literal["full", "lora"] = Field("full", description="Train all student weights, or a LoRA adapter on the teacher's.")
     fake_score: Literal["full", "lora"] = Field("full", description="Train all fake-score weights, or a LoRA adapter.")
     lora_rank: int = Field(64, ge=1, le=1024, description="LoRA rank (r) for LoRA students / fake scores.")
@@ -58,7 +60,11 @@ class Resources(_Group):
     train_batch_size: int = Field(1, ge=1, le=4096, description="Images per process per micro-step.")
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024, description="Micro-steps per optimizer step.")
     resolution: int = Field(512, ge=8, le=8192, description="Training and sampling side length in pixels (multiple of 8).")
-    vae_batch_size: int = Field(4, ge=1, le=1024, description="Images per VAE encode call when caching latents.")
+    vae_batch_size: int = Field(4, ge=1, le=1024, description="Images per VAE encode call (training and `dmad cache`).")
+    cache_latents: bool = Field(
+        False, description="Encode each image (VAE) and caption (text encoder) once and read them back from a cache on "
+                           "disk; `dmad cache` fills it ahead. Keyed by file, size, mtime, bucket and model identity: "
+                           "never stale.")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for weights init, data order and noise.")
     dataloader_num_workers: int = Field(0, ge=0, le=64, description="Data loading worker processes (0: in the main process).")
 

@@ -27,12 +27,25 @@ class DatasetEntry(BaseModel):
     resolution_type: Literal["pixel", "pixel_area"] = Field(
         "pixel_area", description="pixel: shorter side = resolution; pixel_area: about resolution**2 pixels")
     minimum_image_size: Optional[int] = Field(None, ge=0, description="shorter side below this: skipped")
-    repeats: int = Field(0, ge=0, description="extra passes over this dataset per epoch")
-    probability: float = Field(1.0, ge=0.0, le=1.0, description="chance that a batch is drawn from this dataset")
+    repeats: int = Field(0, ge=0, le=10_000, description="extra passes over this dataset per epoch: its images "
+                                                         "count 1 + repeats times")
+    probability: float = Field(1.0, ge=0.0, le=1.0,
+                               description="sampling weight: a batch comes from this dataset with chance proportional "
+                                           "to probability x usable images x (1 + repeats); 0: not used")
     crop: bool = Field(False, description="crop to the bucket (else resize)")
     crop_style: Literal["center", "random", "corner"] = Field("center", description="where to crop")
     crop_aspect: Literal["square", "preserve"] = Field("preserve", description="square crops or the bucket's aspect")
-    cache_dir: Optional[str] = Field(None, description="latent cache folder (relative: to the JSON file)")
+    cache_dir: Optional[str] = Field(None, description="latent and text-embedding cache folder (relative: to the JSON "
+                                                       "file; default: a folder per dataset under the user cache)")
+    bucket_step: Optional[int] = Field(None, ge=8, le=1024, multiple_of=8,
+                                       description="bucket rounding: bucket sides are multiples of this (default 64, "
+                                                   "or the resolution when smaller)")
+    bucket_rounding: Literal["nearest", "down"] = Field(
+        "nearest", description="bucket sides: the nearest multiple of bucket_step (closest aspect and area; never past "
+                               "the image), or rounded down (the bucket always inside the scaled image)")
+    caption_lines: Literal["join", "first", "random"] = Field(
+        "join", description="a multi-line caption: join (lines joined with spaces), first (the first non-empty "
+                            "line), random (one line per draw, for files with several captions)")
 
     @model_validator(mode="after")
     def _prompt_needed(self) -> "DatasetEntry":
@@ -43,6 +56,14 @@ class DatasetEntry(BaseModel):
     @property
     def root(self) -> Path:
         return Path(self.instance_data_dir)
+
+    def target_resolution(self, run_resolution: int) -> int:
+        return self.resolution or run_resolution
+
+    def step(self, run_resolution: int) -> int:
+        """The bucket rounding step: bucket_step, else 64 (Stable Diffusion's latent grid needs
+        multiples of 64 pixels), or the resolution when that is smaller (tiny models)."""
+        return self.bucket_step or min(64, self.target_resolution(run_resolution))
 
 
 def _resolve(entry: DatasetEntry, base: Path) -> DatasetEntry:
@@ -79,10 +100,17 @@ def parse_dataset_list(raw: object, source: Path) -> list[DatasetEntry]:
     dup = next((x for x in ids if ids.count(x) > 1), None)
     if dup is not None:
         raise UserInputError(f"{source}: dataset id '{dup}' is used twice")
+    if not any(e.probability > 0 for e in entries):
+        raise UserInputError(f"{source}: every dataset has probability 0: nothing to train on")
     for e in entries:
         if not e.root.is_dir():
             raise UserInputError(f"{source}: dataset '{e.id}': instance_data_dir is not a folder: {e.root}")
     return entries
+
+
+def dataset_name(path: str | Path, entries: list[DatasetEntry]) -> str:
+    """What run names and reports call the data: the entry's id, or the list file's stem."""
+    return entries[0].id if len(entries) == 1 else Path(path).stem
 
 
 def load_dataset_list(path: str | Path) -> list[DatasetEntry]:

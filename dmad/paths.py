@@ -1,5 +1,6 @@
-"""Where the built-in resources live: the repo's resources/ folder in a source checkout or an
-editable install, the bundle's copy in a PyInstaller build, or $DMAD_RESOURCES when set."""
+"""Where the built-in resources live (the repo's resources/ folder in a source checkout or an
+editable install, the bundle's copy in a PyInstaller build, or $DMAD_RESOURCES when set), and
+where caches go."""
 from __future__ import annotations
 
 import os
@@ -19,3 +20,13 @@ def resources_dir() -> Path:
 
 def resource(*parts: str) -> Path:
     return resources_dir().joinpath(*parts)
+
+
+def cache_root() -> Path:
+    """Where dmad caches (latents, text embeddings, check-data fingerprints): $DMAD_CACHE_DIR,
+    else $XDG_CACHE_HOME/dmad, else ~/.cache/dmad."""
+    env = os.environ.get("DMAD_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "dmad"

@@ -8,7 +8,7 @@ a real run goes on to dmad.train with the facts gathered here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -24,14 +24,16 @@ if TYPE_CHECKING:  # both import torch or pydantic models we only name here
 
 @dataclass(frozen=True)
 class DataSummary:
-    folder: Path
-    images: int     # image files at the top of the folder
-    captioned: int  # of those, images with a .txt caption of the same stem
+    folder: Path    # train_data_dir: a folder or a dataset list file
+    images: int     # image files at the top of the dataset folders
+    captioned: int  # of those, images with a caption (a .txt of the same stem, or by caption_strategy)
     usable: Optional[int] = None  # of those, images that pass the checks training applies (dmad.data_checks)
+    name: str = ""  # the dataset's id, or the list file's stem
+    buckets: int = 0  # (dataset, bucket) groups batches are drawn from
 
     @property
     def dataset_id(self) -> str:
-        return self.folder.name
+        return self.name or self.folder.name
 
 
 @dataclass(frozen=True)
@@ -91,29 +93,37 @@ def _inspect_teacher(cfg: TrainConfig) -> "TeacherInfo":
     return inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
 
 
-def summarize_data(folder: Path) -> DataSummary:
-    if not folder.exists():
-        raise UserInputError(f"train_data_dir not found: {folder}")
-    if not folder.is_dir():
-        raise UserInputError(f"train_data_dir is not a folder: {folder}")
-    images = images_in(folder)
-    captioned = sum(1 for p in images if caption_of(p).is_file())
+def summarize_data(source: Path) -> DataSummary:
+    """Image and caption counts of a folder or a dataset list; a source with no captioned image at
+    all is refused here (one line), before the per-item scan."""
+    from dmad.datasets import dataset_name, load_dataset_list
+
+    if not source.exists():
+        raise UserInputError(f"train_data_dir not found: {source}")
+    entries = load_dataset_list(source)
+    images = captioned = 0
+    for e in entries:
+        found = images_in(e.root)
+        has = sum(1 for p in found if caption_of(p).is_file()) if e.caption_strategy == "textfile" else len(found)
+        images, captioned = images + len(found), captioned + has
     if not captioned:
-        found = f"{len(images)} images but no .txt captions" if images else "no images"
-        raise UserInputError(f"train_data_dir {folder}: {found} (need image files "
+        what = f"{images} images but no .txt captions" if images else "no images"
+        raise UserInputError(f"train_data_dir {source}: {what} (need image files "
                              f"({', '.join(IMAGE_EXTS)}) each with a .txt caption of the same stem)")
-    return DataSummary(folder=folder, images=len(images), captioned=captioned)
+    return DataSummary(folder=source, images=images, captioned=captioned, name=dataset_name(source, entries))
 
 
 def check_usable(summary: DataSummary, cfg: TrainConfig) -> DataSummary:
-    """Training's per-item checks from file headers and captions (no pixel decoding): fewer
-    usable images than one effective batch stop here, before any model loads."""
-    from dmad.data_checks import require_batch, scan_folder, world_size
+    """Training's per-item checks from file headers and captions (no pixel decoding), and its
+    buckets: fewer usable images than one effective batch stop here, before any model loads."""
+    from dmad.data_checks import require_batch, scan_datasets, world_size
+    from dmad.datasets import load_dataset_list
 
-    data = scan_folder(summary.folder)
-    require_batch(data, cfg.effective_batch(world_size()))
-    return DataSummary(folder=summary.folder, images=summary.images, captioned=summary.captioned,
-                       usable=len(data.pairs))
+    res = cfg.resources
+    sets = scan_datasets(load_dataset_list(summary.folder), res.resolution, res.train_batch_size)
+    require_batch(sets, cfg.effective_batch(world_size()), summary.folder)
+    return replace(summary, usable=sum(len(d.items) for d in sets),
+                   buckets=sum(len(d.buckets()) for d in sets))
 
 
 def default_run_dir(cfg: TrainConfig, dataset_id: str, prompt_set_name: str, prompt_set_version: str,

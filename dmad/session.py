@@ -242,9 +242,10 @@ class Session:
     real: RealScore
     trange: TimestepRange
     timesteps: list[int]
-    sampler: Any  # dmad.data.ResumableBatches: sample positions of each batch
+    sampler: Any  # dmad.mixing.MixtureBatches: the items and sample positions of each batch
     prompt_set: PromptSet
-    dataset: Any
+    dataset: Any  # dmad.data.MixedImages
+    groups: list  # dmad.mixing.Group: the (dataset, bucket) groups batches are drawn from
     skip_log: Any  # dmad.data_checks.SkipLog: items the data skipped, as events and status counts
     metrics: CsvAppender
     log: logging.Logger
@@ -257,22 +258,23 @@ class Session:
     last_saved: Optional[int] = None
     t_start: float = field(default_factory=time.time)
     data: Any = None
+    caches: Any = None  # dmad.encode.Caches when resources.cache_latents
 
     # ---- per micro-step
     def rng(self, batch_number: int) -> SampleRNG:
         return SampleRNG(self.cfg.resources.seed, self.sampler.positions(batch_number), self.device)
 
-    @torch.no_grad()
-    def encode_batch(self, images: torch.Tensor, captions: list[str],
-                     rng: SampleRNG) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (B, 3, R, R) in [-1, 1] -> latents (B, C, R/f, R/f) float32 (a posterior sample);
-        captions -> (B, L, D)."""
-        from dmad.models.teacher import encode_prompts
+    def encode_batch(self, batch: Any, rng: SampleRNG) -> tuple[torch.Tensor, torch.Tensor]:
+        """A dmad.data.Batch -> latents (B, C, H/f, W/f) float32, a posterior sample drawn with the
+        per-sample noise (the same whether the posterior came from the cache or the VAE), and
+        text embeddings (B, L, D)."""
+        from dmad.encode import posteriors, text_embeddings
 
         t = self.teacher
-        dist = t.vae.encode(images.to(self.device, self.weight_dtype)).latent_dist
-        latents = (dist.mean.float() + dist.std.float() * rng.randn_like(dist.mean.float())) * t.vae.config.scaling_factor
-        emb = encode_prompts(t.tokenizer, t.text_encoder, list(captions), self.device)
+        mean, std = posteriors(batch, t.vae, self.device, self.weight_dtype, self.cfg.resources.vae_batch_size,
+                               self.caches)
+        latents = (mean + std * rng.randn_like(mean)) * t.vae.config.scaling_factor
+        emb = text_embeddings(batch.captions, batch.datasets, t.tokenizer, t.text_encoder, self.device, self.caches)
         return latents, emb
 
     def student_input(self, shape: torch.Size, emb: torch.Tensor, iteration: int,

@@ -115,10 +115,10 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
         first = s.iter == s.start_iter
         gen_step = s.iter % k_gen == 0
         samples, logs = [], _LogSum()
-        for m, (images, captions) in enumerate(batches):
+        for m, batch in enumerate(batches):
             phase[0] = "vae-encode" if first else f"step-{s.iter + 1}"
             rng = s.rng(first_batch + m)
-            latents, emb = s.encode_batch(images, captions, rng)
+            latents, emb = s.encode_batch(batch, rng)
             phase[0] = "first-forward" if first else phase[0]
             x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
             sync = acc.no_sync(s.student) if m < accum - 1 else contextlib.nullcontext()
@@ -160,8 +160,18 @@ def _after_iteration(s: Session) -> None:
         s.render_samples()
 
 
+def _cache_counts(s: Session) -> dict:
+    """What the latent/text cache gave this process (status.json `cache`), when the run has one."""
+    if s.caches is None:
+        return {}
+    c = s.caches.counts
+    s.log.info("cache: latents %d read, %d encoded; captions %d read, %d encoded", c["latent_hits"],
+               c["latent_encoded"], c["text_hits"], c["text_encoded"])
+    return {"cache": dict(c)}
+
+
 def _finish(s: Session) -> int:
-    s.folder.write_status("finished", iter=s.iter)
+    s.folder.write_status("finished", iter=s.iter, **_cache_counts(s))
     s.events.emit("finished", s.iter, elapsed_s=round(time.time() - s.t_start, 3))
     return 0
 
@@ -170,7 +180,7 @@ def _stop(s: Session) -> int:
     s.folder.write_status("stopping", iter=s.iter)
     if s.last_saved != s.iter:
         s.save_checkpoint()
-    s.folder.write_status("stopped", iter=s.iter)
+    s.folder.write_status("stopped", iter=s.iter, **_cache_counts(s))
     s.events.emit("stopped", s.iter, last_checkpoint=s.last_saved)
     return 0
 

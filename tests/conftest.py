@@ -5,12 +5,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Caches (latents, check-data fingerprints) never go to the user's home from a test; subprocesses
+# inherit this through dmad_env().
+os.environ["DMAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="dmad-test-cache-")
 
 
 def _deep_update(base: dict, extra: dict) -> dict:

@@ -376,3 +376,19 @@ def test_dry_run_failure_shows_the_one_line_error(qtbot, panel, tmp_path):
         assert panel.dry_run()
     assert f"dmad: error: train_data_dir not found: {tmp_path / 'missing'}" in panel.dry_run_text()
     assert "Dry run failed" in panel.status.text()
+
+
+def test_the_data_field_browses_for_a_folder_or_a_dataset_list(panel, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog, QToolButton
+
+    editor = panel.form.rows[("identity", "train_data_dir")].editor
+    button = next(b for b in editor.findChildren(QToolButton) if b.menu() is not None)
+    actions = {a.text(): a for a in button.menu().actions()}
+    assert set(actions) == {"Image folder…", "Dataset list (JSON)…"}
+    listed = tmp_path / "data.json"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(listed), "JSON (*.json)"))
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path))
+    actions["Dataset list (JSON)…"].trigger()
+    assert line(panel, "identity", "train_data_dir").text() == str(listed)
+    actions["Image folder…"].trigger()
+    assert line(panel, "identity", "train_data_dir").text() == str(tmp_path)

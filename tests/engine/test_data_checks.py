@@ -53,7 +53,7 @@ def corpus(tmp_path) -> Path:
 
 
 def test_scan_keeps_usable_pairs_in_order_and_names_each_problem(corpus):
-    data = scan_folder(corpus, workers=3)
+    data = scan_folder(corpus, workers=3, resolution=32)
     assert [p[0].name for p in data.pairs] == ["a_good.png", "h_truncated.png", "i_multiline.png"]
     assert all(cap == img.with_suffix(".txt") for img, cap in data.pairs)
     assert {(Path(s.path).name, s.category) for s in data.skipped} == {
@@ -64,6 +64,29 @@ def test_scan_keeps_usable_pairs_in_order_and_names_each_problem(corpus):
     assert check_pair(corpus / "f_tiny.png", min_size=1) is None
 
 
+def test_usable_images_in_buckets_smaller_than_a_batch_are_named(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for i in range(3):
+        _pair(folder, f"square_{i}", size=32)
+    for i in range(2):
+        img = folder / f"wide_{i}.png"
+        from PIL import Image
+
+        Image.new("RGB", (64, 32), (i, 50, 90)).save(img)
+        (folder / f"wide_{i}.txt").write_text("a wide one")
+    from dmad.data_checks import scan_entry
+    from dmad.datasets import DatasetEntry
+
+    data = scan_entry(DatasetEntry(id="d", instance_data_dir=str(folder), bucket_step=8), 32, train_batch=3)
+    assert [it.image.name for it in data.items] == ["square_0.png", "square_1.png", "square_2.png"]
+    assert {s.category for s in data.skipped} == {"bucket_too_small"}
+    with pytest.raises(UserInputError, match=r"5 usable images, but only 3 in buckets that hold a batch "
+                                             r"\(train_batch_size\): 2 sit in 1 smaller bucket\(s\), fewer than one "
+                                             r"effective batch of 4"):
+        require_batch(data, 4)
+
+
 def test_pixel_limit_is_refused_from_the_header(tmp_path):
     img = _pair(tmp_path, "big", size=64)
     skip = check_pair(img, max_pixels=64 * 64 - 1)
@@ -71,7 +94,7 @@ def test_pixel_limit_is_refused_from_the_header(tmp_path):
 
 
 def test_too_few_usable_images_is_one_line_with_the_reasons(corpus):
-    data = scan_folder(corpus)
+    data = scan_folder(corpus, resolution=32)
     require_batch(data, 3)
     with pytest.raises(UserInputError) as exc:
         require_batch(data, 4)
@@ -84,45 +107,50 @@ def test_too_few_usable_images_is_one_line_with_the_reasons(corpus):
 torch = pytest.importorskip("torch")
 
 
-def test_an_item_that_fails_on_load_is_replaced_by_the_next(corpus):
-    from dmad.data import CaptionedImages
+def _dataset(corpus: Path, batch: int = 1):
+    from dmad.data import MixedImages, load_datasets
 
-    ds = CaptionedImages(scan_folder(corpus).pairs, resolution=16, folder=corpus)
-    image, caption, skips = ds[1]  # h_truncated: its pixel data stops half way
-    good, good_caption, none = ds[2]
-    assert torch.equal(image, good) and caption == good_caption == "two lines" and none == ()
-    assert [(Path(s.path).name, s.category) for s in skips] == [("h_truncated.png", "image_corrupt")]
-    assert "truncated" in skips[0].detail
-    assert torch.equal(ds[1][0], image)  # the same replacement every time
+    sets, groups = load_datasets(corpus, resolution=32, train_batch=batch, effective_batch=batch)
+    return MixedImages(sets, groups, seed=0, source=corpus), groups
+
+
+def test_an_item_that_fails_on_load_is_replaced_by_the_next(corpus):
+    ds, _ = _dataset(corpus)
+    got = ds[1, 0]  # h_truncated: its pixel data stops half way
+    good = ds[2, 0]
+    assert torch.equal(got.pixels, good.pixels) and got.caption == good.caption == "two lines" and good.skips == ()
+    assert [(Path(s.path).name, s.category) for s in got.skips] == [("h_truncated.png", "image_corrupt")]
+    assert "truncated" in got.skips[0].detail
+    assert torch.equal(ds[1, 5].pixels, got.pixels)  # the same replacement every time
 
 
 def test_files_that_break_after_the_scan_are_skipped_with_their_category(corpus):
-    from dmad.data import CaptionedImages
-
-    ds = CaptionedImages(scan_folder(corpus).pairs, resolution=16, folder=corpus)
+    ds, _ = _dataset(corpus)
     (corpus / "a_good.txt").unlink()
-    image, caption, skips = ds[0]
-    assert caption == "two lines" and [(Path(s.path).name, s.category) for s in skips] == [
+    got = ds[0, 0]
+    assert got.caption == "two lines" and [(Path(s.path).name, s.category) for s in got.skips] == [
         ("a_good.png", "image_without_caption"), ("h_truncated.png", "image_corrupt")]
     (corpus / "i_multiline.txt").write_text("   ")
     (corpus / "a_good.txt").write_bytes(b"caf\xe9")
-    with pytest.raises(UserInputError, match="no image of .* loads any more .*i_multiline.txt: empty_caption"):
-        ds[2]
+    with pytest.raises(UserInputError, match="no image of a 32x32 bucket of .* loads any more .*i_multiline.txt: "
+                                             "empty_caption"):
+        ds[2, 0]
     (corpus / "i_multiline.txt").write_text("fine again")
-    assert [s.category for s in ds[0][2]] == ["caption_not_utf8", "image_corrupt"]
+    assert [s.category for s in ds[0, 0].skips] == ["caption_not_utf8", "image_corrupt"]
 
 
 def test_worker_processes_carry_the_skips(corpus):
-    from dmad.data import CaptionedImages, ResumableBatches, make_loader
+    from dmad.data import make_loader
+    from dmad.mixing import MixtureBatches
 
-    ds = CaptionedImages(scan_folder(corpus).pairs, resolution=16, folder=corpus)
+    ds, groups = _dataset(corpus, batch=3)
     runs = []
     for workers in (0, 1):
-        loader = iter(make_loader(ds, ResumableBatches(len(ds), 3, seed=0), workers))
+        loader = iter(make_loader(ds, MixtureBatches(groups, 3, seed=0), workers))
         runs.append([next(loader) for _ in range(2)])
-    for (img0, cap0, skip0), (img1, cap1, skip1) in zip(*runs):
-        assert torch.equal(img0, img1) and cap0 == cap1 and skip0 == skip1
-    assert sum(len(b[2]) for b in runs[0]) == 2  # two epochs, each meets h_truncated once
+    for a, b in zip(*runs):
+        assert torch.equal(a.pixels, b.pixels) and a.captions == b.captions and a.skips == b.skips
+    assert sum(len(b.skips) for b in runs[0]) == 2  # two passes, each meets h_truncated once
 
 
 def test_training_refuses_too_few_usable_images_before_loading_models(write_config, tmp_path, corpus):
@@ -133,7 +161,7 @@ def test_training_refuses_too_few_usable_images_before_loading_models(write_conf
     cfg = load_config(write_config({"identity": {"train_data_dir": str(corpus)},
                                     "resources": {"train_batch_size": 4}}))
     run = tmp_path / "run"
-    with pytest.raises(UserInputError, match="3 usable images, fewer than one effective batch of 4"):
+    with pytest.raises(UserInputError, match=r"3 usable images, fewer than one effective batch of 4 \(7 unusable: "):
         run_training(cfg, run_dir=run, resume=None, argv=["dmad", "train"])
     phases = [e.data["phase"] for e in read_events(run / "events.jsonl") if e.kind == "phase"]
     assert "loading" not in phases
