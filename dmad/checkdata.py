@@ -3,24 +3,44 @@ with its path (docs/check-data.md documents the categories and the JSON report).
 (stdlib, PIL, numpy): training imports check_item to apply the same per-pair checks lazily.
 
 The pass: list each dataset's folder (top level, like training), run the per-file checks
-(dmad.checkdata_items) in a thread pool, then the cross-file checks (captions without images, one
-stem with two images, exact and near duplicates) and the summary (dmad.checkdata_report)."""
+(dmad.checkdata_items) on every image the fingerprint cache does not vouch for (a process pool of
+forked workers for large folders, else threads), then the cross-file checks (captions without
+images, one stem with two images, exact and near duplicates) and the summary
+(dmad.checkdata_report).
+
+Speed (docs/benchmarks.md): the per-image cost is the decode, which the near-constant and
+near-duplicate checks need and which finds truncation; PNG has no reduced decode (inflating is
+most of it) and JPEG already decodes at 1/8 scale. So a cold pass is bound by decoding on the
+available cores, and re-checks are made cheap by the cache: per image, results keyed by (absolute
+path, size, mtime_ns, ctime_ns, inode, min_size, max_pixels), so an unchanged file costs one
+lstat and any change re-checks it."""
 from __future__ import annotations
 
+import hashlib
+import json
+import multiprocessing
 import os
-from concurrent.futures import ThreadPoolExecutor
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
+import PIL
 
 from dmad.checkdata_items import (DEFAULT_MAX_PIXELS, ImageInfo, Problem, check_caption_file, check_image_file,
-                                  quiet_bomb_warnings)
+                                  info_from_json, info_to_json, quiet_bomb_warnings, stat_regular)
 from dmad.datafiles import IMAGE_EXTS
 from dmad.datasets import DatasetEntry, load_dataset_list
+from dmad.paths import cache_root
 
-__all__ = ["CATEGORIES", "Problem", "check_item", "check_source", "DEFAULT_MAX_PIXELS", "NEAR_DUPLICATE_BITS"]
+__all__ = ["CATEGORIES", "Problem", "check_item", "check_source", "DEFAULT_MAX_PIXELS", "NEAR_DUPLICATE_BITS",
+           "cache_file"]
 
 # Stable ids (the JSON report and the app use them) -> (severity, one-line description). Errors make
 # an image unusable; warnings do not.
@@ -45,6 +65,11 @@ CATEGORIES: dict[str, tuple[str, str]] = {
 NEAR_DUPLICATE_BITS = 4  # dHash Hamming distance (of 64 bits) at or below which two images are near duplicates
 NEAR_DUPLICATE_COLOUR = 24  # ... and no value of their 4 x 4 RGB thumbnails more than this apart (0-255)
 CAPTION_EXTS = (".txt",)
+# Fewer images to decode than this: threads. A forked process pool escapes the GIL (the per-image
+# Python work: header parsing, the thumbnail, hashing small files) but costs ~10 ms a worker to start.
+PROCESS_POOL_MIN = 256
+CACHE_VERSION = 1  # bump when a per-image check changes what it finds: older caches are then ignored
+CACHE_MAX_BYTES = 512 << 20  # a larger cache file is not ours (or is damaged): ignored, never loaded
 
 
 def severity(category: str) -> str:
@@ -103,28 +128,166 @@ def _list_folder(entry: DatasetEntry) -> tuple[list[_Pair], list[Path], list[Pro
     return pairs, orphans, problems
 
 
-def _run_pair(pair: _Pair, min_size: int, max_pixels: int) -> _Pair:
-    pair.info = check_image_file(pair.image, min_size, max_pixels)
-    if pair.caption is not None:
-        probs, pair.caption_text = _caption_problems(pair.image, pair.caption)
-        pair.caption_problems = tuple(probs)
-    return pair
+def _stamp(st: os.stat_result, min_size: int, max_pixels: int) -> list[int]:
+    """What a cached result depends on: the file (size, mtime, ctime, inode: any rewrite, touch,
+    copy over it or rename onto it changes one) and the inputs of the per-image checks."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, min_size, max_pixels]
+
+
+def cache_file(roots: list[Path]) -> Path:
+    """The fingerprint cache of one set of dataset folders: one file per set, so checking two
+    folders never rewrites the other's cache, and stale entries go when their file does."""
+    key = "\n".join(sorted(os.path.abspath(str(r)) for r in roots))
+    return cache_root() / "check-data" / f"{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:24]}.json"
+
+
+def load_cache(path: Path) -> dict[str, dict]:
+    """The entries of a cache file; {} when it is missing, damaged, too large, or written by another
+    cache version or Pillow version (a decoder upgrade can change what an image decodes to)."""
+    try:
+        if os.stat(path).st_size > CACHE_MAX_BYTES:
+            return {}
+        with open(path, "rb") as f:
+            raw = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if (not isinstance(raw, dict) or raw.get("version") != CACHE_VERSION or raw.get("pillow") != PIL.__version__
+            or not isinstance(raw.get("entries"), dict)):
+        return {}
+    return raw["entries"]
+
+
+def save_cache(path: Path, entries: dict[str, dict]) -> bool:
+    """Atomically (temp file in the same folder, then os.replace): a crash or a concurrent check
+    leaves the old cache or the new one, never half of one. False when it cannot be written (a
+    read-only home): the cache only saves time, so that is not an error."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": CACHE_VERSION, "pillow": PIL.__version__, "entries": entries}, f,
+                      separators=(",", ":"))
+        os.replace(tmp, path)
+        return True
+    except (OSError, ValueError):
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False
+
+
+def _cached(entries: dict[str, dict], key: str, stamp: list[int], path: str) -> Optional[ImageInfo]:
+    entry = entries.get(key)
+    if not isinstance(entry, dict) or entry.get("stamp") != stamp:
+        return None
+    return info_from_json(entry, path, CATEGORIES)
+
+
+def _image_job(job: tuple[str, int, int]) -> ImageInfo:
+    return check_image_file(Path(job[0]), job[1], job[2])
+
+
+def _worker_init(parent: int) -> None:
+    """Forked workers end when the parent does: the app cancels a check by killing the command,
+    and orphaned workers would otherwise wait on their queue forever."""
+    quiet_bomb_warnings()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _can_fork() -> bool:
+    """fork only from a single-threaded process (forking a threaded one can copy a held lock), and
+    only where fork exists (not Windows; on macOS it is unsafe with system frameworks)."""
+    return (sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+            and threading.active_count() == 1)
+
+
+def _map_images(jobs: list[tuple[str, int, int]], workers: int) -> Iterator[ImageInfo]:
+    """check_image_file of each job, in order. A process pool when it pays (see PROCESS_POOL_MIN);
+    if a worker dies (out of memory), the rest are checked in threads."""
+    done = 0
+    if workers > 1 and len(jobs) >= PROCESS_POOL_MIN and _can_fork():
+        chunk = max(1, min(32, len(jobs) // (workers * 8)))
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                     initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+                for info in pool.map(_image_job, jobs, chunksize=chunk):
+                    done += 1
+                    try:
+                        yield info
+                    except GeneratorExit:  # the consumer stopped: as _cancel_on_exit
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        raise
+            return
+        except (BrokenProcessPool, OSError):
+            pass  # e.g. a worker killed by the OOM killer, or no fork allowed: threads take over
+    rest = jobs[done:]
+    if workers <= 1:
+        yield from map(_image_job, rest)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        yield from _cancel_on_exit(pool, pool.map(_image_job, rest))
+
+
+def _cancel_on_exit(pool, results: Iterator[ImageInfo]) -> Iterator[ImageInfo]:
+    """`results`, and when the consumer stops early (an exception, Ctrl-C), the queued work is
+    dropped, so leaving the pool's `with` waits only for the images being decoded, not all."""
+    try:
+        yield from results
+    except GeneratorExit:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
 
 
 def _run_all(pairs: list[_Pair], entries: dict[str, DatasetEntry], min_size: int, max_pixels: int,
-             workers: int, progress: Optional[Callable[[int, int], None]]) -> None:
-    def one(pair: _Pair) -> _Pair:
-        size = entries[pair.dataset].minimum_image_size
-        return _run_pair(pair, min_size if size is None else size, max_pixels)
-
+             workers: int, progress: Optional[Callable[[int, int], None]],
+             cache: Optional[dict[str, dict]]) -> tuple[int, dict[str, dict]]:
+    """Sets pair.info and the caption results of every pair. `cache`: the loaded cache entries, or
+    None for no cache. Returns (images whose results came from the cache, the new cache entries:
+    every image read in this pass, so entries of deleted files are dropped)."""
     total = len(pairs)
     if progress:
         progress(0, total)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        # map keeps order; chunks of work are small, so the pool stays busy.
-        for done, _ in enumerate(pool.map(one, pairs), 1):
-            if progress:
-                progress(done, total)
+    fresh: dict[str, dict] = {}
+    todo: list[tuple[_Pair, str, list[int], int]] = []
+    for pair in pairs:
+        size = entries[pair.dataset].minimum_image_size
+        eff_min = min_size if size is None else size
+        st, bad = stat_regular(pair.image)
+        if bad is not None:
+            pair.info = ImageInfo(problems=[bad])
+            continue
+        key, stamp = os.path.abspath(str(pair.image)), _stamp(st, eff_min, max_pixels)
+        if cache is not None:
+            pair.info = _cached(cache, key, stamp, str(pair.image))
+            if pair.info is not None:
+                fresh[key] = cache[key]
+                continue
+        todo.append((pair, key, stamp, eff_min))
+    reused, ready = len(fresh), total - len(todo)
+    if progress and ready:
+        progress(ready, total)
+    jobs = [(str(pair.image), eff_min, max_pixels) for pair, _, _, eff_min in todo]
+    results = _map_images(jobs, max(1, workers))  # the pools start now; captions are read meanwhile
+    for pair in pairs:
+        if pair.caption is not None:
+            probs, pair.caption_text = _caption_problems(pair.image, pair.caption)
+            pair.caption_problems = tuple(probs)
+    for done, ((pair, key, stamp, _), info) in enumerate(zip(todo, results), ready + 1):
+        pair.info = info
+        if info.sha1 is not None:  # read: its result depends only on the bytes the stamp vouches for
+            fresh[key] = {"stamp": stamp, **info_to_json(info)}
+        if progress:
+            progress(done, total)
+    return reused, fresh
 
 
 def exact_duplicates(pairs: list[_Pair]) -> list[Problem]:
@@ -185,9 +348,12 @@ def load_source(source: Path) -> list[DatasetEntry]:
 
 def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, batch: Optional[int] = None,
                  workers: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, cache: bool = False) -> dict:
     """The whole report (docs/check-data.md) for a folder or a dataset list JSON. UserInputError
-    when the source itself is not valid; problems of files are reported, never raised."""
+    when the source itself is not valid; problems of files are reported, never raised.
+    `cache`: reuse and update the fingerprint cache (cache_file); off by default for library
+    callers, on for the command (`--no-cache` turns it off). Cross-file checks always run on
+    all images, cached or not."""
     from dmad.checkdata_report import build_report
 
     entries = load_source(Path(source))
@@ -198,12 +364,24 @@ def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, ba
         pairs += p
         orphans += [(entry.id, c) for c in o]
         problems += [(entry.id, x) for x in folder_problems]
-    _run_all(pairs, {e.id: e for e in entries}, min_size, max_pixels, workers or os.cpu_count() or 1, progress)
+    path = None
+    if cache:
+        try:
+            path = cache_file([e.root for e in entries])
+        except RuntimeError:  # no home folder to put it in (HOME unset, no passwd entry): no cache
+            path = None
+    loaded = load_cache(path) if path else None
+    reused, fresh = _run_all(pairs, {e.id: e for e in entries}, min_size, max_pixels,
+                             workers or os.cpu_count() or 1, progress, loaded)
+    saved = bool(path) and (fresh != loaded) and save_cache(path, fresh)
     by_path = {str(p.image): p.dataset for p in pairs}
     for pair in pairs:
         problems += [(pair.dataset, x) for x in (*pair.info.problems, *pair.caption_problems)]
     problems += [(ds, Problem("caption_without_image", str(c), f"no image with the stem '{c.stem}'"))
                  for ds, c in orphans]
     problems += [(by_path[x.path], x) for x in exact_duplicates(pairs) + near_duplicates(pairs)]
-    return build_report(source=Path(source), entries=entries, pairs=pairs, problems=problems, min_size=min_size,
-                        resolution=resolution, batch=batch, max_pixels=max_pixels)
+    report = build_report(source=Path(source), entries=entries, pairs=pairs, problems=problems, min_size=min_size,
+                          resolution=resolution, batch=batch, max_pixels=max_pixels)
+    report["cache"] = {"enabled": bool(path), "file": str(path) if path else None, "reused": reused if path else 0,
+                       "saved": saved}
+    return report

@@ -1,6 +1,7 @@
 """Per-file checks of `dmad check-data` (dmad.checkdata): what one image or one caption says about
-itself, without looking at any other file. Torch-free (stdlib, PIL, numpy) and thread-safe: the
-checks run in a thread pool, where PIL and hashlib release the GIL while they decode and hash.
+itself, without looking at any other file. Torch-free (stdlib, PIL, numpy), thread-safe and
+picklable (ImageInfo): the checks run in forked worker processes or in a thread pool, where PIL
+and hashlib release the GIL while they decode and hash.
 
 Nothing here may crash or hang on any file: a path is lstat'ed before it is opened, so symlink
 loops, dangling links, FIFOs and device files are reported, never opened."""
@@ -52,6 +53,36 @@ class ImageInfo:
     decoded: bool = False
 
 
+def info_to_json(info: ImageInfo) -> dict:
+    """The cacheable part of an ImageInfo (dmad.checkdata's fingerprint cache): problem paths are
+    left out because the cache is keyed by the path, and put back by info_from_json."""
+    return {"problems": [[p.category, p.detail] for p in info.problems],
+            "size": list(info.size) if info.size else None, "sha1": info.sha1, "dhash": info.dhash,
+            "colour": info.colour.tobytes().hex() if info.colour is not None else None, "decoded": info.decoded}
+
+
+def info_from_json(obj: dict, path: str, categories) -> Optional[ImageInfo]:
+    """The ImageInfo info_to_json saved, or None when `obj` is not one (a damaged or foreign cache
+    entry is a miss, never an error). `categories`: the known problem ids."""
+    try:
+        problems = [Problem(str(c), path, str(d)) for c, d in obj["problems"]]
+        size, sha1, dhash, colour = obj["size"], obj["sha1"], obj["dhash"], obj["colour"]
+        ok = (all(p.category in categories for p in problems) and isinstance(sha1, str) and len(sha1) == 40
+              and (size is None or (len(size) == 2 and all(type(v) is int and v >= 0 for v in size)))
+              and (dhash is None or (type(dhash) is int and 0 <= dhash < 1 << 64))
+              and (colour is None or (isinstance(colour, str) and len(colour) == 96))
+              and isinstance(obj["decoded"], bool))
+        if not ok:
+            return None
+        arr = None if colour is None else np.frombuffer(bytes.fromhex(colour), dtype=np.uint8).copy()
+        if (arr is None) != (dhash is None):
+            return None
+        return ImageInfo(problems=problems, size=tuple(size) if size else None, sha1=sha1, dhash=dhash,
+                         colour=arr, decoded=obj["decoded"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def quiet_bomb_warnings() -> None:
     """PIL's own bomb check (a warning above Image.MAX_IMAGE_PIXELS, an error above twice that)
     runs inside Image.open; we refuse above `max_pixels` from the header ourselves, so the warning
@@ -62,25 +93,33 @@ def quiet_bomb_warnings() -> None:
 
 def path_problem(path: Path) -> Optional[Problem]:
     """A problem when `path` cannot be opened as a regular file, checked without opening it."""
+    return stat_regular(path)[1]
+
+
+def stat_regular(path: Path) -> tuple[Optional[os.stat_result], Optional[Problem]]:
+    """(the stat of the file `path` names, symlinks followed; None) for a regular file, else (None,
+    the problem), without opening it. The fingerprint cache keys results on this stat, so a warm
+    re-check costs one lstat per image (two for a symlink) and no read."""
     p = str(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return Problem("file_unreadable", p, "the file disappeared during the check")
+        return None, Problem("file_unreadable", p, "the file disappeared during the check")
     except OSError as e:
-        return Problem("file_unreadable", p, f"cannot stat: {e.strerror or e}")
+        return None, Problem("file_unreadable", p, f"cannot stat: {e.strerror or e}")
     if stat.S_ISLNK(st.st_mode):
         try:
             st = os.stat(path)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                return Problem("symlink_loop", p, "the symbolic link points back into itself (a loop)")
+                return None, Problem("symlink_loop", p, "the symbolic link points back into itself (a loop)")
             if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                return Problem("broken_symlink", p, f"the symbolic link points to a missing file: {_target(path)}")
-            return Problem("file_unreadable", p, f"cannot follow the symbolic link: {e.strerror or e}")
+                return None, Problem("broken_symlink", p,
+                                     f"the symbolic link points to a missing file: {_target(path)}")
+            return None, Problem("file_unreadable", p, f"cannot follow the symbolic link: {e.strerror or e}")
     if not stat.S_ISREG(st.st_mode):
-        return Problem("file_unreadable", p, "not a regular file (a folder, FIFO, socket or device): not opened")
-    return None
+        return None, Problem("file_unreadable", p, "not a regular file (a folder, FIFO, socket or device): not opened")
+    return st, None
 
 
 def _target(path: Path) -> str:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from dmad.buckets import bucket_for
+from dmad.buckets import training_bucket
 from dmad.checkdata import CATEGORIES, check_source, severity
 
 REPORT_VERSION = 1
@@ -36,8 +36,9 @@ def _buckets(pairs, entries, resolution: int, usable: set[str], batch: Optional[
     for pair in pairs:
         if pair.info.size is None or any(p.category == "pixel_limit_exceeded" for p in pair.info.problems):
             continue
-        res = entries[pair.dataset].resolution or resolution
-        key = bucket_for(*pair.info.size, res)
+        e = entries[pair.dataset]  # the bucket training gives it (dmad.data_checks.scan_entry)
+        key = training_bucket(*pair.info.size, e.target_resolution(resolution), e.step(resolution),
+                              e.resolution_type, e.crop_aspect == "square", e.bucket_rounding)
         c = counts.setdefault(key, [0, 0])
         c[0] += 1
         c[1] += str(pair.image) in usable
@@ -108,6 +109,10 @@ def format_summary(report: dict) -> str:
             lines.append(f"  {b['width']}x{b['height']}: {b['images']} images, {b['usable']} usable{full}")
     if not s["images"]:
         lines += ["", "No images found (top level of each folder: .png .jpg .jpeg .webp .bmp)."]
+    cache = report.get("cache") or {}
+    if cache.get("reused"):
+        lines += ["", f"{cache['reused']} of {s['images']} images unchanged since the last check: their results "
+                      "came from the cache (--no-cache re-reads every file)."]
     lines += ["", "Clean: no problems found." if report["clean"] else
               f"{s['errors']} errors, {s['warnings']} warnings: {s['usable']} of {s['images']} images usable."]
     return "\n".join(lines)
@@ -138,8 +143,10 @@ def main_check_data(args) -> int:
     # half the target resolution by default: a 64 px demo dataset is fine at --resolution 64, and a
     # 512 px SD set keeps the usual floor of 256
     min_size = args.min_size if args.min_size is not None else args.resolution // 2
+    # the fingerprint cache is on unless --no-cache (getattr: a parser without the flag keeps it on)
     report = check_source(Path(args.source), min_size=min_size, resolution=args.resolution, batch=args.batch,
-                          workers=args.workers, progress=_Progress() if args.progress else None)
+                          workers=args.workers, progress=_Progress() if args.progress else None,
+                          cache=not getattr(args, "no_cache", False))
     if args.json:
         try:
             atomic_write_json(Path(args.json), report, durable=False)
