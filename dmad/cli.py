@@ -136,6 +136,51 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: unchanged files reuse their last results; docs/check-data.md)")
     check.set_defaults(handler=_cmd_check_data)
 
+    ledger = sub.add_parser(
+        "ledger", allow_abbrev=False, help="estimate a config's memory per component, before any run",
+        description="The memory ledger of a config: teacher, student + gradients + optimizer state, fake score + "
+                    "GAN head, activations for the batch / resolution / precision / checkpointing in use, VAE and "
+                    "text encoder, and a margin; each line with its assumption. Framework scope (what torch "
+                    "allocates on one device), an estimate: `dmad probe` measures. Reads the teacher's configs "
+                    "only (no weights).")
+    ledger.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    ledger.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field by its dotted path, as for train; repeatable")
+    ledger.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    ledger.set_defaults(handler=_cmd_ledger)
+
+    probe = sub.add_parser(
+        "probe", allow_abbrev=False, help="measure memory and step time over batch sizes and resolutions",
+        description="Measure, each in a process of its own: an inference-only baseline, then every (batch, "
+                    "resolution) pair trained for warmup + steps iterations. Records framework, device and process "
+                    "peaks (separate scopes), step time split into data and compute, and the phase of any "
+                    "out-of-memory; writes probe.json, probe.csv and probe.md (a trade-off table and a "
+                    "recommendation) to --out. docs/memory.md documents the columns.")
+    probe.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    probe.add_argument("--batch", metavar="N,N,...", help="train_batch_size values (default: the config's)")
+    probe.add_argument("--resolution", metavar="N,N,...", help="resolutions, multiples of 8 (default: the config's)")
+    probe.add_argument("--steps", type=int, default=10, metavar="N", help="measured iterations per point (default 10)")
+    probe.add_argument("--warmup", type=int, default=3, metavar="N", help="iterations before measuring (default 3)")
+    probe.add_argument("--out", metavar="DIR", help="new folder for the results (default: probes/<config>_<time>)")
+    probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field by its dotted path, as for train; repeatable")
+    probe.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
+    probe.set_defaults(handler=_cmd_probe)
+
+    point = sub.add_parser("probe-point", allow_abbrev=False,
+                           description="One point of dmad probe (internal: dmad probe starts it).")
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "probe-point"]  # not in --help
+    point.add_argument("--config", required=True)
+    point.add_argument("--kind", required=True, choices=("baseline", "train"))
+    point.add_argument("--batch", type=int, required=True)
+    point.add_argument("--resolution", type=int, required=True)
+    point.add_argument("--steps", type=int, required=True)
+    point.add_argument("--warmup", type=int, required=True)
+    point.add_argument("--run-dir", required=True)
+    point.add_argument("--result", required=True)
+    point.add_argument("--set", action="append", default=[])
+    point.set_defaults(handler=_cmd_probe_point)
+
     cache = sub.add_parser(
         "cache", allow_abbrev=False, help="fill the latent and text-embedding cache of a config ahead of training",
         description="Encode every usable image (VAE, vae_batch_size per call) and caption (text encoder) of the "
@@ -165,6 +210,28 @@ def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.checkdata_report import main_check_data  # PIL and numpy only when this command runs
 
     return main_check_data(args)
+
+
+def _cmd_probe(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.probe import main_probe
+
+    return main_probe(args)
+
+
+def _cmd_probe_point(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.probe_point import main_probe_point
+
+    return main_probe_point(args)
+
+
+def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.config import load_config
+    from dmad.memory import config_ledger, format_ledger, ledger_json
+
+    cfg = load_config(args.config, args.set)
+    lines = config_ledger(cfg)
+    print(json.dumps(ledger_json(cfg, lines)) if args.json else format_ledger(lines))
+    return EXIT_OK
 
 
 def _cmd_cache(args: argparse.Namespace, ctx: _Context) -> int:
@@ -241,13 +308,10 @@ def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
 
 def dry_run_report(cfg, pf) -> str:
     """The human report of --dry-run (stdout; real runs keep stdout for events)."""
-    from dmad.memory import estimate_ledger, format_ledger
+    from dmad.memory import config_ledger, format_ledger
 
-    r, ident = cfg.resources, cfg.identity
-    ledger = estimate_ledger(
-        pf.teacher_info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
-        mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
-        train_batch_size=r.train_batch_size, resolution=r.resolution, optimizer=cfg.optimization.optimizer)
+    ident = cfg.identity
+    ledger = config_ledger(cfg, pf.teacher_info)
     lines = [
         "Resolved config:",
         json.dumps(cfg.model_dump(mode="json"), indent=2),

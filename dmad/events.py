@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,12 @@ def parse_line(line: str) -> Optional[Event]:
                  t=float(d.get("t") or 0.0), v=int(d.get("v") or EVENT_VERSION))
 
 
+def is_iteration_metric(ev: Event) -> bool:
+    """A metric event of a logged iteration (losses, times): not a memory sampler reading (those
+    carry data.source == "sampler" and the last finished iteration)."""
+    return ev.kind == "metric" and ev.data.get("source") != "sampler"
+
+
 def read_events(path: str | Path) -> Iterator[Event]:
     """All complete events of an events.jsonl; a missing file yields nothing."""
     try:
@@ -87,10 +94,15 @@ class EventWriter:
         self._file = open(self.path, "a", encoding="utf-8")
         self._stream = stream if stream is not None else sys.stdout
         self._echo = echo
+        self._lock = threading.Lock()  # the memory sampler thread emits too: whole lines only
 
     def emit(self, kind: str, iter: Optional[int] = None, **data: Any) -> Event:
         ev = make_event(kind, iter, **data)
-        line = ev.to_line() + "\n"
+        with self._lock:
+            self._write(ev.to_line() + "\n")
+        return ev
+
+    def _write(self, line: str) -> None:
         self._file.write(line)
         self._file.flush()
         if self._echo:
@@ -99,7 +111,6 @@ class EventWriter:
                 self._stream.flush()
             except (BrokenPipeError, ValueError):
                 self._echo = False  # the reader went away; the file still has everything
-        return ev
 
     def sync(self) -> None:
         self._file.flush()

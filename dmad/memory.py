@@ -138,6 +138,73 @@ def process_peak_rss_gb() -> Optional[float]:
         return None
 
 
+def framework_now_gb(device: Any) -> tuple[Optional[float], Optional[float]]:
+    """Framework scope: (allocated, reserved) GiB on `device` now: live tensors, and what the
+    caching allocator holds from the driver (allocated + its cache). (None, None) on CPU."""
+    try:
+        index = _cuda_index(device)
+        if index is None:
+            return None, None
+        import torch
+
+        return torch.cuda.memory_allocated(index) / GIB, torch.cuda.memory_reserved(index) / GIB
+    except Exception as e:
+        log.debug("framework_now_gb(%s) failed: %s", device, e)
+        return None, None
+
+
+def device_utilization_pct(device: Any) -> Optional[float]:
+    """Device-wide scope: GPU utilisation (percent of the last sample period a kernel ran), NVML."""
+    try:
+        index = _cuda_index(device)
+        if index is None:
+            return None
+        import pynvml
+
+        return float(pynvml.nvmlDeviceGetUtilizationRates(_nvml_handle(index)).gpu)
+    except Exception as e:
+        log.debug("device_utilization_pct(%s) failed: %s", device, e)
+        return None
+
+
+SCOPES = ("framework", "device", "process")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One memory figure with its scope spelled out; outputs use `column` so scopes never share a
+    column or a curve."""
+    scope: str   # framework | device | process
+    name: str    # allocated, reserved, peak | used, total, utilization | rss, peak_rss
+    value: Optional[float]
+    unit: str    # GiB | %
+
+    @property
+    def column(self) -> str:
+        return f"{self.scope}_{self.name}_{'pct' if self.unit == '%' else 'gb'}"
+
+
+def read(scope: str, device: Any = None) -> list[Reading]:
+    """Every reading of one scope (values None where the scope does not apply). framework: torch's
+    CUDA allocator in this process (allocated, reserved, peak since the last reset); device: NVML,
+    the whole GPU (used, total, utilisation; every process and the CUDA context); process: this
+    process's host RAM (rss, peak rss)."""
+    if scope == "framework":
+        allocated, reserved = framework_now_gb(device)
+        return [Reading("framework", "allocated", allocated, "GiB"), Reading("framework", "reserved", reserved, "GiB"),
+                Reading("framework", "peak", framework_peak_gb(device), "GiB")]
+    if scope == "device":
+        used, total = device_used_gb(device)
+        return [Reading("device", "used", used, "GiB"), Reading("device", "total", total, "GiB"),
+                Reading("device", "utilization", device_utilization_pct(device), "%")]
+    if scope == "process":
+        rss, peak = process_rss_gb(), process_peak_rss_gb()
+        if rss is not None and peak is not None:
+            peak = max(peak, rss)  # two sources (psutil, getrusage) a few KiB apart
+        return [Reading("process", "rss", rss, "GiB"), Reading("process", "peak_rss", peak, "GiB")]
+    raise ValueError(f"unknown memory scope {scope!r}; known: {', '.join(SCOPES)}")
+
+
 # --------------------------------------------------------------------------- ledger
 
 @dataclass(frozen=True)
@@ -228,3 +295,30 @@ def format_ledger(lines: list[LedgerLine]) -> str:
     rows += [f"{line.name:<{width}}  {line.gib:>7.2f}  {line.assumption}" for line in lines]
     rows.append(f"{'total':<{width}}  {sum(line.gib for line in lines):>7.2f}")
     return "\n".join(rows)
+
+
+def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> list[LedgerLine]:
+    """The ledger of a run config (dmad.config.TrainConfig); the teacher is inspected (configs and
+    file headers only) unless `info` is given."""
+    if info is None:
+        from dmad.models.teacher import inspect_teacher
+
+        ident = cfg.identity
+        info = inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
+    r, ident = cfg.resources, cfg.identity
+    return estimate_ledger(info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
+                           mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
+                           train_batch_size=r.train_batch_size, resolution=r.resolution,
+                           optimizer=cfg.optimization.optimizer)
+
+
+def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
+    """`dmad ledger --json` (docs/memory.md)."""
+    r, ident = cfg.resources, cfg.identity
+    return {"scope": "framework peak per device (estimate)",
+            "lines": [{"name": x.name, "gib": round(x.gib, 4), "assumption": x.assumption} for x in lines],
+            "total_gib": round(sum(x.gib for x in lines), 4),
+            "inputs": {"train_batch_size": r.train_batch_size, "resolution": r.resolution,
+                       "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
+                       "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
+                       "optimizer": cfg.optimization.optimizer}}

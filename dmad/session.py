@@ -138,12 +138,6 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
 
 
-def classify_oom(phase: str) -> str:
-    """The phase names of DESIGN.md / `dmad probe`: loading, vae-encode, first-forward,
-    first-backward, step-N; sampling and checkpoint are named as such."""
-    return phase if phase != "setup" else "loading"
-
-
 # --------------------------------------------------------------------------- run folder files
 
 def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
@@ -177,7 +171,7 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
         folder.write_json("prompt_set.json", to_json(prompt_set))
     folder.write_json("config.json", resolved)
     folder.write_json("env.json", collect_env())
-    folder.write_status("running", iter=None, failure_reason=None, exit_code=None)
+    folder.write_status("running", iter=None, failure_reason=None, exit_code=None, advice=None)
     events.emit("started", None, run_dir=str(folder.path), config_fingerprint=config_fingerprint(resolved),
                 resume_from=resume, max_train_steps=cfg.optimization.max_train_steps,
                 effective_batch=cfg.effective_batch(1), prompt_set=f"{prompt_set.name}-{prompt_set.version}")
@@ -259,6 +253,7 @@ class Session:
     t_start: float = field(default_factory=time.time)
     data: Any = None
     caches: Any = None  # dmad.encode.Caches when resources.cache_latents
+    probe: bool = False  # a `dmad probe` point: no samples, no checkpoints
 
     # ---- per micro-step
     def rng(self, batch_number: int) -> SampleRNG:
@@ -340,7 +335,7 @@ class Session:
         RSS on a CPU machine): two scopes, two columns, never mixed."""
         peak = memory.framework_peak_gb(self.device)
         memory.reset_framework_peak(self.device)
-        _, used, total = device_reading(self.device)
+        _, used, total, _ = device_reading(self.device)
         # the total rides on the metric event only (the app draws it as a line), not in metrics.csv
         return {"mem_peak_alloc_gb": peak, "mem_device_used_gb": used, "mem_device_total_gb": total}
 

@@ -26,16 +26,21 @@ from dmad.config import TrainConfig
 from dmad.errors import DmadError
 from dmad.events import EventWriter
 from dmad.monitor import Monitor
+from dmad.oom import Phase, advice, classify
 from dmad.runs import ControlReader, RunFolder
 from dmad.build import build_session, restore
-from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, classify_oom, cut_back_to_checkpoint,
+from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, cut_back_to_checkpoint,
                           PipeSafeStream, is_oom, prepare_folder, setup_logging)
 from dmad.step import critic_loss, generator_loss
 
 
 
-def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> int:
-    """Creates (or reopens, to resume) the run folder, trains, and returns the exit code."""
+def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str],
+                 probe: Optional[str] = None) -> int:
+    """Creates (or reopens, to resume) the run folder, trains, and returns the exit code.
+    `probe` (dmad.probe): "train" measures training iterations, "inference" forward passes only;
+    neither renders samples nor saves checkpoints."""
+    phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
     folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
     if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
         cut_back_to_checkpoint(folder, Path(resume))
@@ -45,16 +50,27 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     events = EventWriter(folder.events_jsonl, stream=real_stdout)
     stop = StopFlag().install()
     s: Optional[Session] = None
-    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s)
-    phase = ["setup"]
+    session: list[Optional[Session]] = [None]  # the sampler's events carry the iteration once there is one
+
+    def sampled(row: dict) -> None:
+        it = session[0].iter if session[0] is not None else None
+        events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
+
+    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled)
     try:
         prompt_set = prepare_folder(folder, cfg, resume, argv, events)
         monitor.start()
-        phase[0] = "loading"
-        s = build_session(cfg, folder, prompt_set, events, log, monitor)
+        phase.set("loading")
+        s = session[0] = build_session(cfg, folder, prompt_set, events, log, monitor)
         restore(s, resume)
-        phase[0] = "sampling"
-        s.render_teacher_reference()  # before iteration 1; a no-op on resume
+        s.probe = probe is not None
+        if probe == "inference":
+            from dmad.probe_point import inference_loop
+
+            return inference_loop(s, phase)
+        if not s.probe:
+            phase.set("sampling")
+            s.render_teacher_reference()  # before iteration 1; a no-op on resume
         return train_loop(s, stop, phase)
     except NonFiniteLoss as e:
         return _fail(folder, events, s, f"{e}; the last good checkpoint is kept", 1, term=e.term, cause="non_finite_loss")
@@ -63,14 +79,16 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         raise
     except BaseException as e:
         if is_oom(e):
-            where = classify_oom(phase[0])
+            where = classify(phase.name)
+            tip = advice(where, cfg.resources)
+            folder.write_status("failed", advice=tip)
             return _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}", 3,
-                         cause="out_of_memory", phase=where)
+                         cause="out_of_memory", phase=where, advice=tip)
         if isinstance(e, KeyboardInterrupt):
             _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
             raise
-        log.error("unexpected failure in phase %s\n%s", phase[0], traceback.format_exc())
-        _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase[0]}; details in {folder.engine_log})", 1,
+        log.error("unexpected failure in phase %s\n%s", phase.name, traceback.format_exc())
+        _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
               cause="exception", quiet=True)
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
     finally:
@@ -96,7 +114,7 @@ def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: 
 
 # --------------------------------------------------------------------------- the loop
 
-def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
+def train_loop(s: Session, stop: "StopFlag", phase: Phase) -> int:
     cfg, acc = s.cfg, s.accelerator
     accum = cfg.resources.gradient_accumulation_steps
     k_gen = cfg.distillation.critic_updates_per_generator_update
@@ -116,10 +134,10 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
         gen_step = s.iter % k_gen == 0
         samples, logs = [], _LogSum()
         for m, batch in enumerate(batches):
-            phase[0] = "vae-encode" if first else f"step-{s.iter + 1}"
+            phase.set("vae-encode" if first else f"step-{s.iter + 1}")
             rng = s.rng(first_batch + m)
             latents, emb = s.encode_batch(batch, rng)
-            phase[0] = "first-forward" if first else phase[0]
+            phase.set("first-forward" if first else phase.name)
             x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
             sync = acc.no_sync(s.student) if m < accum - 1 else contextlib.nullcontext()
             with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
@@ -127,18 +145,18 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
                 if gen_step:
                     with s.critic_frozen():  # backward too: checkpointed recomputation must see the same graph
                         loss, lg = generator_loss(x0, emb, gen=rng, **s.generator_kwargs)
-                        phase[0] = "first-backward" if first else phase[0]
+                        phase.set("first-backward" if first else phase.name)
                         acc.backward(loss / accum)
                     logs.add(lg, s.iter + 1)
             samples.append((x0.detach(), latents, emb, rng))
         if gen_step:
             logs.add({"grad_norm_g": s.step_generator()}, s.iter + 1)
         for m, (x0, latents, emb, rng) in enumerate(samples):
-            phase[0] = "first-forward" if first else phase[0]
+            phase.set("first-forward" if first else phase.name)
             sync = acc.no_sync(s.fake_score) if m < accum - 1 else contextlib.nullcontext()
             with sync, acc.autocast():
                 loss, lc = critic_loss(x0, latents, emb, gen=rng, **s.critic_kwargs)
-            phase[0] = "first-backward" if first else phase[0]
+            phase.set("first-backward" if first else phase.name)
             acc.backward(loss / accum)
             logs.add(lc, s.iter + 1)
         logs.add({"grad_norm_c": s.step_critic()}, s.iter + 1)
@@ -151,6 +169,8 @@ def train_loop(s: Session, stop: "StopFlag", phase: list[str]) -> int:
 
 
 def _after_iteration(s: Session) -> None:
+    if s.probe:  # a memory probe measures iterations only
+        return
     cfg = s.cfg
     last = s.iter == cfg.optimization.max_train_steps
     if s.iter % cfg.observation.checkpointing_steps == 0 or last:

@@ -66,13 +66,13 @@ def ensure_dataset(shipped: Path) -> Optional[Path]:
 
 
 def _progress(line: str, state: dict) -> None:
-    from dmad.events import parse_line
+    from dmad.events import is_iteration_metric, parse_line
 
     ev = parse_line(line)
     if ev is None:
         return
     d = ev.data
-    if ev.kind == "metric":
+    if is_iteration_metric(ev):
         total = d.get("max_train_steps") or "?"
         losses = "  ".join(f"{k} {d[k]:.4g}" for k in ("loss_dm", "loss_fake", "loss_gan_g", "loss_gan_d")
                            if isinstance(d.get(k), (int, float)))

@@ -15,7 +15,7 @@ from tests.conftest import dmad_env
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import parse_line, read_events  # noqa: E402
+from dmad.events import is_iteration_metric, parse_line, read_events  # noqa: E402
 from dmad.session import METRIC_COLUMNS  # noqa: E402
 
 
@@ -82,14 +82,16 @@ def test_thirty_steps_write_the_whole_run_folder(write_config, dmad_cli, tmp_pat
     assert all(float(r["mem_device_used_gb"]) > 0 and r["mem_peak_alloc_gb"] == "" for r in rows)  # CPU: RSS, no framework peak
 
     events = list(read_events(run / "events.jsonl"))
-    kinds = [e.kind for e in events]
+    kinds = ["iteration" if is_iteration_metric(e) else e.kind for e in events]
     assert kinds[0] == "started" and kinds[-1] == "finished"
-    assert [e.iter for e in events if e.kind == "metric"] == list(range(1, 31))
+    assert [e.iter for e in events if is_iteration_metric(e)] == list(range(1, 31))
     assert [e.iter for e in events if e.kind == "checkpoint"] == [10, 20, 30]
     assert sorted({e.iter for e in events if e.kind == "samples" and e.data["model"] == "student"}) == [10, 15, 20, 30]
     teacher_events = [e for e in events if e.kind == "samples" and e.data["model"] == "teacher"]
-    assert len(teacher_events) == 1 and kinds.index("samples") < kinds.index("metric")  # before iteration 1
-    assert kinds.index("phase") < kinds.index("metric")
+    assert len(teacher_events) == 1 and kinds.index("samples") < kinds.index("iteration")  # before iteration 1
+    assert kinds.index("phase") < kinds.index("iteration")
+    sampler = [e for e in events if e.kind == "metric" and e.data.get("source") == "sampler"]
+    assert sampler and all(e.data["scope"] == "process_rss" and e.data["mem_used_gb"] > 0 for e in sampler)
 
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == ["iter_20", "iter_30"]  # rotation kept the last 2
@@ -165,7 +167,7 @@ def test_resume_after_sigkill_gives_the_same_weights(write_config, dmad_cli, tmp
     killed = tmp_path / "killed"
     proc = _spawn(cfg, killed)
     _wait_for(lambda: (killed / "checkpoints" / "iter_10").is_dir(), what="checkpoint iter_10")
-    _wait_for(lambda: any(e.kind == "metric" and e.iter >= 11 for e in read_events(killed / "events.jsonl")),
+    _wait_for(lambda: any(is_iteration_metric(e) and e.iter >= 11 for e in read_events(killed / "events.jsonl")),
               what="iteration 11")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -185,7 +187,7 @@ def test_resume_after_sigkill_gives_the_same_weights(write_config, dmad_cli, tmp
         for k in ta:
             assert torch.equal(ta[k], tb[k]), f"{f}:{k} differs after resume"
     assert [int(r["iter"]) for r in _rows(killed / "metrics.csv")] == list(range(1, 21))
-    metric_iters = [e.iter for e in read_events(killed / "events.jsonl") if e.kind == "metric"]
+    metric_iters = [e.iter for e in read_events(killed / "events.jsonl") if is_iteration_metric(e)]
     assert metric_iters == list(range(1, 21))
     assert json.loads((killed / "status.json").read_text())["state"] == "finished"
 
@@ -194,7 +196,7 @@ def test_sigterm_stops_gracefully_with_a_checkpoint(write_config, tmp_path):
     cfg = write_config({"optimization": {"max_train_steps": 100000}, "observation": {"checkpointing_steps": 100000}})
     run = tmp_path / "run"
     proc = _spawn(cfg, run)
-    _wait_for(lambda: any(e.kind == "metric" and e.iter >= 3 for e in read_events(run / "events.jsonl")),
+    _wait_for(lambda: any(is_iteration_metric(e) and e.iter >= 3 for e in read_events(run / "events.jsonl")),
               what="iteration 3")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -213,15 +215,15 @@ def test_control_file_pauses_resumes_and_stops(write_config, tmp_path):
     run = tmp_path / "run"
     proc = _spawn(cfg, run)
     try:
-        _wait_for(lambda: any(e.kind == "metric" for e in read_events(run / "events.jsonl")), what="first metric")
+        _wait_for(lambda: any(is_iteration_metric(e) for e in read_events(run / "events.jsonl")), what="first metric")
         append_control(run, "pause")
         _wait_for(lambda: any(e.kind == "paused" for e in read_events(run / "events.jsonl")), what="paused")
         assert json.loads((run / "status.json").read_text())["state"] == "paused"
-        n = len([e for e in read_events(run / "events.jsonl") if e.kind == "metric"])
+        n = len([e for e in read_events(run / "events.jsonl") if is_iteration_metric(e)])
         time.sleep(1.0)
-        assert len([e for e in read_events(run / "events.jsonl") if e.kind == "metric"]) == n  # no progress
+        assert len([e for e in read_events(run / "events.jsonl") if is_iteration_metric(e)]) == n  # no progress
         append_control(run, "resume")
-        _wait_for(lambda: any(e.kind == "metric" for e in list(read_events(run / "events.jsonl"))[-3:]), what="progress")
+        _wait_for(lambda: any(is_iteration_metric(e) for e in list(read_events(run / "events.jsonl"))[-3:]), what="progress")
         append_control(run, "stop")
         out, err = proc.communicate(timeout=120)
     finally:

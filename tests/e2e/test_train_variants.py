@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import read_events  # noqa: E402
+from dmad.events import is_iteration_metric, read_events  # noqa: E402
 
 
 def _train(dmad_cli, cfg: Path, run: Path, *extra: str) -> None:
@@ -48,7 +48,7 @@ def test_variant_trains_and_checkpoints(name, write_config, dmad_cli, tmp_path):
     ckpt = run / "checkpoints" / "iter_3"
     for f in files:
         assert (ckpt / f).is_file(), f
-    metrics = [e for e in read_events(run / "events.jsonl") if e.kind == "metric"]
+    metrics = [e for e in read_events(run / "events.jsonl") if is_iteration_metric(e)]
     assert [e.iter for e in metrics] == [1, 2, 3]
     assert all(e.data["loss_fake"] is not None for e in metrics)
     if name == "lora":

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dmad.config import load_config  # noqa: E402
-from dmad.events import read_events  # noqa: E402
+from dmad.events import is_iteration_metric, read_events  # noqa: E402
 from dmad.train import run_training  # noqa: E402
 
 
@@ -25,7 +25,7 @@ def test_teacher_samples_are_rendered_once_before_iteration_1_with_provenance(wr
     assert _train(write_config, run, 2) == 0
     events = list(read_events(run / "events.jsonl"))
     teacher = [i for i, e in enumerate(events) if e.kind == "samples" and e.data["model"] == "teacher"]
-    first_metric = next(i for i, e in enumerate(events) if e.kind == "metric")
+    first_metric = next(i for i, e in enumerate(events) if is_iteration_metric(e))
     assert len(teacher) == 1 and teacher[0] < first_metric
     folder = run / "samples" / "teacher"
     assert sorted(p.name for p in folder.iterdir()) == ["blue.png", "meta.json", "red.png"]

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from dmad.config import load_config  # noqa: E402
 from dmad.errors import DmadError  # noqa: E402
-from dmad.events import read_events  # noqa: E402
+from dmad.events import is_iteration_metric, read_events  # noqa: E402
 from dmad.session import Session  # noqa: E402
 from dmad.train import run_training  # noqa: E402
 
@@ -65,7 +65,8 @@ def test_oom_at_a_later_step_names_the_iteration(write_config, tmp_path, monkeyp
     assert code == 3
     err = _error(run)
     assert err.data["phase"] == "step-3" and err.iter == 2
-    assert [e.iter for e in read_events(run / "events.jsonl") if e.kind == "metric"] == [1, 2]
+    rows = [e.iter for e in read_events(run / "events.jsonl") if is_iteration_metric(e)]
+    assert rows == [1, 2]
 
 
 def test_unexpected_exception_is_one_line_with_the_log(write_config, tmp_path, monkeypatch):
