@@ -24,6 +24,7 @@ from app.config_doc import (Key, Problems, all_fields, check, form_spec, materia
 from app.config_form import ERROR_LABEL_STYLE, ConfigForm
 from app.engine import EngineProcess
 from app.json_view import JsonView
+from app.ledger_view import LedgerView
 from app.presets import Preset, presets
 from dmad.errors import UserInputError
 from dmad.jsonfile import read_json_file
@@ -51,8 +52,11 @@ class ConfigPanel(QWidget):
     config_edited = Signal(dict)          # the raw config after any change (form, JSON, file, preset)
     modified_changed = Signal(bool)
 
-    def __init__(self, parent: Optional[QWidget] = None, unsaved_dir: Optional[Path] = None):
+    def __init__(self, parent: Optional[QWidget] = None, unsaved_dir: Optional[Path] = None,
+                 engine_command: Optional[list[str]] = None):
+        """`engine_command` replaces the `dmad` command line for the Memory estimate tab (tests)."""
         super().__init__(parent)
+        self._engine_command = engine_command
         self._spec = form_spec()
         self._fields = all_fields(self._spec)
         self._unsaved_dir = unsaved_dir
@@ -90,6 +94,8 @@ class ConfigPanel(QWidget):
         self.side = QTabWidget()
         self.side.addTab(self.json, "JSON")
         self.side.addTab(self.dry_run_view, "Dry run")
+        self.ledger_view = LedgerView(lambda target: self.materialize(target), self._engine_command)
+        self.side.addTab(self.ledger_view, "Memory estimate")
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(scroll)
         split.addWidget(self.side)
@@ -208,26 +214,48 @@ class ConfigPanel(QWidget):
                           + ("" if self.is_valid() else f"; not valid yet: {self.validity_message()}"))
         return True
 
-    def materialize(self) -> Path:
+    def materialize(self, target: Optional[Path] = None) -> Path:
         """A config file whose meaning is exactly what the panel shows, for `dmad train --config`:
         the current file when it is saved and unchanged, else a copy with absolute paths in the
-        per-user "unsaved" folder. Raises ConfigInvalid (a ValueError) with the engine's message when
-        the config is invalid, OSError when the copy cannot be written."""
+        per-user "unsaved" folder (or at `target`, always written: the memory estimate's scratch file).
+        Raises ConfigInvalid (a ValueError) with the engine's message when the config is invalid,
+        OSError when the copy cannot be written."""
         self._flush_json()
         if not self.is_valid():
             raise ConfigInvalid(self.validity_message())
-        if self._path is not None and not self.is_modified() and self._disk_matches():
+        if target is None and self._path is not None and not self.is_modified() and self._disk_matches():
             return self._path
         try:
             raw = materialized(self._raw, self._base_dir, self._source())
         except UserInputError as e:
             raise ConfigInvalid(str(e)) from None
-        folder = self._unsaved_dir or default_unsaved_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = self._path.stem if self._path is not None else "untitled"
-        target = folder / f"{stem}-{datetime.now():%Y%m%d-%H%M%S-%f}.json"
-        atomic_write_text(target, to_json_text(raw, self._spec))
-        return target
+        if target is None:
+            folder = self._unsaved_dir or default_unsaved_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            stem = self._path.stem if self._path is not None else "untitled"
+            target = folder / f"{stem}-{datetime.now():%Y%m%d-%H%M%S-%f}.json"
+        atomic_write_text(Path(target), to_json_text(raw, self._spec))
+        return Path(target)
+
+    def apply_changes(self, changes: dict) -> None:
+        """Set dotted fields ("resources.train_batch_size": 1, as a probe recommends) in the form, as
+        one edit; the document becomes modified and is judged again."""
+        if not changes:
+            return
+        self._flush_json()
+        raw = self._raw
+        for dotted, value in changes.items():
+            raw = with_field(raw, tuple(str(dotted).split(".")), value)
+        self._raw = raw
+        self._json_error = ""
+        self.form.set_values(self._raw)
+        self.json.show_text(to_json_text(self._raw, self._spec))
+        self._changed()
+        self._show_status("Applied: " + ", ".join(f"{k} = {v!r}" for k, v in changes.items()))
+
+    def set_device(self, name: str, total_gb: float) -> None:
+        """The GPU's name and device-wide total (NVML), shown against the memory estimate."""
+        self.ledger_view.set_device(name, total_gb)
 
     def dry_run(self) -> bool:
         """Start `dmad train --config <materialize()> --dry-run`; the report arrives in the Dry run tab."""
@@ -277,6 +305,7 @@ class ConfigPanel(QWidget):
     def _on_json_failed(self, message: str) -> None:
         self._json_error = message
         self._update_validity()
+        self.ledger_view.config_changed(False, self.validity_message())
 
     def _changed(self) -> None:
         self._problems = check(self._raw, self._source(), self._fields)
@@ -285,6 +314,7 @@ class ConfigPanel(QWidget):
         self.banner.setVisible(bool(self._problems.general))
         self._update_validity()
         self._update_file_label()
+        self.ledger_view.config_changed(self.is_valid(), self.validity_message())
         self.config_edited.emit(self.config())
 
     def _update_validity(self) -> None:

@@ -301,7 +301,7 @@ CAUSES = {"out_of_memory": "out of memory", "non_finite_loss": "a loss became Na
 
 def failure_report(code: Optional[int], summary: str, error: dict, status: dict) -> tuple[str, list[str]]:
     """(title, detail lines) for a failed run, from the exit code, the engine's one-line summary,
-    the error event's data (reason, cause, phase, last_checkpoint) and status.json."""
+    the error event's data (reason, cause, phase, advice, last_checkpoint) and status.json."""
     title = "Training failed" + (f" - exit code {code} ({exit_meaning(code)})" if code is not None else "")
     reason = error.get("reason") or summary or status.get("failure_reason")
     if not reason and status.get("pid") is not None:
@@ -310,6 +310,9 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     if error.get("cause"):
         where = f" during {error['phase']}" if error.get("phase") else ""
         lines.append(f"Cause: {CAUSES.get(error['cause'], str(error['cause']))}{where}")
+    advice = error.get("advice") or status.get("advice")  # out of memory: what to change (issue 7)
+    if advice:
+        lines.append(f"Advice: {advice}")
     if error.get("last_checkpoint") is not None:
         lines.append(f"Last checkpoint: iter_{error['last_checkpoint']}")
     return title, lines

@@ -1,5 +1,5 @@
-"""Memory: will the current config fit (the engine's dry-run ledger), and what did the open run use
-(its gpu_mem.csv).
+"""Memory: measure the current config (a probe, app/probe_panel.py), will it fit (the engine's
+dry-run ledger), and what did the open run use (its gpu_mem.csv).
 
 The estimate comes from `dmad train --config FILE --dry-run`, run by the engine as a subprocess:
 the app never computes memory itself. gpu_mem.csv rows name their scope (device_nvml: NVML
@@ -13,14 +13,15 @@ import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QTabWidget, QVBoxLayout, QWidget)
 
 from app.background import Task
+from app.probe_panel import ProbePanel
 
 RESCAN_MS = 5000
 TAIL_BYTES = 4 * 2 ** 20  # gpu_mem.csv grows ~1 MB a day at the default 5 s interval
@@ -84,12 +85,19 @@ def _gb(x: Optional[float]) -> str:
 
 
 class MemoryTab(QWidget):
+    apply_requested = Signal(dict)  # a probe's recommended config changes, for the Config panel
+
     def __init__(self, materialize: Callable[[], Path], make_engine: Callable[[], object],
-                 overrides: Callable[[], list[str]] = list, parent: Optional[QWidget] = None):
+                 overrides: Callable[[], list[str]] = list, parent: Optional[QWidget] = None,
+                 command: Optional[Sequence[str]] = None, probes_dir: Optional[Path] = None):
         """`materialize`: the current config as a file; `make_engine`: an EngineProcess;
-        `overrides`: --set items for the dry run (the window's runs root as identity.output_dir)."""
+        `overrides`: --set items for the dry run (the window's runs root as identity.output_dir);
+        `command`: replaces the `dmad` command line of the probe (tests); `probes_dir`: where probe
+        folders are made (default: the app's data folder)."""
         super().__init__(parent)
         self._materialize, self._make_engine, self._overrides = materialize, make_engine, overrides
+        self.probe = ProbePanel(materialize, command, probes_dir)
+        self.probe.apply_requested.connect(self.apply_requested)
         self._engine = None  # created on first use: a QProcess wrapper, cheap, but not needed before
         self._estimating = False
         self._run: Optional[Path] = None
@@ -123,11 +131,25 @@ class MemoryTab(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.estimate_button)
         top.addWidget(self.estimate_status, 1)
-        lay = QVBoxLayout(self)
+        page = QWidget()
+        lay = QVBoxLayout(page)
         lay.addLayout(top)
         lay.addWidget(self.ledger, 3)
         lay.addWidget(self.run_label)
         lay.addWidget(self.readings, 1)
+        self.pages = QTabWidget()
+        self.pages.addTab(self.probe, "Probe")
+        self.pages.addTab(page, "Estimate and run readings")
+        QVBoxLayout(self).addWidget(self.pages)
+
+    # ------------------------------------------------------------ the window's contract
+
+    def set_config(self, raw: dict, base_dir: Optional[Path] = None) -> None:
+        """The probe's batch and resolution follow the config being edited."""
+        self.probe.set_config(raw)
+
+    def open_probe(self, folder: Path) -> None:
+        self.probe.open_probe(folder)
 
     # ------------------------------------------------------------ estimate (dry run)
 
@@ -174,7 +196,7 @@ class MemoryTab(QWidget):
             self._task.submit(lambda: read_gpu_mem(path))
 
     def busy(self) -> bool:
-        return self._task.busy() or self._estimating
+        return self._task.busy() or self._estimating or self.probe.busy()
 
     def _tick(self) -> None:
         if self.isVisible() and not self._task.busy():

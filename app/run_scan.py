@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject, QRunnable, Signal
 
-from dmad.events import parse_line
+from dmad.events import is_iteration_metric, parse_line
 from dmad.runs import RunFolder, effective_state, list_runs, pid_alive
 
 STALE_AFTER_S = 60.0  # no heartbeat for this long = the engine is gone (it beats every few seconds)
@@ -150,7 +150,7 @@ def events_tail(cache: ScanCache, path: Path) -> dict[str, Optional[float]]:
     _, body = cache.read_head_tail(path, head=False, tail=True)
     for line in reversed(_complete_lines(body)):
         ev = parse_line(line)
-        if ev is not None and ev.kind == "metric":
+        if ev is not None and is_iteration_metric(ev):
             numbers = {k: float(v) for k, v in ev.data.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
             return {"iter": ev.iter, **numbers} if ev.iter is not None else numbers

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication
 from app.window import PANELS, MainWindow
 
 RECORDED_RUN = Path(__file__).resolve().parent.parent / "tests" / "app" / "fixtures" / "demo_run"
+RECORDED_PROBE = RECORDED_RUN.parent / "probe"  # a GPU probe's probe.json, for the Memory picture
 SETTLE_MS = 800          # after switching tabs: plot timers (10-20 Hz) and table scans land
 IDLE_POLL_MS = 100
 MAX_WAIT_MS = 180_000    # the Memory tab's dry run imports torch in the engine (seconds to a minute)
@@ -97,6 +98,8 @@ class ScreenshotRun(QObject):
         self.window.open_run(self._run)
         self.window.show()
         self.window.memory.estimate()  # runs in the engine while the other panels are shot
+        if (RECORDED_PROBE / "probe.json").is_file() and hasattr(self.window.memory, "open_probe"):
+            self.window.memory.open_probe(RECORDED_PROBE)  # read only: the probe's table and curves
         self.window.data.check()  # `dmad check-data` on the config's dataset, for the Data picture
         QTimer.singleShot(SETTLE_MS, self._show_next)
 

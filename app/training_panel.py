@@ -242,6 +242,8 @@ class TrainingPanel(QWidget):
     def _apply(self, ev: dict) -> None:
         kind, it, data = ev["kind"], ev["iter"], ev["data"]
         self._last_t = ev["t"] or self._last_t
+        if kind == "metric" and data.get("source") == "sampler":
+            return  # a memory sampler reading (gpu_mem.csv; the Memory tab shows those), not an iteration
         if kind == "metric":
             if self.store.add_metric(it, data):
                 self._schedule_refresh()

@@ -42,9 +42,11 @@ class MainWindow(QMainWindow):
 
     def __init__(self, settings: QSettings, runs_root: Optional[Path] = None,
                  load_nvml: Callable[[], Any] = _import_pynvml, config_path: Optional[Path] = None,
-                 unsaved_dir: Optional[Path] = None, parent: Optional[QWidget] = None):
+                 unsaved_dir: Optional[Path] = None, parent: Optional[QWidget] = None,
+                 probes_dir: Optional[Path] = None):
         """`config_path`: a config file to open instead of the CPU demo preset; `unsaved_dir`: where
-        configs that are not saved as shown are written for the engine (default: per user)."""
+        configs that are not saved as shown are written for the engine (default: per user);
+        `probes_dir`: where the Memory tab's probes write their folders (default: per user)."""
         super().__init__(parent)
         self._settings = settings
         self._run: Optional[Path] = None
@@ -57,7 +59,8 @@ class MainWindow(QMainWindow):
         self.training = TrainingPanel()
         self.samples = SamplesPanel()
         self.runs = RunsPanel(remembered_root(settings))
-        self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override)
+        self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override,
+                                probes_dir=probes_dir)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in zip(PANELS, (self.config, self.data, self.training, self.samples, self.runs,
@@ -94,10 +97,14 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentIndex(current)
         setattr(self, name.lower(), widget)
         old.deleteLater()
+        if name == "Memory":
+            self._wire_memory()
         if name == "Data":
             self._sync_config()
         else:
             _call(widget, "set_run", self._run)
+            if name == "Memory":
+                _call(widget, "set_config", self.config.config(), self.config.base_dir())
 
     def show_panel(self, name: str) -> None:
         self.tabs.setCurrentIndex(PANELS.index(name))
@@ -111,10 +118,28 @@ class MainWindow(QMainWindow):
         self.training.run_state_changed.connect(self._on_run_state)
         self.runs.run_opened.connect(self.open_run)
         self.runs.root_changed.connect(lambda root: self._settings.setValue(ROOT_KEY, str(root)))
+        self.gpu.readings_received.connect(self._on_gpu)
+        self._wire_memory()
+
+    def _wire_memory(self) -> None:
+        """A probe's "Apply to config" edits the Config form (also for a replacement Memory panel)."""
+        signal = getattr(self.memory, "apply_requested", None)
+        if signal is not None:
+            signal.connect(self._apply_config_changes)
+
+    def _apply_config_changes(self, changes: dict) -> None:
+        self.config.apply_changes(changes)
+        self.show_panel("Config")
+
+    def _on_gpu(self, readings: list) -> None:
+        # The first GPU, as the engine uses it by default; NVML's total is device-wide
+        if readings:
+            self.config.set_device(readings[0].name, readings[0].total_gb)
 
     def _sync_config(self) -> None:
-        """The Data tab follows the config; relative paths are relative to the config file."""
+        """The Data and Memory tabs follow the config; relative paths are relative to the config file."""
         _call(self.data, "set_config", self.config.config(), self.config.base_dir())
+        _call(self.memory, "set_config", self.config.config(), self.config.base_dir())
 
     def _root_override(self) -> list[str]:
         # As TrainingPanel.start does: runs go under the window's runs root (JSON-quoted: always a string)

@@ -271,3 +271,12 @@ def test_the_timer_picks_up_a_new_run_while_visible(qtbot, tmp_path):
     qtbot.waitUntil(lambda: "new" in by_name(panel))
     panel.hide()
     assert not panel._timer.isActive()
+
+
+def test_the_last_iteration_is_not_a_memory_sampler_reading(tmp_path):
+    from app.run_scan import events_tail
+
+    path = tmp_path / "events.jsonl"
+    path.write_text(make_event("metric", 7, loss_dm=0.5, step_time_s=0.2).to_line() + "\n"
+                    + make_event("metric", 7, source="sampler", scope="process_rss", mem_used_gb=1.5).to_line() + "\n")
+    assert events_tail(ScanCache(), path) == {"iter": 7, "loss_dm": 0.5, "step_time_s": 0.2}

@@ -286,3 +286,16 @@ def test_crashed_engine_shows_the_banner_with_cause_and_exit_code(qtbot, engine_
     assert "Cause: out of memory during first-forward" in text
     assert "INFO dmad: step 5" in text and "dmad: error: out of memory during first-forward" in text
     assert len(xs(panel, "loss_dm")) == 5
+
+
+def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path):
+    """The engine's memory sampler emits metric events (source "sampler", every few seconds):
+    they neither move the iteration nor add points to the iteration curves."""
+    sampler = _event("metric", 10, source="sampler", scope="device_nvml", mem_used_gb=30.0, mem_total_gb=80.0,
+                     utilization_pct=97.0)
+    run = write_run(tmp_path, "sampled", tail=sampler + _event("finished", 10, elapsed_s=65.0))
+    panel.open_run(run.path)
+    qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.state() == "finished", timeout=WAIT_MS)
+    assert panel.rate_label.text() == "4.00 it/s"  # from the last iteration row, not the sampler's
+    assert "mem_used_gb" not in panel.store._series and len(xs(panel, "mem_device_used_gb")) == 10
