@@ -111,8 +111,12 @@ class EngineProcess(QObject):
     # ------------------------------------------------------------ starting
 
     def start_train(self, config_path: Path, run_dir: Optional[Path] = None, resume: Optional[str] = None,
-                    overrides: Sequence[str] = ()) -> None:
+                    overrides: Sequence[str] = (), num_processes: int = 1) -> None:
+        """`num_processes` > 1: the engine starts `accelerate launch` with that many processes
+        (one per GPU) and runs the same command on each (dmad.launch)."""
         args = ["train", "--config", str(config_path)]
+        if num_processes > 1:
+            args += ["--num-processes", str(num_processes)]
         if run_dir is not None:
             args += ["--run-dir", str(run_dir)]
         if resume is not None:
@@ -331,7 +335,9 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
         return f"samples{at}: {len(data.get('paths') or [])} images in {data.get('folder', '')}"
     if kind == "started":
         resume = f" (resuming {data['resume_from']})" if data.get("resume_from") else ""
-        return f"started: {data.get('run_dir', '')}{resume}"
+        batch = (f"; effective batch {data['effective_batch']} over {data.get('num_processes', 1)} process(es)"
+                 if data.get("effective_batch") else "")
+        return f"started: {data.get('run_dir', '')}{resume}{batch}"
     return f"{kind}{at}"
 
 

@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout,
+                               QWidget)
 
 from app.engine import EngineProcess, describe_event, failure_report
 from app.follow import EventFollower
@@ -83,6 +84,13 @@ class TrainingPanel(QWidget):
             b.clicked.connect(slot)
             row.addWidget(b)
         self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
+        row.addSpacing(12)
+        row.addWidget(QLabel("Processes"))
+        self.processes = QSpinBox(minimum=1, maximum=64, value=1)
+        self.processes.setToolTip("Processes for Start, one per GPU: more than 1 runs `accelerate launch` (DDP). The "
+                                  "effective batch is batch x accumulation x processes; learning rates are not "
+                                  "rescaled. Several machines: use `dmad train --num-machines` in a terminal.")
+        row.addWidget(self.processes)
         row.addStretch(1)
         self.state_label = QLabel()
         row.addWidget(self.state_label)
@@ -139,7 +147,8 @@ class TrainingPanel(QWidget):
         root = json.dumps(str(Path(runs_root).expanduser().resolve()))
         self._set_state("starting")
         self._started_t = time.time()
-        self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"])
+        self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"],
+                                num_processes=self.processes.value())
         self._clock_timer.start()
         return True
 
@@ -255,6 +264,9 @@ class TrainingPanel(QWidget):
         if kind == "started":
             self._started_t = self._started_t or ev["t"]  # our own run: when we started the process
             self._max_steps = data.get("max_train_steps", self._max_steps)
+            if data.get("effective_batch"):
+                self.note_label.setText(f"effective batch {data['effective_batch']} "
+                                        f"({data.get('num_processes', 1)} process(es))")
         elif kind == "phase":
             self._phase = str(data.get("phase", ""))
         elif kind == "error":

@@ -2,6 +2,7 @@
 restoring one from a checkpoint."""
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 from pathlib import Path
@@ -18,6 +19,7 @@ from dmad.methods.prediction import NoiseSchedule
 from dmad.monitor import Monitor
 from dmad.networks import build_networks, make_lr_scheduler, make_optimizer, trainable_parameters
 from dmad.prompts import PromptSet
+from dmad.ranks import NullCsv
 from dmad.runs import CsvAppender, RunFolder
 from dmad.session import METRIC_COLUMNS, Session
 from dmad.step import RealScore, TimestepRange
@@ -27,13 +29,17 @@ DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 def make_accelerator(mixed_precision: str):
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     cuda = torch.cuda.is_available()
     if mixed_precision == "fp16" and not cuda:
         raise UserInputError("resources.mixed_precision: fp16 needs a CUDA GPU; use bf16 or no on a CPU")
     # Accumulation is done by the loop itself (explicit loss scaling, no_sync on inner
     # micro-steps), so accelerate's own counter stays at 1.
-    return Accelerator(mixed_precision=mixed_precision, cpu=not cuda, gradient_accumulation_steps=1)
+    # Rank 0 renders samples and writes checkpoints while the others wait in a collective: allow hours.
+    timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(hours=6))
+    return Accelerator(mixed_precision=mixed_precision, cpu=not cuda, gradient_accumulation_steps=1,
+                       kwargs_handlers=[timeout])
 
 
 def _encode_uncond(teacher, device) -> torch.Tensor:
@@ -44,14 +50,14 @@ def _encode_uncond(teacher, device) -> torch.Tensor:
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
-                  log: logging.Logger, monitor: Monitor) -> Session:
+                  log: logging.Logger, monitor: Monitor, acc=None) -> Session:
     from accelerate.utils import set_seed
 
     from dmad.data import open_dataset
     from dmad.models.teacher import load_teacher
 
     ident, res, opt, dist = cfg.identity, cfg.resources, cfg.optimization, cfg.distillation
-    acc = make_accelerator(res.mixed_precision)
+    acc = acc or make_accelerator(res.mixed_precision)
     set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
     wdtype = DTYPES[res.mixed_precision]
     monitor.device = acc.device
@@ -95,7 +101,8 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                 opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
                 timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
                 dataset=dataset, groups=groups, skip_log=skip_log, caches=caches,
-                metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS), log=log)
+                metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS),
+                log=log, is_main=acc.is_main_process, world=acc.num_processes)
     _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
              ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from dmad import __version__
 from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
+from dmad.launch import accelerate_command, launched, run_launched
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field by its dotted path, e.g. resources.train_batch_size=2 "
                             "(values parse as JSON when they can); repeatable")
+    train.add_argument("--num-processes", type=int, default=1, metavar="N",
+                       help="processes in all (one per GPU; several machines: the total), started with "
+                            "`accelerate launch` (DDP); default 1")
+    train.add_argument("--num-machines", type=int, default=1, metavar="M", help="machines (default 1)")
+    train.add_argument("--machine-rank", type=int, default=0, metavar="R", help="this machine's rank (0 .. M-1)")
+    train.add_argument("--main-process-ip", metavar="IP", help="address of machine 0 (several machines)")
+    train.add_argument("--main-process-port", type=int, metavar="PORT", help="port on machine 0 (several machines)")
     train.add_argument("--dry-run", action="store_true",
                        help="validate config, data, teacher and run folder; print the resolved config and the "
                             "memory estimate; do not train")
@@ -283,15 +291,44 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
             resume = str(Path(args.resume).expanduser().resolve())  # relative to the shell, not the config
         cfg.observation.resume_from_checkpoint = resume
     run_dir = Path(args.run_dir).expanduser().resolve() if args.run_dir else None
-    pf = preflight(cfg, run_dir=run_dir, resume=resume)
+    _check_processes(args)
+    is_rank = launched()  # started by our own `accelerate launch`: the launcher checked the run folder
+    pf = preflight(cfg, run_dir=run_dir, resume=resume, launched=is_rank)
     ctx.run_dir = pf.run_dir  # a crash log goes there once the folder exists
     if args.dry_run:
-        print(dry_run_report(cfg, pf))
+        print(dry_run_report(cfg, pf, args.num_processes))
         return EXIT_OK
     pf.require_teacher_weights()
+    if (args.num_processes > 1 or args.num_machines > 1) and not is_rank:
+        return run_launched(accelerate_command(
+            _rank_argv(args, pf), args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
+            args.main_process_port, cfg.resources.mixed_precision), pf.run_dir)
     from dmad.train import run_training  # the training stack: only now that the inputs are known good
 
     return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf))
+
+
+def _check_processes(args: argparse.Namespace) -> None:
+    if args.num_processes < 1 or args.num_machines < 1:
+        raise UserInputError("--num-processes and --num-machines must be at least 1")
+    if not 0 <= args.machine_rank < args.num_machines:
+        raise UserInputError(f"--machine-rank {args.machine_rank}: must be 0 .. {args.num_machines - 1}")
+    if args.num_processes % args.num_machines:
+        raise UserInputError(f"--num-processes {args.num_processes} (all processes) is not a multiple of "
+                             f"--num-machines {args.num_machines}")
+    if args.num_machines > 1 and not args.main_process_ip:
+        raise UserInputError("--num-machines > 1 needs --main-process-ip (the address of machine 0)")
+
+
+def _rank_argv(args: argparse.Namespace, pf) -> list[str]:
+    """What each rank runs after `dmad train`: the checked config, the fixed run folder and the
+    resolved checkpoint (so no rank re-decides what 'latest' means)."""
+    argv = ["--config", str(Path(args.config).resolve()), "--run-dir", str(pf.run_dir)]
+    if pf.resume_arg:
+        argv += ["--resume", pf.resume_arg]
+    for item in args.set:
+        argv += ["--set", item]
+    return argv
 
 
 def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
@@ -306,7 +343,7 @@ def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
     return argv
 
 
-def dry_run_report(cfg, pf) -> str:
+def dry_run_report(cfg, pf, num_processes: int = 1) -> str:
     """The human report of --dry-run (stdout; real runs keep stdout for events)."""
     from dmad.memory import config_ledger, format_ledger
 
@@ -323,6 +360,9 @@ def dry_run_report(cfg, pf) -> str:
         f"Data:        {pf.data.images} images, {pf.data.captioned} with captions"
         + (f", {pf.data.usable} usable in {pf.data.buckets} bucket(s)" if pf.data.usable is not None else "")
         + f", in {pf.data.folder}",
+        f"Batch:       {cfg.resources.train_batch_size} per process x {cfg.resources.gradient_accumulation_steps} "
+        f"accumulation x {num_processes} process{'es' if num_processes != 1 else ''} = effective batch "
+        f"{cfg.effective_batch(num_processes)} (learning rates are not rescaled)",
         f"Prompt set:  {pf.prompt_set.name}-{pf.prompt_set.version}",
         "",
         "Memory ledger (estimate, framework peak per device):",

@@ -28,14 +28,25 @@ _STEP = re.compile(r"^step-([1-9][0-9]*)$")
 
 
 def parse_fault(value: Optional[str]) -> Optional[str]:
-    """The phase of a DMAD_FAULT value, None when unset; a bad value is a one-line error."""
+    """The phase of a DMAD_FAULT value that applies to this process, None when unset or meant for
+    another rank; a bad value is a one-line error. Forms: oom:<phase>, crash:<phase> (an ordinary
+    exception, for multi-process tests), either with @rank<k> to fire on rank k only."""
+    fault = _parse(value)
+    return fault[1] if fault else None
+
+
+def _parse(value: Optional[str]) -> Optional[tuple[str, str]]:
     if not value:
         return None
-    kind, _, phase = value.partition(":")
-    if kind != "oom" or not (phase in PHASES or _STEP.match(phase)):
-        raise UserInputError(f"DMAD_FAULT={value!r}: expected oom:<phase> with phase one of "
-                             f"{', '.join(PHASES)}, step-N")
-    return phase
+    spec, _, rank = value.partition("@")
+    kind, _, phase = spec.partition(":")
+    if kind not in ("oom", "crash") or not (phase in PHASES or _STEP.match(phase)) or \
+            (rank and not re.match(r"^rank[0-9]+$", rank)):
+        raise UserInputError(f"DMAD_FAULT={value!r}: expected oom:<phase> or crash:<phase>, optionally @rank<k>, "
+                             f"with phase one of {', '.join(PHASES)}, step-N")
+    if rank and int(rank[4:]) != int(os.environ.get("RANK", "0") or 0):
+        return None
+    return kind, phase
 
 
 class Phase:
@@ -44,12 +55,15 @@ class Phase:
 
     def __init__(self, name: str = "setup", fault: Optional[str] = None):
         self.name = name
-        self._fault = fault if fault is not None else parse_fault(os.environ.get("DMAD_FAULT"))
+        found = ("oom", fault) if fault is not None else _parse(os.environ.get("DMAD_FAULT"))
+        self._kind, self._fault = found if found else (None, None)
 
     def set(self, name: str) -> None:
         self.name = name
         if self._fault is not None and name == self._fault:
             self._fault = None
+            if self._kind == "crash":
+                raise RuntimeError(f"injected crash (DMAD_FAULT) in phase {name}")
             import torch
 
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by DMAD_FAULT "

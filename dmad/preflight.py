@@ -66,9 +66,12 @@ class Preflight:
                                  f"(missing: {'; '.join(self.teacher_info.missing_weights)})")
 
 
-def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional[str] = None) -> Preflight:
+def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional[str] = None,
+              launched: bool = False) -> Preflight:
     """`run_dir`: --run-dir (absolute) or None for output_dir/run_name (or a dated default name).
-    `resume`: 'latest', a checkpoint or run folder, or None for a fresh start."""
+    `resume`: 'latest', a checkpoint or run folder, or None for a fresh start. `launched`: a rank
+    of a multi-process run (dmad.launch): the launcher checked the run folder, which rank 0 may
+    have created already."""
     from dmad.prompts import default_prompt_set_path, load_prompt_set
 
     prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
@@ -80,7 +83,7 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
                                   resume_latest=resume == "latest")
     run_dir = Path(run_dir).resolve()
     target = find_resume_target(run_dir, resume) if resume else None
-    if target is None:
+    if target is None and not launched:
         check_fresh_run_dir(run_dir)
     teacher_info = _inspect_teacher(cfg)  # last: it imports torch and diffusers (~1-3 s)
     return Preflight(run_dir=run_dir, teacher_info=teacher_info, prompt_set=prompt_set, data=data, resume=target)

@@ -149,7 +149,7 @@ def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
 
 
 def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
-                   events: EventWriter) -> PromptSet:
+                   events: EventWriter, world: int = 1) -> PromptSet:
     """Writes config.json, prompt_set.json, env.json and command.txt; on resume, cuts metrics and
     events back to the checkpoint so every iteration appears exactly once."""
     from dmad.env import collect_env
@@ -174,7 +174,7 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
     folder.write_status("running", iter=None, failure_reason=None, exit_code=None, advice=None)
     events.emit("started", None, run_dir=str(folder.path), config_fingerprint=config_fingerprint(resolved),
                 resume_from=resume, max_train_steps=cfg.optimization.max_train_steps,
-                effective_batch=cfg.effective_batch(1), prompt_set=f"{prompt_set.name}-{prompt_set.version}")
+                effective_batch=cfg.effective_batch(world), num_processes=world, prompt_set=f"{prompt_set.name}-{prompt_set.version}")
     return prompt_set
 
 
@@ -254,6 +254,8 @@ class Session:
     data: Any = None
     caches: Any = None  # dmad.encode.Caches when resources.cache_latents
     probe: bool = False  # a `dmad probe` point: no samples, no checkpoints
+    is_main: bool = True  # rank 0 (the only writer) of a multi-process run, or the only process
+    world: int = 1
 
     # ---- per micro-step
     def rng(self, batch_number: int) -> SampleRNG:
@@ -281,6 +283,10 @@ class Session:
         if len(self.timesteps) == 1:
             return noise, torch.full((shape[0],), self.timesteps[0], dtype=torch.long, device=self.device)
         k = sample_stop_index(len(self.timesteps), iteration_generator(self.cfg.resources.seed, iteration))
+        if self.world > 1:  # the same on every rank by construction; rank 0's value, to be certain
+            from dmad.ranks import broadcast
+
+            k = broadcast(self.accelerator, k)
         student = self.accelerator.unwrap_model(self.student)
 
         def x0_fn(x_t, t):
@@ -345,14 +351,31 @@ class Session:
                              config_fingerprint=config_fingerprint(self.cfg.model_dump(mode="json")),
                              lr_generator={}, lr_critic={})
 
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
     def save_checkpoint(self) -> None:
+        """Every rank calls it (the weights are the same everywhere); rank 0 writes."""
         if self.last_saved == self.iter:
             return
         for name in ("student", "fake_score", "gan_head"):
-            # One pass over the weights per checkpoint, so a saved checkpoint is always a good one.
+            # One pass over the weights per checkpoint, so a saved checkpoint is always a good one
+            # (on every rank: the weights are the same, so every rank stops alike).
             params = list(getattr(self.nets, name).parameters())
             if not all(torch.isfinite(p).all() for p in params):
                 raise NonFiniteLoss(f"{name} weights", self.iter)
+        self.barrier()
+        if not self.is_main:
+            self.last_saved = self.iter
+            self.barrier()
+            return
+        try:
+            self._save_checkpoint()
+        finally:
+            self.barrier()
+
+    def _save_checkpoint(self) -> None:
         ident = self.cfg.identity
         tmp = self.folder.begin_checkpoint(self.iter)
         save_checkpoint(tmp, nets=self.nets, student_mode=ident.student, fake_mode=ident.fake_score,
@@ -365,7 +388,16 @@ class Session:
 
     def render_samples(self) -> None:
         """Validation images with the student's own timesteps (EMA weights when EMA is on). A
-        failure here is a warning: sampling never ends training."""
+        failure here is a warning: sampling never ends training. Rank 0 renders; the others wait."""
+        if self.is_main:
+            try:
+                self._render_samples()
+            finally:
+                self.barrier()
+        else:
+            self.barrier()
+
+    def _render_samples(self) -> None:
         from dmad.models.teacher import encode_prompts
         from dmad.checkpoint import student_weight_files
         from dmad.sampling import library_versions, render_student_samples, sha256_files
@@ -399,11 +431,19 @@ class Session:
 
 
     def render_teacher_reference(self) -> None:
-        """samples/teacher/, once per run, before iteration 1 (dmad.sampling.ensure_teacher_samples)."""
+        """samples/teacher/, once per run, before iteration 1 (dmad.sampling.ensure_teacher_samples);
+        rank 0 renders, the others wait."""
         from dmad.sampling import ensure_teacher_samples
 
-        ensure_teacher_samples(self.folder.samples_dir / "teacher", teacher=self.teacher, prompt_set=self.prompt_set,
-                               device=self.device, events=self.events, log=self.log, iteration=self.iter)
+        if not self.is_main:
+            self.barrier()
+            return
+        try:
+            ensure_teacher_samples(self.folder.samples_dir / "teacher", teacher=self.teacher,
+                                   prompt_set=self.prompt_set, device=self.device, events=self.events, log=self.log,
+                                   iteration=self.iter)
+        finally:
+            self.barrier()
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

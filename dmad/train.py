@@ -26,9 +26,12 @@ from dmad.config import TrainConfig
 from dmad.errors import DmadError
 from dmad.events import EventWriter
 from dmad.monitor import Monitor
+from dmad.launch import world_rank
 from dmad.oom import Phase, advice, classify
+from dmad.prompts import load_prompt_set
+from dmad.ranks import NullEvents, NullMonitor, ReadOnlyFolder, any_rank, broadcast, mean_logs, record_failure
 from dmad.runs import ControlReader, RunFolder
-from dmad.build import build_session, restore
+from dmad.build import build_session, make_accelerator, restore
 from dmad.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, cut_back_to_checkpoint,
                           PipeSafeStream, is_oom, prepare_folder, setup_logging)
 from dmad.step import critic_loss, generator_loss
@@ -41,13 +44,21 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     `probe` (dmad.probe): "train" measures training iterations, "inference" forward passes only;
     neither renders samples nor saves checkpoints."""
     phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
-    folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
-    if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
-        cut_back_to_checkpoint(folder, Path(resume))
+    rank, world = world_rank()
+    acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
+    main = rank == 0
+    if main:
+        folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
+        if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
+            cut_back_to_checkpoint(folder, Path(resume))
+    if acc is not None:
+        acc.wait_for_everyone()  # rank 0 made the folder
+    if not main:
+        folder = ReadOnlyFolder(run_dir)
     real_stderr, sys.stderr = sys.stderr, PipeSafeStream(sys.stderr)  # before logging takes its handle
-    log = setup_logging(folder.engine_log)
+    log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
-    events = EventWriter(folder.events_jsonl, stream=real_stdout)
+    events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
     stop = StopFlag().install()
     s: Optional[Session] = None
     session: list[Optional[Session]] = [None]  # the sampler's events carry the iteration once there is one
@@ -56,12 +67,17 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         it = session[0].iter if session[0] is not None else None
         events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
 
-    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled)
+    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
     try:
-        prompt_set = prepare_folder(folder, cfg, resume, argv, events)
+        if main:
+            prompt_set = prepare_folder(folder, cfg, resume, argv, events, world)
+        if acc is not None:
+            acc.wait_for_everyone()  # rank 0 wrote the run's prompt set
+        if not main:
+            prompt_set = load_prompt_set(folder.prompt_set_json)
         monitor.start()
         phase.set("loading")
-        s = session[0] = build_session(cfg, folder, prompt_set, events, log, monitor)
+        s = session[0] = build_session(cfg, folder, prompt_set, events, log, monitor, acc)
         restore(s, resume)
         s.probe = probe is not None
         if probe == "inference":
@@ -88,6 +104,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
             _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
             raise
         log.error("unexpected failure in phase %s\n%s", phase.name, traceback.format_exc())
+        if not main:
+            record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
         _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
               cause="exception", quiet=True)
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
@@ -132,7 +150,7 @@ def train_loop(s: Session, stop: "StopFlag", phase: Phase) -> int:
         window.data_time += time.perf_counter() - t_iter
         first = s.iter == s.start_iter
         gen_step = s.iter % k_gen == 0
-        samples, logs = [], _LogSum()
+        samples, logs = [], _LogSum(defer=s.world > 1)
         for m, batch in enumerate(batches):
             phase.set("vae-encode" if first else f"step-{s.iter + 1}")
             rng = s.rng(first_batch + m)
@@ -160,6 +178,7 @@ def train_loop(s: Session, stop: "StopFlag", phase: Phase) -> int:
             acc.backward(loss / accum)
             logs.add(lc, s.iter + 1)
         logs.add({"grad_norm_c": s.step_critic()}, s.iter + 1)
+        _check_finite(s, logs)
         s.iter += 1
         window.add(logs)
         if s.iter % cfg.observation.log_every_steps == 0 or s.iter == cfg.optimization.max_train_steps:
@@ -207,13 +226,14 @@ def _stop(s: Session) -> int:
 
 def _handle_control(s: Session, control: ControlReader, stop: "StopFlag") -> bool:
     """Applies control.jsonl commands; returns True when the run must stop. Pausing blocks here
-    (models stay loaded; the monitor thread keeps the heartbeat fresh)."""
+    (models stay loaded; the monitor thread keeps the heartbeat fresh). Rank 0 reads the commands
+    and its stop flag; every rank applies them (checkpoints and samples are collective)."""
     paused = False
     while True:
-        for c in control.poll():
-            cmd = c.get("cmd")
+        commands, stopping = _poll_control(s, control, stop)
+        for cmd in commands:
             if cmd == "stop":
-                stop.set()
+                stopping = True
             elif cmd == "pause" and not paused:
                 paused = True
                 s.folder.write_status("paused", iter=s.iter)
@@ -226,26 +246,47 @@ def _handle_control(s: Session, control: ControlReader, stop: "StopFlag") -> boo
                 s.render_samples()
             elif cmd == "checkpoint_now":
                 s.save_checkpoint()
-        if stop.is_set():
+        if stopping:
+            stop.set()
             return True
         if not paused:
             return False
         time.sleep(0.2)
 
 
-class _LogSum:
-    """Sums of per-micro-step logs for one iteration (means are taken over the log window)."""
+def _check_finite(s: Session, logs: "_LogSum") -> None:
+    if s.world > 1 and any_rank(s.accelerator, logs.bad is not None):
+        term, it = logs.bad or ("loss on another rank", s.iter + 1)
+        raise NonFiniteLoss(term, it)
 
-    def __init__(self):
+
+def _poll_control(s: Session, control: ControlReader, stop: "StopFlag") -> tuple[list, bool]:
+    commands = [c.get("cmd") for c in control.poll()] if s.is_main else []
+    stopping = stop.is_set() if s.is_main else False
+    if s.world > 1:
+        commands, stopping = broadcast(s.accelerator, (commands, stopping))
+    return commands, stopping
+
+
+class _LogSum:
+    """Sums of per-micro-step logs for one iteration (means are taken over the log window). A
+    non-finite loss raises at once in a single process; with several, it is noted and every rank
+    raises together at the end of the iteration (`_check_finite`), so none waits on a dead peer."""
+
+    def __init__(self, defer: bool = False):
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.defer = defer
+        self.bad: Optional[tuple[str, int]] = None
 
     def add(self, logs: dict, iteration: int) -> None:
         for k, v in logs.items():
             if v is None:
                 continue
             if k.startswith("loss_") and not math.isfinite(v):
-                raise NonFiniteLoss(k, iteration)
+                if not self.defer:
+                    raise NonFiniteLoss(k, iteration)
+                self.bad = self.bad or (k, iteration)
             self.sums[k] = self.sums.get(k, 0.0) + v
             self.counts[k] = self.counts.get(k, 0) + 1
 
@@ -271,6 +312,11 @@ def _log_row(s: Session, w: _Window) -> None:
         return
     s.sync_device()  # so the window's wall time covers queued GPU work (one sync per log row)
     elapsed = time.perf_counter() - w.t0
+    if s.world > 1:  # the row is the mean over every process's samples; rank 0 writes it
+        w.sums, w.counts = mean_logs(s.accelerator, w.sums, w.counts)
+        if not s.is_main:
+            w.reset()
+            return
     row = {k: w.sums[k] / w.counts[k] for k in w.sums}
     row.update(s.memory_row())
     row.update(iter=s.iter, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters,

@@ -340,3 +340,11 @@ def test_store_keeps_numeric_fields_and_dedupes_until_reset():
     store.reset()
     assert store.add_metric(1, {"loss_dm": 0.9}) == ["loss_dm"]
     assert store.get("loss_dm").view()[1].tolist() == [0.9]
+
+
+def test_start_with_several_processes_asks_the_engine_to_launch_them(qtbot, tmp_path, fake):
+    eng = EngineProcess(command=fake("events"))
+    eng.start_train(tmp_path / "cfg.json", num_processes=4)
+    qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
+    assert _argv(tmp_path)[:5] == ["train", "--config", str(tmp_path / "cfg.json"), "--num-processes", "4"]
+    eng.terminate_gracefully()

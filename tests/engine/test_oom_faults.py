@@ -78,9 +78,13 @@ def test_advice_follows_the_triage_order():
     assert "expandable_segments" in advice("step-9", r)
 
 
-def test_fault_values():
+def test_fault_values(monkeypatch):
     assert parse_fault(None) is None and parse_fault("oom:step-12") == "step-12"
-    for bad in ("oom", "oom:step-0", "oom:backward", "crash:loading"):
+    monkeypatch.delenv("RANK", raising=False)
+    assert parse_fault("crash:step-2@rank1") is None and parse_fault("crash:step-2@rank0") == "step-2"
+    monkeypatch.setenv("RANK", "1")
+    assert parse_fault("crash:step-2@rank1") == "step-2"
+    for bad in ("oom", "oom:step-0", "oom:backward", "boom:loading", "oom:loading@1"):
         with pytest.raises(UserInputError, match="DMAD_FAULT"):
             parse_fault(bad)
     p = Phase(fault="first-forward")

@@ -1,0 +1,108 @@
+"""Several processes through accelerate (issue 8, part 2), on the CPU with the gloo backend: two
+processes of batch B make the same optimizer step as one of batch 2B; a run whose rank 1 crashes
+ends with a clear error and no process left behind, and resumes to exactly the weights of an
+uninterrupted run; only rank 0 writes the run folder."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+
+def _weights(run: Path, it: int) -> dict:
+    from safetensors.torch import load_file
+
+    folder = run / "checkpoints" / f"iter_{it}" / "student"
+    return load_file(str(next(folder.glob("*.safetensors"))))
+
+
+def _config(write_config, name: str, batch: int, steps: int) -> Path:
+    return write_config({"resources": {"train_batch_size": batch}, "optimization": {"max_train_steps": steps},
+                         "observation": {"checkpointing_steps": 2 if steps > 1 else 1, "log_every_steps": 1}},
+                        name=name)
+
+
+def _leftovers(run: Path) -> list:
+    import psutil
+
+    time.sleep(0.5)
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(run) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, processes: int) -> Path:
+    cfg = write_config({
+        "resources": {"train_batch_size": batch},
+        "optimization": {"max_train_steps": 1, "optimizer": "sgd", "generator_lr": 0.5, "critic_lr": 0.5,
+                         "max_grad_norm": 0.0, "lr_scheduler": "constant"},
+        "observation": {"checkpointing_steps": 1, "log_every_steps": 1}}, name=f"{name}.json")
+    run = tmp_path / name
+    r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(run), "--num-processes", str(processes),
+                 timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, dmad_cli, tmp_path, tiny_teacher):
+    """Rank r takes the samples (and per-sample noise) at global positions r*B ... (r+1)*B - 1, so
+    two ranks of batch 2 see what one process of batch 4 sees; DDP averages the gradients: one SGD
+    update must agree up to float rounding."""
+    from tests.e2e.test_train import _unet_state
+
+    one = _one_update(write_config, dmad_cli, tmp_path, "one", 4, 1)
+    two = _one_update(write_config, dmad_cli, tmp_path, "two", 2, 2)
+    teacher = _unet_state(tiny_teacher / "unet")
+    for net in ("student", "fake_score"):
+        sa = _unet_state(one / "checkpoints" / "iter_1" / net)
+        sb = _unet_state(two / "checkpoints" / "iter_1" / net)
+        da = torch.cat([(sa[k] - teacher[k]).flatten() for k in sorted(sa)])
+        db = torch.cat([(sb[k] - teacher[k]).flatten() for k in sorted(sb)])
+        assert da.norm() > 0, f"{net}: no update happened"
+        rel = ((da - db).norm() / da.norm()).item()
+        assert rel < 1e-4, f"{net}: updates differ by {rel:.2e} (relative)"
+    started = [json.loads(x) for x in (two / "events.jsonl").read_text().splitlines()][0]["data"]
+    assert started["effective_batch"] == 4 and started["num_processes"] == 2
+    assert sorted(p.name for p in (two / "logs").iterdir()) == ["engine.log", "rank_1.log"]
+    one_rows = (one / "metrics.csv").read_text().splitlines()
+    two_rows = (two / "metrics.csv").read_text().splitlines()
+    assert len(two_rows) == 2  # one row, written once (rank 0): the mean over both ranks
+    loss = one_rows[0].split(",").index("loss_fake")
+    assert float(two_rows[1].split(",")[loss]) == pytest.approx(float(one_rows[1].split(",")[loss]), rel=1e-4)
+
+
+def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_config, dmad_cli, tmp_path,
+                                                                        monkeypatch):
+    config = _config(write_config, "c.json", 2, 4)
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    r = dmad_cli("train", "--config", str(config), "--run-dir", str(whole), "--num-processes", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    monkeypatch.setenv("DMAD_FAULT", "crash:step-3@rank1")
+    r = dmad_cli("train", "--config", str(config), "--run-dir", str(crashed), "--num-processes", "2", timeout=300)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("dmad: error: rank 1: RuntimeError: injected crash (DMAD_FAULT) in phase step-3"), last
+    assert not _leftovers(crashed)
+    status = json.loads((crashed / "status.json").read_text())
+    assert status["state"] == "failed" and status["failure_reason"].startswith("rank 1: ")
+    errors = [json.loads(x) for x in (crashed / "events.jsonl").read_text().splitlines() if '"error"' in x]
+    assert errors[-1]["data"]["cause"] == "rank_failed" and errors[-1]["data"]["last_checkpoint"] == 2
+    monkeypatch.delenv("DMAD_FAULT")
+    r = dmad_cli("train", "--config", str(config), "--run-dir", str(crashed), "--num-processes", "2",
+                 "--resume", "latest", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(whole, 4), _weights(crashed, 4)
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7), k
+    iters = [int(x.split(",")[0]) for x in (crashed / "metrics.csv").read_text().splitlines()[1:]]
+    assert iters == [1, 2, 3, 4]
