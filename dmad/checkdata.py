@@ -13,7 +13,13 @@ near-duplicate checks need and which finds truncation; PNG has no reduced decode
 most of it) and JPEG already decodes at 1/8 scale. So a cold pass is bound by decoding on the
 available cores, and re-checks are made cheap by the cache: per image, results keyed by (absolute
 path, size, mtime_ns, ctime_ns, inode, min_size, max_pixels), so an unchanged file costs one
-lstat and any change re-checks it."""
+lstat and any change re-checks it.
+
+`fast` (--fast, dmad.checkdata_fast): no pixel decoding at all; truncation and corruption are found
+from the file structure (PNG chunk CRCs, JPEG markers and EOI, RIFF and BMP sizes); the
+near-constant and near-duplicate checks are skipped (the report says so); only images whose byte
+size another image shares are hashed (exact duplicates have one size). Its results are cached
+in a file of their own (cache_file(..., fast=True)), never mixed with the full check's."""
 from __future__ import annotations
 
 import hashlib
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -33,6 +40,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import PIL
 
+from dmad.checkdata_fast import SKIPPED_CHECKS, check_image_fast
 from dmad.checkdata_items import (DEFAULT_MAX_PIXELS, ImageInfo, Problem, check_caption_file, check_image_file,
                                   info_from_json, info_to_json, quiet_bomb_warnings, stat_regular)
 from dmad.datafiles import IMAGE_EXTS
@@ -40,7 +48,7 @@ from dmad.datasets import DatasetEntry, load_dataset_list
 from dmad.paths import cache_root
 
 __all__ = ["CATEGORIES", "Problem", "check_item", "check_source", "DEFAULT_MAX_PIXELS", "NEAR_DUPLICATE_BITS",
-           "cache_file"]
+           "cache_file", "SKIPPED_CHECKS"]
 
 # Stable ids (the JSON report and the app use them) -> (severity, one-line description). Errors make
 # an image unusable; warnings do not.
@@ -134,11 +142,13 @@ def _stamp(st: os.stat_result, min_size: int, max_pixels: int) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, min_size, max_pixels]
 
 
-def cache_file(roots: list[Path]) -> Path:
+def cache_file(roots: list[Path], fast: bool = False) -> Path:
     """The fingerprint cache of one set of dataset folders: one file per set, so checking two
-    folders never rewrites the other's cache, and stale entries go when their file does."""
+    folders never rewrites the other's cache, and stale entries go when their file does. `fast`:
+    the --fast mode's own file (its results lack the pixel checks: never used by a full check)."""
     key = "\n".join(sorted(os.path.abspath(str(r)) for r in roots))
-    return cache_root() / "check-data" / f"{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:24]}.json"
+    name = hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:24]
+    return cache_root() / "check-data" / f"{name}{'.fast' if fast else ''}.json"
 
 
 def load_cache(path: Path) -> dict[str, dict]:
@@ -186,7 +196,10 @@ def _cached(entries: dict[str, dict], key: str, stamp: list[int], path: str) -> 
     return info_from_json(entry, path, CATEGORIES)
 
 
-def _image_job(job: tuple[str, int, int]) -> ImageInfo:
+def _image_job(job: tuple) -> ImageInfo:
+    """job: (path, min_size, max_pixels[, fast, sha1])."""
+    if len(job) > 3 and job[3]:
+        return check_image_fast(Path(job[0]), job[1], job[2], job[4])
     return check_image_file(Path(job[0]), job[1], job[2])
 
 
@@ -210,7 +223,7 @@ def _can_fork() -> bool:
             and threading.active_count() == 1)
 
 
-def _map_images(jobs: list[tuple[str, int, int]], workers: int) -> Iterator[ImageInfo]:
+def _map_images(jobs: list[tuple], workers: int) -> Iterator[ImageInfo]:
     """check_image_file of each job, in order. A process pool when it pays (see PROCESS_POOL_MIN);
     if a worker dies (out of memory), the rest are checked in threads."""
     done = 0
@@ -249,7 +262,7 @@ def _cancel_on_exit(pool, results: Iterator[ImageInfo]) -> Iterator[ImageInfo]:
 
 def _run_all(pairs: list[_Pair], entries: dict[str, DatasetEntry], min_size: int, max_pixels: int,
              workers: int, progress: Optional[Callable[[int, int], None]],
-             cache: Optional[dict[str, dict]]) -> tuple[int, dict[str, dict]]:
+             cache: Optional[dict[str, dict]], fast: bool = False) -> tuple[int, dict[str, dict]]:
     """Sets pair.info and the caption results of every pair. `cache`: the loaded cache entries, or
     None for no cache. Returns (images whose results came from the cache, the new cache entries:
     every image read in this pass, so entries of deleted files are dropped)."""
@@ -257,33 +270,40 @@ def _run_all(pairs: list[_Pair], entries: dict[str, DatasetEntry], min_size: int
     if progress:
         progress(0, total)
     fresh: dict[str, dict] = {}
-    todo: list[tuple[_Pair, str, list[int], int]] = []
+    todo: list[tuple[_Pair, str, list[int], int, bool]] = []
+    stats = []
     for pair in pairs:
-        size = entries[pair.dataset].minimum_image_size
-        eff_min = min_size if size is None else size
         st, bad = stat_regular(pair.image)
         if bad is not None:
             pair.info = ImageInfo(problems=[bad])
-            continue
+        else:
+            stats.append((pair, st))
+    # fast mode hashes only files whose byte size another image shares: byte copies have one size
+    sizes = Counter(st.st_size for _, st in stats)
+    for pair, st in stats:
+        size = entries[pair.dataset].minimum_image_size
+        eff_min = min_size if size is None else size
+        sha1 = not fast or sizes[st.st_size] > 1
         key, stamp = os.path.abspath(str(pair.image)), _stamp(st, eff_min, max_pixels)
         if cache is not None:
             pair.info = _cached(cache, key, stamp, str(pair.image))
-            if pair.info is not None:
+            if pair.info is not None and (pair.info.sha1 is not None or not sha1):
                 fresh[key] = cache[key]
                 continue
-        todo.append((pair, key, stamp, eff_min))
+        todo.append((pair, key, stamp, eff_min, sha1))
     reused, ready = len(fresh), total - len(todo)
     if progress and ready:
         progress(ready, total)
-    jobs = [(str(pair.image), eff_min, max_pixels) for pair, _, _, eff_min in todo]
+    jobs = [(str(pair.image), eff_min, max_pixels, *((True, sha1) if fast else ()))
+            for pair, _, _, eff_min, sha1 in todo]
     results = _map_images(jobs, max(1, workers))  # the pools start now; captions are read meanwhile
     for pair in pairs:
         if pair.caption is not None:
             probs, pair.caption_text = _caption_problems(pair.image, pair.caption)
             pair.caption_problems = tuple(probs)
-    for done, ((pair, key, stamp, _), info) in enumerate(zip(todo, results), ready + 1):
+    for done, ((pair, key, stamp, _, _), info) in enumerate(zip(todo, results), ready + 1):
         pair.info = info
-        if info.sha1 is not None:  # read: its result depends only on the bytes the stamp vouches for
+        if info.read:  # its result depends only on the bytes the stamp vouches for
             fresh[key] = {"stamp": stamp, **info_to_json(info)}
         if progress:
             progress(done, total)
@@ -348,12 +368,13 @@ def load_source(source: Path) -> list[DatasetEntry]:
 
 def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, batch: Optional[int] = None,
                  workers: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, cache: bool = False) -> dict:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, cache: bool = False, fast: bool = False) -> dict:
     """The whole report (docs/check-data.md) for a folder or a dataset list JSON. UserInputError
     when the source itself is not valid; problems of files are reported, never raised.
     `cache`: reuse and update the fingerprint cache (cache_file); off by default for library
     callers, on for the command (`--no-cache` turns it off). Cross-file checks always run on
-    all images, cached or not."""
+    all images, cached or not. `fast`: no pixel decoding (module docstring); the report then has
+    "mode": "fast" and "skipped_checks", and its own cache file."""
     from dmad.checkdata_report import build_report
 
     entries = load_source(Path(source))
@@ -367,12 +388,12 @@ def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, ba
     path = None
     if cache:
         try:
-            path = cache_file([e.root for e in entries])
+            path = cache_file([e.root for e in entries], fast=fast)
         except RuntimeError:  # no home folder to put it in (HOME unset, no passwd entry): no cache
             path = None
     loaded = load_cache(path) if path else None
     reused, fresh = _run_all(pairs, {e.id: e for e in entries}, min_size, max_pixels,
-                             workers or os.cpu_count() or 1, progress, loaded)
+                             workers or os.cpu_count() or 1, progress, loaded, fast)
     saved = bool(path) and (fresh != loaded) and save_cache(path, fresh)
     by_path = {str(p.image): p.dataset for p in pairs}
     for pair in pairs:
@@ -384,4 +405,7 @@ def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, ba
                           resolution=resolution, batch=batch, max_pixels=max_pixels)
     report["cache"] = {"enabled": bool(path), "file": str(path) if path else None, "reused": reused if path else 0,
                        "saved": saved}
+    if fast:  # only then: a full check's report is unchanged (absent "mode" means every check ran)
+        report["mode"] = "fast"
+        report["skipped_checks"] = list(SKIPPED_CHECKS)
     return report

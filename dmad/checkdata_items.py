@@ -47,10 +47,11 @@ class ImageInfo:
 
     problems: list[Problem] = field(default_factory=list)
     size: Optional[tuple[int, int]] = None  # from the header
-    sha1: Optional[str] = None
+    sha1: Optional[str] = None  # None: not read, or (fast mode) no other image has its byte size
     dhash: Optional[int] = None  # None for near-constant or undecodable images
     colour: Optional[np.ndarray] = None  # (48,) uint8: a 4 x 4 RGB thumbnail, set with dhash
     decoded: bool = False
+    read: bool = False  # the bytes were read: the result depends only on them (cacheable)
 
 
 def info_to_json(info: ImageInfo) -> dict:
@@ -67,7 +68,8 @@ def info_from_json(obj: dict, path: str, categories) -> Optional[ImageInfo]:
     try:
         problems = [Problem(str(c), path, str(d)) for c, d in obj["problems"]]
         size, sha1, dhash, colour = obj["size"], obj["sha1"], obj["dhash"], obj["colour"]
-        ok = (all(p.category in categories for p in problems) and isinstance(sha1, str) and len(sha1) == 40
+        ok = (all(p.category in categories for p in problems)
+              and (sha1 is None or (isinstance(sha1, str) and len(sha1) == 40))
               and (size is None or (len(size) == 2 and all(type(v) is int and v >= 0 for v in size)))
               and (dhash is None or (type(dhash) is int and 0 <= dhash < 1 << 64))
               and (colour is None or (isinstance(colour, str) and len(colour) == 96))
@@ -78,7 +80,7 @@ def info_from_json(obj: dict, path: str, categories) -> Optional[ImageInfo]:
         if (arr is None) != (dhash is None):
             return None
         return ImageInfo(problems=problems, size=tuple(size) if size else None, sha1=sha1, dhash=dhash,
-                         colour=arr, decoded=obj["decoded"])
+                         colour=arr, decoded=obj["decoded"], read=True)
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -148,6 +150,14 @@ def read_bytes(path: Path) -> tuple[Optional[bytes], Optional[Problem]]:
 
 
 def check_image_file(path: Path, min_size: int, max_pixels: int) -> ImageInfo:
+    return check_image_with(path, min_size, max_pixels, _inspect)
+
+
+def check_image_with(path: Path, min_size: int, max_pixels: int, inspect, sha1: bool = True) -> ImageInfo:
+    """Read the file once, hash it (unless not `sha1`), open it with PIL (header only) and run
+    `inspect(img, path, info, min_size, max_pixels, data)`: the full check decodes (_inspect), the
+    fast one walks the file's structure (dmad.checkdata_fast). Any failure is a problem of the
+    image, never an exception."""
     info = ImageInfo()
     bad = path_problem(path)
     if bad is None:
@@ -155,9 +165,11 @@ def check_image_file(path: Path, min_size: int, max_pixels: int) -> ImageInfo:
     if bad is not None:
         info.problems.append(bad)
         return info
-    info.sha1 = hashlib.sha1(data).hexdigest()
+    info.read = True
+    if sha1:
+        info.sha1 = hashlib.sha1(data).hexdigest()
     try:
-        _inspect(Image.open(io.BytesIO(data)), str(path), info, min_size, max_pixels)
+        inspect(Image.open(io.BytesIO(data)), str(path), info, min_size, max_pixels, data)
     except Image.DecompressionBombError as e:  # PIL's own hard limit, hit inside Image.open
         found = re.search(r"\((\d+) pixels\)", str(e))
         declared = f"declares {found.group(1)} pixels" if found else "declares too many pixels"
@@ -171,19 +183,27 @@ def check_image_file(path: Path, min_size: int, max_pixels: int) -> ImageInfo:
     return info
 
 
-def _inspect(img: Image.Image, p: str, info: ImageInfo, min_size: int, max_pixels: int) -> None:
+def check_header(img: Image.Image, p: str, info: ImageInfo, min_size: int, max_pixels: int) -> bool:
+    """The checks of the header alone (size, pixel limit, minimum size, mode); False when the image
+    must not be decoded (beyond the pixel limit)."""
+    w, h = img.size
+    info.size = (w, h)
+    if w * h > max_pixels:
+        info.problems.append(Problem("pixel_limit_exceeded", p, f"declares {w}x{h} = {w * h} pixels, above the "
+                                                                f"limit of {max_pixels}: refused without decoding"))
+        return False
+    if min(w, h) < min_size:
+        info.problems.append(Problem("image_too_small", p, f"{w}x{h}: shorter side below --min-size {min_size}"))
+    mode = _unusual_mode(img)
+    if mode:
+        info.problems.append(Problem("unusual_mode", p, f"mode {img.mode} ({mode}): converted to RGB for training"))
+    return True
+
+
+def _inspect(img: Image.Image, p: str, info: ImageInfo, min_size: int, max_pixels: int, data: bytes = b"") -> None:
     with img:
-        w, h = img.size
-        info.size = (w, h)
-        if w * h > max_pixels:
-            info.problems.append(Problem("pixel_limit_exceeded", p, f"declares {w}x{h} = {w * h} pixels, above the "
-                                                                    f"limit of {max_pixels}: refused without decoding"))
+        if not check_header(img, p, info, min_size, max_pixels):
             return
-        if min(w, h) < min_size:
-            info.problems.append(Problem("image_too_small", p, f"{w}x{h}: shorter side below --min-size {min_size}"))
-        mode = _unusual_mode(img)
-        if mode:
-            info.problems.append(Problem("unusual_mode", p, f"mode {img.mode} ({mode}): converted to RGB for training"))
         if img.format == "JPEG":
             img.draft("RGB", DRAFT_SIZE)
         img.load()  # decodes everything: truncation and corruption raise here

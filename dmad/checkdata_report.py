@@ -109,6 +109,11 @@ def format_summary(report: dict) -> str:
             lines.append(f"  {b['width']}x{b['height']}: {b['images']} images, {b['usable']} usable{full}")
     if not s["images"]:
         lines += ["", "No images found (top level of each folder: .png .jpg .jpeg .webp .bmp)."]
+    if report.get("mode") == "fast":
+        skipped = ", ".join(report.get("skipped_checks") or ())
+        lines += ["", f"Fast mode (header and file structure only, no pixels decoded): skipped {skipped}; "
+                      "corruption inside the compressed data of a PNG with valid CRCs, or inside a JPEG's scan "
+                      "data, is not detected (run without --fast for those)."]
     cache = report.get("cache") or {}
     if cache.get("reused"):
         lines += ["", f"{cache['reused']} of {s['images']} images unchanged since the last check: their results "
@@ -143,10 +148,11 @@ def main_check_data(args) -> int:
     # half the target resolution by default: a 64 px demo dataset is fine at --resolution 64, and a
     # 512 px SD set keeps the usual floor of 256
     min_size = args.min_size if args.min_size is not None else args.resolution // 2
-    # the fingerprint cache is on unless --no-cache (getattr: a parser without the flag keeps it on)
+    # the fingerprint cache is on unless --no-cache (getattr: a parser without the flag keeps it on);
+    # --fast: no pixel decoding (getattr: a parser without the flag runs the full check)
     report = check_source(Path(args.source), min_size=min_size, resolution=args.resolution, batch=args.batch,
                           workers=args.workers, progress=_Progress() if args.progress else None,
-                          cache=not getattr(args, "no_cache", False))
+                          cache=not getattr(args, "no_cache", False), fast=bool(getattr(args, "fast", False)))
     if args.json:
         try:
             atomic_write_json(Path(args.json), report, durable=False)

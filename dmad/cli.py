@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-cache", action="store_true",
                        help="neither read nor write the fingerprint cache: read and decode every file "
                             "(default: unchanged files reuse their last results; docs/check-data.md)")
+    check.add_argument("--fast", action="store_true",
+                       help="header and file structure only, no pixel decoding: truncation and corruption found "
+                            "from PNG chunk CRCs, JPEG markers, WebP/BMP sizes; skips the near-constant and "
+                            "near-duplicate checks (docs/check-data.md)")
     check.set_defaults(handler=_cmd_check_data)
 
     ledger = sub.add_parser(

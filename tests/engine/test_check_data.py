@@ -436,10 +436,26 @@ def test_the_command_caches_unless_no_cache(tmp_path, monkeypatch, capsys):
     assert seen == [] and "6 of 6 images unchanged" in capsys.readouterr().out
 
 
-def test_the_process_pool_finds_what_the_threads_find(corpus, report, monkeypatch):
-    monkeypatch.setattr(checkdata, "PROCESS_POOL_MIN", 1)
-    assert checkdata._can_fork() or sys.platform != "linux"
-    forked = check_source(corpus[0], min_size=64, resolution=96, batch=2, workers=2)
+def _forked_report(root: Path, **kwargs) -> dict:
+    """check_source with the process pool, in a fresh interpreter: the pool forks only from a
+    single-threaded process, and this test process has threads (Qt, tqdm) when the suite runs."""
+    import json
+    import subprocess
+
+    from tests.conftest import REPO, dmad_env
+
+    code = ("import json, sys; from pathlib import Path; from dmad import checkdata; "
+            "checkdata.PROCESS_POOL_MIN = 1; "
+            "assert checkdata._can_fork() or sys.platform != 'linux', 'cannot fork'; "
+            f"r = checkdata.check_source(Path({str(root)!r}), **{kwargs!r}); print(json.dumps(r))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dmad_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_the_process_pool_finds_what_the_threads_find(corpus, report):
+    forked = _forked_report(corpus[0], min_size=64, resolution=96, batch=2, workers=2)
     assert _comparable(forked) == _comparable(report)
 
 
@@ -455,7 +471,8 @@ def test_truncated_png_and_jpeg_are_found_fresh_and_from_the_cache(tmp_path, mon
         data = (root / name).read_bytes()
         (root / name).write_bytes(data[: len(data) * 3 // 5])
     for run in ("fresh", "cached"):
-        report = check_source(root, min_size=64, resolution=96, workers=2, cache=True)
+        kwargs = dict(min_size=64, resolution=96, workers=2, cache=True)
+        report = _forked_report(root, **kwargs) if pool_min == 1 else check_source(root, **kwargs)
         assert report["cache"]["reused"] == (4 if run == "cached" else 0)
         assert [(Path(p["path"]).name, p["category"]) for p in report["problems"]] == \
             [("c.png", "image_corrupt"), ("d.jpg", "image_corrupt")], run
