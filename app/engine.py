@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -33,6 +34,15 @@ def engine_command() -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable]
     return [sys.executable, "-m", "dmad"]
+
+
+@dataclass(frozen=True)
+class LaunchMachines:
+    """A run over several machines: this machine's rank and where machine 0 listens."""
+    count: int = 1
+    rank: int = 0
+    main_ip: str = ""
+    port: int = 29500
 
 
 def exit_meaning(code: int) -> str:
@@ -111,12 +121,17 @@ class EngineProcess(QObject):
     # ------------------------------------------------------------ starting
 
     def start_train(self, config_path: Path, run_dir: Optional[Path] = None, resume: Optional[str] = None,
-                    overrides: Sequence[str] = (), num_processes: int = 1) -> None:
-        """`num_processes` > 1: the engine starts `accelerate launch` with that many processes
-        (one per GPU) and runs the same command on each (dmad.launch)."""
+                    overrides: Sequence[str] = (), num_processes: int = 1,
+                    machines: Optional["LaunchMachines"] = None) -> None:
+        """`num_processes` > 1 (processes in all): the engine starts `accelerate launch` with that
+        many processes (one per GPU) and runs the same command on each (dmad.launch); `machines`
+        when they span several machines."""
         args = ["train", "--config", str(config_path)]
-        if num_processes > 1:
+        if num_processes > 1 or (machines and machines.count > 1):
             args += ["--num-processes", str(num_processes)]
+        if machines and machines.count > 1:
+            args += ["--num-machines", str(machines.count), "--machine-rank", str(machines.rank),
+                     "--main-process-ip", machines.main_ip, "--main-process-port", str(machines.port)]
         if run_dir is not None:
             args += ["--run-dir", str(run_dir)]
         if resume is not None:

@@ -1,4 +1,4 @@
-"""`dmad-studio [RUN_DIR] [--runs-root DIR] [--screenshots DIR]`: the desktop app.
+"""`dmad-studio [RUN_DIR] [--runs-root DIR] [--screenshots DIR] [--self-test]`: the desktop app.
 
 Known PySide6 pitfalls handled here: QApplication sets LC_NUMERIC from the environment (a German
 locale would make "0,5" the decimal form for C parsers), so it is reset to "C" right after;
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", metavar="DIR", help="the folder that holds the run folders (remembered)")
     p.add_argument("--screenshots", metavar="DIR",
                    help="save one PNG per panel into DIR (RUN_DIR, or the recorded demo run) and exit")
+    p.add_argument("--self-test", action="store_true",
+                   help="check this installation: the engine dry-runs the demo config, the window is built "
+                        "off screen; exit 0 when both work")
     return p
 
 
@@ -106,6 +109,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
+    if args.self_test:
+        from app.selftest import run
+
+        return run()
     app = _make_app()
     if args.screenshots is not None:
         return _screenshots(app, args)

@@ -23,7 +23,7 @@ from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout,
                                QWidget)
 
-from app.engine import EngineProcess, describe_event, failure_report
+from app.engine import EngineProcess, LaunchMachines, describe_event, failure_report
 from app.follow import EventFollower
 from app.plots import LossPlot, MemoryPlot, StepTimePlot
 from app.series import SeriesStore
@@ -89,8 +89,14 @@ class TrainingPanel(QWidget):
         self.processes = QSpinBox(minimum=1, maximum=64, value=1)
         self.processes.setToolTip("Processes for Start, one per GPU: more than 1 runs `accelerate launch` (DDP). The "
                                   "effective batch is batch x accumulation x processes; learning rates are not "
-                                  "rescaled. Several machines: use `dmad train --num-machines` in a terminal.")
+                                  "rescaled. Over several machines this is the total (Machines...).")
         row.addWidget(self.processes)
+        self.machines = LaunchMachines()
+        self.machines_button = QPushButton("Machines: 1")
+        self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
+                                        "--main-process-ip, --main-process-port)")
+        self.machines_button.clicked.connect(self._edit_machines)
+        row.addWidget(self.machines_button)
         row.addStretch(1)
         self.state_label = QLabel()
         row.addWidget(self.state_label)
@@ -133,6 +139,18 @@ class TrainingPanel(QWidget):
     def is_live(self) -> bool:
         return self._state in _LIVE
 
+    def set_machines(self, machines: LaunchMachines) -> None:
+        self.machines = machines
+        self.machines_button.setText(f"Machines: {machines.count}"
+                                     + (f" (rank {machines.rank})" if machines.count > 1 else ""))
+
+    def _edit_machines(self) -> None:
+        from app.launch_dialog import LaunchDialog
+
+        dialog = LaunchDialog(self.machines, self.processes.value(), self)
+        dialog.accepted.connect(lambda: self.set_machines(dialog.value()))
+        dialog.open()
+
     def set_start_enabled(self, enabled: bool, reason: str = "") -> None:
         self._start_allowed, self._start_reason = enabled, reason
         self._update_buttons()
@@ -148,7 +166,7 @@ class TrainingPanel(QWidget):
         self._set_state("starting")
         self._started_t = time.time()
         self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"],
-                                num_processes=self.processes.value())
+                                num_processes=self.processes.value(), machines=self.machines)
         self._clock_timer.start()
         return True
 

@@ -348,3 +348,26 @@ def test_start_with_several_processes_asks_the_engine_to_launch_them(qtbot, tmp_
     qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
     assert _argv(tmp_path)[:5] == ["train", "--config", str(tmp_path / "cfg.json"), "--num-processes", "4"]
     eng.terminate_gracefully()
+
+
+def test_start_over_several_machines_passes_the_launch_options(qtbot, tmp_path, fake):
+    from app.engine import LaunchMachines
+    from app.launch_dialog import LaunchDialog, problem
+
+    machines = LaunchMachines(count=2, rank=1, main_ip="10.0.0.1", port=29511)
+    assert problem(machines, 8) == ""
+    assert problem(LaunchMachines(2, 0, "", 29500), 8) == "several machines need the address of machine 0"
+    assert problem(LaunchMachines(3, 0, "h", 29500), 8) == "8 processes in all do not split evenly over 3 machines"
+    assert problem(LaunchMachines(2, 2, "h", 29500), 8) == "this machine's rank must be 0 .. 1"
+    dialog = LaunchDialog(LaunchMachines(), 8)
+    qtbot.addWidget(dialog)
+    dialog.count.setValue(2)
+    assert not dialog.buttons.button(dialog.buttons.StandardButton.Ok).isEnabled()  # no address yet
+    dialog.ip.setText("10.0.0.1")
+    assert dialog.buttons.button(dialog.buttons.StandardButton.Ok).isEnabled()
+    eng = EngineProcess(command=fake("events"))
+    eng.start_train(tmp_path / "cfg.json", num_processes=8, machines=machines)
+    qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
+    assert _argv(tmp_path)[3:] == ["--num-processes", "8", "--num-machines", "2", "--machine-rank", "1",
+                                   "--main-process-ip", "10.0.0.1", "--main-process-port", "29511"]
+    eng.terminate_gracefully()
