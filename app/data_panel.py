@@ -67,6 +67,8 @@ class DataPanel(QWidget):
         self._config_source: Optional[Path] = None
         self._resolution = Resources.model_fields["resolution"].default
         self._batch = 1
+        self._per_process = 1  # batch x accumulation of the config
+        self._processes = 1  # the Training panel's Processes box
         self._proc: Optional[QProcess] = None
         # the report's folder; a TemporaryDirectory is also removed when the panel goes mid-check
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
@@ -196,7 +198,14 @@ class DataPanel(QWidget):
             self.source_edit.setText(str(new) if new is not None else "")
         self._config_source = new
         self._resolution = _resource(raw, "resolution")
-        self._batch = _resource(raw, "train_batch_size") * _resource(raw, "gradient_accumulation_steps")
+        self._per_process = _resource(raw, "train_batch_size") * _resource(raw, "gradient_accumulation_steps")
+        self._batch = self._per_process * self._processes
+        self._show_usable()
+
+    def set_processes(self, n: int) -> None:
+        """The effective batch is batch x accumulation x processes."""
+        self._processes = max(1, int(n))
+        self._batch = self._per_process * self._processes
         self._show_usable()
 
     def start_warning(self) -> Optional[str]:
@@ -345,8 +354,9 @@ class DataPanel(QWidget):
             self.summary.setText("")
             self.batch_note.hide()
             return
+        procs = f" x {self._processes} processes" if self._processes > 1 else ""
         self.summary.setText(f"Usable images {r.usable} (of {r.images}) against the effective batch {self._batch} "
-                             "of the current config (train_batch_size x gradient_accumulation_steps).")
+                             f"of the current config (train_batch_size x gradient_accumulation_steps{procs}).")
         short = r.usable < self._batch
         self.batch_note.setText(f"Fewer usable images ({r.usable}) than the effective batch ({self._batch}): "
                                 "training cannot fill one batch. Fix the errors or lower the batch." if short else "")

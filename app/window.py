@@ -119,6 +119,7 @@ class MainWindow(QMainWindow):
         self.runs.run_opened.connect(self.open_run)
         self.runs.root_changed.connect(lambda root: self._settings.setValue(ROOT_KEY, str(root)))
         self.gpu.readings_received.connect(self._on_gpu)
+        self.training.processes.valueChanged.connect(lambda n: _call(self.data, "set_processes", n))
         self._wire_memory()
 
     def _wire_memory(self) -> None:

@@ -318,6 +318,8 @@ def test_data_panel_follows_the_config_panel(window, tmp_path):
     raw["resources"].update(train_batch_size=3, gradient_accumulation_steps=2)
     window.config.set_config(raw, window.config.base_dir())
     assert window.data.source() == tmp_path / "mine" and window.data.effective_batch() == 6
+    window.training.processes.setValue(4)  # the Training panel's Processes: batch x accumulation x processes
+    assert window.data.effective_batch() == 24
 
 
 # ---------------------------------------------------------------- dmad-studio
