@@ -31,13 +31,12 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
     sets, groups = load_datasets(ident.train_data_dir, res.resolution, res.train_batch_size, 1)
     dataset = MixedImages(sets, groups, res.seed, ident.train_data_dir)
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32)
+                           dtype=torch.float32, components=("vae", "text_encoder"))  # the UNet is not needed
     dtype = DTYPES[res.mixed_precision]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     caches = make_caches(dataset, teacher, dtype)
     for m in (teacher.vae, teacher.text_encoder):
         m.requires_grad_(False).eval().to(device, dtype=dtype)
-    teacher.unet = None  # not needed here: free its memory before encoding
     total, done, skipped, t_last = len(dataset), 0, [], 0.0
     chunk = res.vae_batch_size
     for g in groups:

@@ -74,7 +74,7 @@ class TeacherInfo:
 class Teacher:
     """Loaded, frozen (requires_grad False) and in eval mode."""
 
-    unet: Any           # diffusers UNet2DConditionModel
+    unet: Any           # diffusers UNet2DConditionModel (None when not asked for: load_teacher components)
     vae: Any            # diffusers AutoencoderKL
     text_encoder: Any   # transformers CLIPTextModel
     tokenizer: Any      # transformers CLIPTokenizer
@@ -334,13 +334,16 @@ def _guarded(what: str, where: str, load: Callable[[], Any]) -> Any:
         raise UserInputError(f"{where}: cannot load {what} ({e.__class__.__name__}: {first})") from e
 
 
-def _load_folder(info: TeacherInfo, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+def _load_folder(info: TeacherInfo, dtype: torch.dtype,
+                 components: tuple[str, ...] = COMPONENTS) -> dict[str, Optional[torch.nn.Module]]:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
 
     classes = {"unet": UNet2DConditionModel, "vae": AutoencoderKL, "text_encoder": CLIPTextModel}
-    out = {}
+    out: dict[str, Optional[torch.nn.Module]] = {c: None for c in classes}
     for c, cls in classes.items():
+        if c not in components:
+            continue
         kwargs = dict(subfolder=c, local_files_only=True, use_safetensors=True, dtype=dtype,
                       variant=_variant(info.weights_files[c][0]))
         out[c] = _guarded(c, str(Path(info.path) / c), lambda: cls.from_pretrained(info.path, **kwargs))
@@ -369,9 +372,11 @@ def _load_single_file(info: TeacherInfo, tokenizer: Any, dtype: torch.dtype) -> 
 
 
 def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None,
-                 dtype: torch.dtype = torch.float32) -> Teacher:
+                 dtype: torch.dtype = torch.float32, components: tuple[str, ...] = COMPONENTS) -> Teacher:
     """Load a frozen teacher on the CPU in `dtype`. Raises UserInputError for missing, corrupt or
-    mismatched files. Cost: the file sizes in RAM (SD 1.5 in float32: ~4 GB)."""
+    mismatched files. Cost: the file sizes in RAM (SD 1.5 in float32: ~4 GB). `components`: the
+    networks to load from a folder teacher (e.g. VAE and text encoder only, for `dmad cache`); the
+    others are None. A single-file teacher is always read whole."""
     from diffusers import DDPMScheduler
     from transformers import CLIPTokenizer
 
@@ -381,9 +386,11 @@ def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Opti
     cdir = Path(info.config_dir)
     tokenizer = _guarded("the tokenizer", str(cdir / "tokenizer"), lambda: CLIPTokenizer.from_pretrained(
         str(cdir), subfolder="tokenizer", local_files_only=True))
-    nets = _load_folder(info, dtype) if info.kind == "folder" else _load_single_file(info, tokenizer, dtype)
+    nets = (_load_folder(info, dtype, components) if info.kind == "folder"
+            else _load_single_file(info, tokenizer, dtype))
     for m in nets.values():
-        m.requires_grad_(False).eval()
+        if m is not None:
+            m.requires_grad_(False).eval()
     sched_cfg = _read_json(cdir / "scheduler" / CONFIG_FILES["scheduler"])
     # Latents are not bounded by [-1, 1]: clip_sample must be off. SD 1.x ships a PNDM config that
     # lacks the key, where DDPMScheduler would default it to True.
