@@ -196,10 +196,30 @@ def scan_entry(entry: DatasetEntry, resolution: int, train_batch: int, max_pixel
     return UsableData(folder=folder, images=len(images), items=items, skipped=skipped, min_size=min_size, entry=entry)
 
 
+_last_scan: dict = {}  # one slot: preflight's scan, reused when the session builds its dataset
+
+
 def scan_datasets(entries: list[DatasetEntry], resolution: int, train_batch: int,
                   max_pixels: int = DEFAULT_MAX_PIXELS) -> list[UsableData]:
-    """The scan of every entry that can be drawn (probability > 0)."""
-    return [scan_entry(e, resolution, train_batch, max_pixels) for e in entries if e.probability > 0]
+    """The scan of every entry that can be drawn (probability > 0). `dmad train` scans in preflight
+    and again when the session builds its dataset, in the same process: the second call reuses
+    the first when the inputs and every folder's modification time (files added, removed or
+    renamed) are unchanged; a file changed in place in between is caught on load."""
+    live = [e for e in entries if e.probability > 0]
+    key = (tuple(e.model_dump_json() for e in live), resolution, train_batch, max_pixels)
+    stamp = tuple(_mtime(e.root) for e in live)
+    if _last_scan.get("key") == key and _last_scan.get("stamp") == stamp:
+        return _last_scan["sets"]
+    sets = [scan_entry(e, resolution, train_batch, max_pixels) for e in live]
+    _last_scan.update(key=key, stamp=stamp, sets=sets)
+    return sets
+
+
+def _mtime(folder: Path) -> Optional[int]:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return None
 
 
 def format_counts(counts: Counter) -> str:

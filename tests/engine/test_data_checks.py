@@ -2,6 +2,7 @@
 too few usable images, and the deterministic replacement of items that fail on load."""
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -166,3 +167,22 @@ def test_training_refuses_too_few_usable_images_before_loading_models(write_conf
     phases = [e.data["phase"] for e in read_events(run / "events.jsonl") if e.kind == "phase"]
     assert "loading" not in phases
     assert [e.kind for e in read_events(run / "events.jsonl")][-1] == "error"
+
+
+def test_the_second_scan_of_a_run_reuses_the_first_unless_the_folder_changed(corpus, monkeypatch):
+    from dmad import data_checks
+    from dmad.datasets import load_dataset_list
+
+    calls = []
+    real = data_checks.scan_entry
+    monkeypatch.setattr(data_checks, "scan_entry", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(data_checks, "_last_scan", {})
+    entries = load_dataset_list(corpus)
+    first = data_checks.scan_datasets(entries, 32, 1)
+    assert data_checks.scan_datasets(entries, 32, 1) is first and len(calls) == 1  # preflight, then the session
+    data_checks.scan_datasets(entries, 16, 1)
+    assert len(calls) == 2  # other inputs: scanned again
+    _pair(corpus, "z_new")  # a file added: the folder's mtime moved
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    again = data_checks.scan_datasets(entries, 16, 1)
+    assert len(calls) == 3 and "z_new.png" in {it.image.name for it in again[0].items}
