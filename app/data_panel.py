@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import QProcess, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QIcon, QPixmap
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter, QTableView,
                                QVBoxLayout, QWidget)
 
@@ -112,6 +112,11 @@ class DataPanel(QWidget):
             top.addWidget(self._button(key, text, slot))
         top.addWidget(QLabel("min size"))
         top.addWidget(self.min_size)
+        self.fast = QCheckBox("Fast")
+        self.fast.setToolTip("Headers and file structure only (check-data --fast): corruption and truncation from "
+                             "PNG chunk CRCs and JPEG markers, no pixel decoding, several times quicker; skips the "
+                             "near-constant and near-duplicate checks")
+        top.addWidget(self.fast)
         top.addWidget(self._button("check", "Check", self.check))
         top.addWidget(self._button("cancel", "Cancel", self.cancel))
         self.progress = QProgressBar()
@@ -244,6 +249,8 @@ class DataPanel(QWidget):
                 "--resolution", str(self._resolution), "--batch", str(self._batch)]
         if self.min_size.value() > 0:
             args += ["--min-size", str(self.min_size.value())]
+        if self.fast.isChecked():
+            args.append("--fast")
         return self._cmd + args
 
     def check(self) -> None:
@@ -323,9 +330,10 @@ class DataPanel(QWidget):
 
     @staticmethod
     def _outcome(r: DataReport) -> str:
+        skipped = (f" Fast check: {', '.join(r.skipped_checks)} not checked." if r.skipped_checks else "")
         if r.clean:
-            return f"Clean: {r.images} images, no problems found."
-        return f"{r.errors} errors and {r.warnings} warnings in {r.images} images ({r.usable} usable)."
+            return f"Clean: {r.images} images, no problems found.{skipped}"
+        return f"{r.errors} errors and {r.warnings} warnings in {r.images} images ({r.usable} usable).{skipped}"
 
     # ------------------------------------------------------------ results
 

@@ -51,6 +51,7 @@ class DataReport:
     warnings: int
     buckets: tuple[dict, ...]  # {"width", "height", "images", "usable", "full_batches"}
     clean: bool
+    skipped_checks: tuple[str, ...] = ()  # `--fast`: categories that were not checked
 
 
 def load_report(path: Path) -> DataReport:
@@ -79,7 +80,8 @@ def _parse(raw: dict[str, Any]) -> DataReport:
                       datasets=tuple(raw.get("datasets", ())), problems=problems, counts=counts,
                       images=int(summary["images"]), usable=int(summary["usable"]),
                       errors=int(summary["errors"]), warnings=int(summary["warnings"]),
-                      buckets=tuple(summary.get("buckets") or ()), clean=bool(raw.get("clean", not problems)))
+                      buckets=tuple(summary.get("buckets") or ()), clean=bool(raw.get("clean", not problems)),
+                      skipped_checks=tuple(str(c) for c in raw.get("skipped_checks") or ()))
 
 
 def placeholder_icon(px: int) -> QIcon:

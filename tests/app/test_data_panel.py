@@ -319,6 +319,25 @@ def test_the_real_check_data_fills_the_table_with_every_category(qtbot, tmp_path
     qtbot.waitUntil(lambda: panel.model.data(solid, Qt.DecorationRole) is not None, timeout=60_000)
 
 
+def test_the_fast_check_says_which_checks_it_skipped(qtbot, tmp_path):
+    from tests.engine.corpus import build_corpus
+
+    expected = build_corpus(tmp_path / "data")
+    panel = DataPanel(cache=ThumbCache(tmp_path / "thumbs", px=48))  # the engine's own command line
+    qtbot.addWidget(panel)
+    panel.set_config({"identity": {"train_data_dir": "data"}, "resources": {"resolution": 64}}, tmp_path)
+    panel.min_size.setValue(64)
+    panel.fast.setChecked(True)
+    assert panel.check_command(tmp_path / "r.json")[-1] == "--fast"
+    code, line = run_check(qtbot, panel)
+    assert code == 1, line
+    assert panel.report().skipped_checks == ("image_near_constant", "duplicate_near")
+    assert "Fast check: image_near_constant, duplicate_near not checked." in panel.status.text()
+    shown = set(shown_categories(panel))
+    assert "image_near_constant" not in shown and "duplicate_near" not in shown
+    assert shown <= set(expected.values()) and "image_corrupt" in shown
+
+
 # ---------------------------------------------------------------- the warning before Start
 
 @pytest.fixture
