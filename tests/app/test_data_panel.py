@@ -300,14 +300,20 @@ def test_the_source_follows_the_config_until_the_user_picks_another(qtbot, tmp_p
     assert not panel.buttons["check"].isEnabled()
 
 
-def test_the_real_check_data_fills_the_table_with_every_category(qtbot, tmp_path):
+def real_panel(qtbot, tmp_path) -> tuple[DataPanel, dict]:
+    """A panel on the engine's own command line, set to the generated corpus (every category)."""
     from tests.engine.corpus import build_corpus
 
     expected = build_corpus(tmp_path / "data")
-    panel = DataPanel(cache=ThumbCache(tmp_path / "thumbs", px=48))  # the engine's own command line
+    panel = DataPanel(cache=ThumbCache(tmp_path / "thumbs", px=48))
     qtbot.addWidget(panel)
     panel.set_config({"identity": {"train_data_dir": "data"}, "resources": {"resolution": 64}}, tmp_path)
     panel.min_size.setValue(64)
+    return panel, expected
+
+
+def test_the_real_check_data_fills_the_table_with_every_category(qtbot, tmp_path):
+    panel, expected = real_panel(qtbot, tmp_path)
     panel.resize(1000, 2000)
     panel.show()
     code, line = run_check(qtbot, panel)
@@ -320,13 +326,7 @@ def test_the_real_check_data_fills_the_table_with_every_category(qtbot, tmp_path
 
 
 def test_the_fast_check_says_which_checks_it_skipped(qtbot, tmp_path):
-    from tests.engine.corpus import build_corpus
-
-    expected = build_corpus(tmp_path / "data")
-    panel = DataPanel(cache=ThumbCache(tmp_path / "thumbs", px=48))  # the engine's own command line
-    qtbot.addWidget(panel)
-    panel.set_config({"identity": {"train_data_dir": "data"}, "resources": {"resolution": 64}}, tmp_path)
-    panel.min_size.setValue(64)
+    panel, expected = real_panel(qtbot, tmp_path)
     panel.fast.setChecked(True)
     assert panel.check_command(tmp_path / "r.json")[-1] == "--fast"
     code, line = run_check(qtbot, panel)
