@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 import stat
 import tempfile
 from pathlib import Path
@@ -27,13 +26,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
 from app.background import Task
 from app.bucket_plot import BucketPlot
 from app.data_report import DataReport, ProblemsFilter, ProblemsModel, load_report
-from app.engine import LineBuffer, engine_command, engine_qprocess
+from app.engine import LineBuffer, engine_command, engine_qprocess, keep_error_line, progress_of
 from app.sample_index import ImageFile
 from app.thumbs import ThumbCache, ThumbLoader
 from dmad.config import Resources
 
 THUMB_PX = 48
-PROGRESS = re.compile(r"^progress (\d+) (\d+)\s*$")
 VISIBLE_DELAY_MS = 60  # scrolling fires per pixel; ask for thumbnails once it pauses
 RED = "#c0392b"
 
@@ -278,13 +276,13 @@ class DataPanel(QWidget):
         if self._proc is None:
             return
         for line in self._err.feed(bytes(self._proc.readAllStandardError())):
-            m = PROGRESS.match(line)
-            if m:
-                done, total = int(m.group(1)), int(m.group(2))
+            progress = progress_of(line)
+            if progress:
+                done, total = progress
                 self.progress.setRange(0, max(total, 1))
                 self.progress.setValue(min(done, max(total, 1)))
-            elif line.startswith("dmad: ") or (line.strip() and not self._error_line.startswith("dmad: ")):
-                self._error_line = line.strip()
+            else:
+                self._error_line = keep_error_line(self._error_line, line)
 
     def _on_error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and self._proc is not None:

@@ -12,6 +12,7 @@ Exit codes (dmad/errors.py): 0 done or stopped, 1 the run failed (an error event
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -43,6 +44,23 @@ class LaunchMachines:
     rank: int = 0
     main_ip: str = ""
     port: int = 29500
+
+
+PROGRESS = re.compile(r"^progress (\d+) (\d+)\s*$")  # `dmad check-data/probe/cache --progress` on stderr
+
+
+def progress_of(line: str) -> Optional[tuple[int, int]]:
+    """(done, total) of a `progress <done> <total>` stderr line, else None."""
+    m = PROGRESS.match(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def keep_error_line(previous: str, line: str) -> str:
+    """The stderr line to show when a `dmad` command fails: the engine's own one-line error
+    (`dmad: ...`) wins over library chatter after it; otherwise the latest non-empty line."""
+    if line.startswith("dmad: ") or (line.strip() and not previous.startswith("dmad: ")):
+        return line.strip()
+    return previous
 
 
 def exit_meaning(code: int) -> str:

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 from PySide6.QtCore import QProcess, Qt, QTimer, Signal
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from app.engine import LineBuffer, engine_command, engine_qprocess
+from app.engine import LineBuffer, engine_command, engine_qprocess, keep_error_line
 from app.probe_result import Ledger, parse_ledger
 
 DEBOUNCE_MS = 800
@@ -149,8 +149,7 @@ class LedgerView(QWidget):
             return
         self._out += bytes(proc.readAllStandardOutput())
         for line in self._err.feed(bytes(proc.readAllStandardError())):
-            if line.startswith("dmad: ") or (line.strip() and not self._error_line.startswith("dmad: ")):
-                self._error_line = line.strip()
+            self._error_line = keep_error_line(self._error_line, line)
 
     def _on_error(self, proc: QProcess, gen: int, err: QProcess.ProcessError) -> None:
         if gen == self._generation and err == QProcess.ProcessError.FailedToStart:
@@ -162,8 +161,7 @@ class LedgerView(QWidget):
             return
         self._read(proc, gen)
         for line in self._err.flush():
-            if line.strip() and not self._error_line.startswith("dmad: "):
-                self._error_line = line.strip()
+            self._error_line = keep_error_line(self._error_line, line)
         self._finish(proc)
         if status == QProcess.ExitStatus.CrashExit or code != 0:
             what = "crashed" if status == QProcess.ExitStatus.CrashExit else f"exited with code {code}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 import signal
 from datetime import datetime
 from pathlib import Path
@@ -27,10 +26,9 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QL
                                QWidget)
 
 from app.background import Task
-from app.engine import LineBuffer, _own_session, engine_command, engine_qprocess
+from app.engine import LineBuffer, _own_session, engine_command, engine_qprocess, keep_error_line, progress_of
 from app.probe_result import PROBE_FILE, ProbePoint, ProbeResult, load_probe, parse_int_list
 
-PROGRESS = re.compile(r"^progress (\d+) (\d+)\s*$")
 RED = "#c0392b"
 COLUMNS = ("point", "kind", "batch", "accum-\nulation", "effective\nbatch", "resolution", "precision",
            "checkpoint-\ning", "status /\nOOM phase", "framework peak GiB\n(torch allocator)",
@@ -244,14 +242,14 @@ class ProbePanel(QWidget):
             self._err_line(line)
 
     def _err_line(self, line: str) -> None:
-        m = PROGRESS.match(line)
-        if m:
-            done, total = int(m.group(1)), max(int(m.group(2)), 1)
+        progress = progress_of(line)
+        if progress:
+            done, total = progress[0], max(progress[1], 1)
             self.progress.setRange(0, total)
             self.progress.setValue(min(done, total))
             self._set_status(f"Probing: {done} of {total} points measured ({self._out})")
-        elif line.startswith("dmad: ") or (line.strip() and not self._error_line.startswith("dmad: ")):
-            self._error_line = line.strip()
+        else:
+            self._error_line = keep_error_line(self._error_line, line)
 
     def _on_error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and self._proc is not None:
