@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -75,11 +74,3 @@ def main_cache(args) -> int:
           + (f"; {len(skipped)} unreadable item(s) skipped (`dmad check-data` names them)" if skipped else "")
           + f"; in {', '.join(counts['folders'])}")
     return 0
-
-
-def cache_folders(cfg: TrainConfig) -> list[Path]:
-    """Where `cfg`'s datasets cache (no model is loaded)."""
-    from dmad.datasets import load_dataset_list
-    from dmad.latent_cache import dataset_cache_dir
-
-    return [dataset_cache_dir(e.id, e.root, e.cache_dir) for e in load_dataset_list(cfg.identity.train_data_dir)]

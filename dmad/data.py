@@ -57,15 +57,6 @@ def path_key(path: Path) -> int:
     return int.from_bytes(hashlib.blake2b(str(path).encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def upright_size(im: Image.Image) -> tuple[int, int]:
-    w, h = im.size
-    try:
-        turned = int(im.getexif().get(0x0112, 1)) in (5, 6, 7, 8)
-    except Exception:  # noqa: BLE001 - broken EXIF: the stored orientation
-        turned = False
-    return (h, w) if turned else (w, h)
-
-
 def fit(path: Path, size: tuple[int, int], bucket: tuple[int, int], crop: bool,
         style: str) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
     """(resize size, crop box) that turn an upright image of `size` into `bucket`."""
@@ -166,8 +157,9 @@ class MixedImages(torch.utils.data.Dataset):
         if self.latents is not None:
             from dmad.latent_cache import latent_key
 
-            with Image.open(it.image) as im:
-                resize, box = fit(it.image, upright_size(im), it.bucket, entry.crop, entry.crop_style)
+            # the scan's upright size: the key also holds the file's size and mtime, so a file changed
+            # since the scan gets a new key and is loaded, never served a latent of its old pixels
+            resize, box = fit(it.image, it.size, it.bucket, entry.crop, entry.crop_style)
             key = latent_key(it.image, it.bucket, resize, box, self.latents.vae_id, self.latents.dtype)
             cached = self.latents.caches[d].get(key)
             if cached is not None:
@@ -221,14 +213,13 @@ def load_datasets(source: str | Path, resolution: int, train_batch: int,
     entries = load_dataset_list(source)
     sets = scan_datasets(entries, resolution, train_batch)
     require_batch(sets, effective_batch, source)
-    buckets = []
+    buckets: list[dict[tuple[int, int], list[int]]] = []
+    offset = 0  # item indices run over all datasets, in MixedImages' order
     for d in sets:
         per: dict[tuple[int, int], list[int]] = {}
-        buckets.append(per)
-    offset = 0
-    for d, per in zip(sets, buckets):
         for k, it in enumerate(d.items):
             per.setdefault(it.bucket, []).append(offset + k)
+        buckets.append(per)
         offset += len(d.items)
     weights = [d.entry.probability * (1 + d.entry.repeats) for d in sets]
     return sets, make_groups([list(per.items()) for per in buckets], weights)

@@ -117,9 +117,6 @@ class TensorCache:
         except (OSError, SafetensorError, ValueError, RuntimeError):
             return None
 
-    def has(self, key: Optional[str]) -> bool:
-        return key is not None and self.path(key).is_file()
-
     def put(self, key: str, tensors: dict[str, torch.Tensor], meta: Optional[dict[str, str]] = None) -> None:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
