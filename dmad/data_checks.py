@@ -254,14 +254,6 @@ def require_batch(data: UsableData | list[UsableData], effective_batch: int, sou
                          f"fewer than one effective batch of {effective_batch}{why}")
 
 
-def world_size() -> int:
-    """Processes of a launched run (accelerate/torchrun set WORLD_SIZE), known before torch loads."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 class SkipLog:
     """Reports skipped items once per path as warning events and keeps status.json's
     `skipped_items` ({"total": N, "by_category": {...}}) current.

@@ -22,6 +22,7 @@ import re
 from typing import Any, Optional
 
 from dmad.errors import UserInputError
+from dmad.launch import world_rank
 
 PHASES = ("loading", "sampling", "vae-encode", "first-forward", "first-backward")
 _STEP = re.compile(r"^step-([1-9][0-9]*)$")
@@ -44,7 +45,7 @@ def _parse(value: Optional[str]) -> Optional[tuple[str, str]]:
             (rank and not re.match(r"^rank[0-9]+$", rank)):
         raise UserInputError(f"DMAD_FAULT={value!r}: expected oom:<phase> or crash:<phase>, optionally @rank<k>, "
                              f"with phase one of {', '.join(PHASES)}, step-N")
-    if rank and int(rank[4:]) != int(os.environ.get("RANK", "0") or 0):
+    if rank and int(rank[4:]) != world_rank()[0]:
         return None
     return kind, phase
 

@@ -119,12 +119,13 @@ def summarize_data(source: Path) -> DataSummary:
 def check_usable(summary: DataSummary, cfg: TrainConfig) -> DataSummary:
     """Training's per-item checks from file headers and captions (no pixel decoding), and its
     buckets: fewer usable images than one effective batch stop here, before any model loads."""
-    from dmad.data_checks import require_batch, scan_datasets, world_size
+    from dmad.data_checks import require_batch, scan_datasets
+    from dmad.launch import world_rank
     from dmad.datasets import load_dataset_list
 
     res = cfg.resources
     sets = scan_datasets(load_dataset_list(summary.folder), res.resolution, res.train_batch_size)
-    require_batch(sets, cfg.effective_batch(world_size()), summary.folder)
+    require_batch(sets, cfg.effective_batch(world_rank()[1]), summary.folder)
     return replace(summary, usable=sum(len(d.items) for d in sets),
                    buckets=sum(len(d.buckets()) for d in sets))
 
