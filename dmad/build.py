@@ -14,8 +14,6 @@ from dmad.checkpoint import load_checkpoint
 from dmad.config import TrainConfig
 from dmad.errors import UserInputError
 from dmad.events import EventWriter
-from dmad.methods.dmd2 import BottleneckTap
-from dmad.methods.prediction import NoiseSchedule
 from dmad.monitor import Monitor
 from dmad.networks import build_networks, make_lr_scheduler, make_optimizer, trainable_parameters
 from dmad.prompts import PromptSet
@@ -42,11 +40,62 @@ def make_accelerator(mixed_precision: str):
                        kwargs_handlers=[timeout])
 
 
-def _encode_uncond(teacher, device) -> torch.Tensor:
-    from dmad.models.teacher import encode_prompts
-
+def _encode_uncond(teacher, device):
+    """The family's unconditional embedding (batch 1), or None for a guidance-embedding teacher."""
+    if teacher.family.guidance_embedded(teacher.denoiser):
+        return None
     with torch.no_grad():
-        return encode_prompts(teacher.tokenizer, teacher.text_encoder, [""], device)
+        return teacher.family.uncond(teacher.modules, device)
+
+
+TEACHER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def quantize_teacher(net: torch.nn.Module, precision: str) -> None:
+    """Weight-only int8 / fp8 of the frozen denoiser's linear layers (dmad.models.quant), computing in bf16."""
+    from dmad.models.quant import quantize_linears
+
+    quantize_linears(net, precision)
+
+
+def offload_between_calls(net: torch.nn.Module, device: torch.device) -> None:
+    """Keep `net` in CPU memory and on `device` only during its own forward calls (forward hooks).
+    A graph that backpropagates through it keeps the device copy of the weights it saved alive until
+    backward; the next call copies the weights up again."""
+    def up(module, args, kwargs):
+        module.to(device)
+
+    def down(module, args, kwargs, output):
+        module.to("cpu")
+
+    net.register_forward_pre_hook(up, with_kwargs=True)
+    net.register_forward_hook(down, with_kwargs=True)
+
+
+def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool) -> None:
+    """Cast, quantise and move the frozen teacher. The denoiser gets resources.teacher_precision
+    (auto: the mixed-precision dtype); the text encoders the mixed-precision dtype; the VAE too,
+    except for a family whose VAE must stay float32 (SDXL). With offload, the denoiser and the
+    text encoders live in CPU memory between their calls."""
+    fam = teacher.family
+    den = teacher.denoiser
+    for m in teacher.networks():
+        m.requires_grad_(False)
+        m.eval()
+        if m is den:
+            if precision in ("int8", "fp8"):
+                quantize_teacher(m, precision)
+            else:
+                m.to(dtype=TEACHER_DTYPES.get(precision, wdtype))
+        elif m is teacher.vae:
+            m.to(dtype=torch.float32 if fam.vae_fp32 else wdtype)
+        else:
+            m.to(dtype=wdtype)
+        if offload and m is not teacher.vae and device.type != "cpu":
+            m.to("cpu")
+            offload_between_calls(m, device)
+        else:
+            m.to(device)
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
@@ -67,9 +116,12 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     events.emit("phase", None, phase="loading", device=str(acc.device))
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
-    nets = build_networks(teacher.unet, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
-                          lora_alpha=ident.lora_alpha, gradient_checkpointing=res.gradient_checkpointing,
-                          ema_decay=dist.ema_decay, gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck")
+    family = teacher.family
+    family.guidance = dist.real_guidance_scale  # what a guidance-embedding student and fake score are given
+    nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
+                          lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
+                          gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
+                          gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family)
     check_buckets(groups, teacher, ident.train_data_dir)
     caches = None
     if res.cache_latents:
@@ -77,10 +129,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
 
         caches = make_caches(dataset, teacher, wdtype)
         log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
-    for m in (teacher.unet, teacher.vae, teacher.text_encoder):
-        m.requires_grad_(False)
-        m.eval()
-        m.to(acc.device) if wdtype == torch.float32 else m.to(acc.device, dtype=wdtype)
+    place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload)
     betas = (opt.adam_beta1, opt.adam_beta2)
     opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
                            opt.adam_epsilon, opt.adam_weight_decay)
@@ -93,8 +142,8 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
     if nets.ema is not None:
         nets.ema.to(acc.device)
-    schedule = NoiseSchedule.from_scheduler(teacher.scheduler)
-    real = RealScore(teacher.unet, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, wdtype)
+    schedule = family.schedule(teacher.scheduler, res.resolution)
+    real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, wdtype, family)
     trange = TimestepRange(dist.min_timestep, dist.max_timestep)
     s = Session(cfg=cfg, folder=folder, events=events, accelerator=acc, device=acc.device, weight_dtype=wdtype,
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
@@ -111,9 +160,9 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
 
 
 def size_step(teacher) -> int:
-    """Pixel sides the teacher takes: a multiple of VAE factor x UNet downsampling (64 for SD)."""
-    vae_factor = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
-    return vae_factor * 2 ** (len(teacher.unet.config.block_out_channels) - 1)
+    """Pixel sides the teacher takes: VAE factor x UNet downsampling (64 for SD), or VAE factor x
+    patch size (16 for SD3 and Flux)."""
+    return teacher.family.size_step(teacher.denoiser.config)
 
 
 def check_buckets(groups, teacher, source) -> None:
@@ -129,12 +178,12 @@ def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> N
     """The keyword arguments of generator_loss / critic_loss that stay fixed for the run."""
     fake_unwrapped = s.nets.fake_score
     on_teacher = placement == "teacher_bottleneck"
-    gan_unet = s.teacher.unet if on_teacher else fake_unwrapped
-    tap = BottleneckTap(gan_unet)
-    common = dict(schedule=s.schedule, trange=s.trange, head=s.gan_head)
+    gan_unet = s.teacher.denoiser if on_teacher else fake_unwrapped
+    tap = s.teacher.family.tap(gan_unet)
+    common = dict(schedule=s.schedule, trange=s.trange, head=s.gan_head, family=s.teacher.family)
     s.generator_kwargs = dict(real=s.real, fake=fake_unwrapped, gan_unet=gan_unet, gan_tap=tap,
                               gan_weight=w_gen, **common)
-    s.critic_kwargs = dict(fake=s.fake_score, fake_tap=None if on_teacher else tap, teacher=s.teacher.unet,
+    s.critic_kwargs = dict(fake=s.fake_score, fake_tap=None if on_teacher else tap, teacher=s.teacher.denoiser,
                            teacher_tap=tap if on_teacher else None, gan_weight=w_critic, **common)
 
 

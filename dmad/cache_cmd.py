@@ -30,12 +30,13 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
     sets, groups = load_datasets(ident.train_data_dir, res.resolution, res.train_batch_size, 1)
     dataset = MixedImages(sets, groups, res.seed, ident.train_data_dir)
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32, components=("vae", "text_encoder"))  # the UNet is not needed
+                           dtype=torch.float32, components=("vae", "text_encoder"))  # the denoiser is not needed
     dtype = DTYPES[res.mixed_precision]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     caches = make_caches(dataset, teacher, dtype)
-    for m in (teacher.vae, teacher.text_encoder):
-        m.requires_grad_(False).eval().to(device, dtype=dtype)
+    for m in teacher.networks():  # the VAE and every text encoder, as training places them
+        m.requires_grad_(False).eval().to(device, dtype=torch.float32 if m is teacher.vae and teacher.family.vae_fp32
+                                          else dtype)
     total, done, skipped, t_last = len(dataset), 0, [], 0.0
     chunk = res.vae_batch_size
     for g in groups:
@@ -53,8 +54,7 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
                 captions += found
                 owners += [dataset.dataset_of[i]] * len(found)
             for t in range(0, len(captions), chunk):
-                text_embeddings(captions[t:t + chunk], owners[t:t + chunk], teacher.tokenizer, teacher.text_encoder,
-                                device, caches)
+                text_embeddings(captions[t:t + chunk], owners[t:t + chunk], teacher, device, caches)
             done += len(items)
             if progress and (time.monotonic() - t_last > 0.5 or done == total):
                 print(f"progress {done} {total}", file=sys.stderr, flush=True)

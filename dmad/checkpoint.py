@@ -90,16 +90,17 @@ def _load_ema(ema, path: Path) -> None:
     ema.optimization_step = int(meta["optimization_step"])
 
 
-def load_student(teacher_unet: nn.Module, identity, ckpt: Path) -> tuple[nn.Module, bool]:
+def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     """The checkpoint's student as it is sampled (training's validation samples, `dmad sample`,
-    `dmad export`, the demo bench): a copy of the teacher UNet, full or LoRA as identity.student
+    `dmad export`, the demo bench): a copy of the teacher's denoiser (dmad.models.teacher.Teacher), full or LoRA as identity.student
     says, with the checkpoint's weights, then its EMA weights when it has them. Eval mode, no
     grads. Returns (student, whether EMA weights were used)."""
     from safetensors import safe_open
 
     from dmad.networks import make_trainable_copy, trainable_parameters
 
-    student = make_trainable_copy(teacher_unet, identity.student, identity.lora_rank, identity.lora_alpha, False)
+    student = make_trainable_copy(teacher.denoiser, identity.student, identity.lora_rank, identity.lora_alpha, False,
+                                  teacher.family.lora_targets)
     load_network(student, ckpt, "student", identity.student)
     ema = ckpt / "ema.safetensors"
     if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)

@@ -38,9 +38,11 @@ class Identity(_Group):
                     "(then teacher_config_dir gives its configs). Nothing is ever downloaded.")
     teacher_config_dir: Optional[str] = Field(
         None, description="For a single-file teacher: a local diffusers pipeline folder whose configs and tokenizer describe it.")
-    model_family: Literal["auto", "sd1", "sd2"] = Field(
+    model_family: Literal["auto", "sd1", "sd2", "sdxl", "sd3", "flux"] = Field(
         "auto", description="Teacher family. auto: read from model_index.json. sd1/sd2: Stable Diffusion 1.x/2.x "
-                            "(UNet2DConditionModel + CLIP text encoder; epsilon or v-prediction from the scheduler config).")
+                            "(UNet + CLIP; epsilon or v-prediction); sdxl: SDXL (UNet + two CLIP encoders, pooled "
+                            "embeddings, size/crop conditioning); sd3: Stable Diffusion 3.x (MMDiT transformer, flow "
+                            "matching, true CFG); flux: FLUX.1 (transformer, flow matching, guidance embedding).")
     train_data_dir: str = Field(
         ..., min_length=1, description="The training images: a captioned folder (each image with a .txt caption of the same "
                                        "stem), or a dataset list JSON (several folders mixed by weight, caption strategies, "
@@ -56,7 +58,17 @@ class Resources(_Group):
 
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
         "no", description="Autocast precision. Trainable weights stay fp32 (master weights); the frozen teacher is cast to it.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% slower.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (student and fake score): "
+                                                            "less memory, ~30% slower.")
+    teacher_precision: Literal["auto", "fp32", "bf16", "fp16", "int8", "fp8"] = Field(
+        "auto", description="Weights of the frozen teacher denoiser. auto: the mixed_precision dtype (fp32 when "
+                            "no). int8 / fp8: its linear layers stored weight-only in int8 or float8_e4m3fn with "
+                            "per-channel scales (1 byte per weight), the rest in bf16, computing in bf16. The "
+                            "student and fake score are copied from the full-precision teacher before it is cast.")
+    teacher_cpu_offload: bool = Field(
+        False, description="Keep the frozen teacher (denoiser and text encoders) in CPU memory and move each "
+                           "network to the GPU only for its own calls: frees its weights from the GPU between "
+                           "calls, at the cost of a host-to-device copy per call.")
     train_batch_size: int = Field(1, ge=1, le=4096, description="Images per process per micro-step.")
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024, description="Micro-steps per optimizer step.")
     resolution: int = Field(512, ge=8, le=8192, description="Training and sampling side length in pixels (multiple of 8).")

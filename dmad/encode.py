@@ -39,7 +39,7 @@ def posteriors(batch: Any, vae: Any, device: torch.device, dtype: torch.dtype, c
     for k, d in batch.cached.items():
         post[k] = (d["mean"], d["std"])
     for c in range(0, len(batch.miss), chunk):
-        dist = vae.encode(batch.pixels[c:c + chunk].to(device, dtype)).latent_dist
+        dist = vae.encode(batch.pixels[c:c + chunk].to(device, next(vae.parameters()).dtype)).latent_dist
         for j, k in enumerate(batch.miss[c:c + chunk]):
             post[k] = (dist.mean[j], dist.std[j])
             if caches is not None and batch.keys[k] is not None:
@@ -53,13 +53,16 @@ def posteriors(batch: Any, vae: Any, device: torch.device, dtype: torch.dtype, c
 
 
 @torch.no_grad()
-def text_embeddings(captions: list[str], datasets: list[int], tokenizer: Any, text_encoder: Any,
-                    device: torch.device, caches: Optional[Caches]) -> torch.Tensor:
-    """(B, L, D) embeddings of `captions` (dataset index of each in `datasets`: its cache)."""
-    from dmad.models.teacher import encode_prompts
+def text_embeddings(captions: list[str], datasets: list[int], teacher: Any, device: torch.device,
+                    caches: Optional[Caches]):
+    """The text conditioning (a dmad.models.families.Cond: emb (B, L, D), and pooled (B, P) for
+    SDXL / SD3 / Flux) of `captions` (dataset index of each in `datasets`: its cache), encoded by
+    the teacher's family. A cache entry holds every tensor of one caption."""
+    from dmad.models.families import Cond
 
+    encode = teacher.family.encode
     if caches is None:
-        return encode_prompts(tokenizer, text_encoder, list(captions), device)
+        return encode(teacher.modules, list(captions), device)
     from dmad.latent_cache import text_key
 
     keys = [text_key(cap, caches.text_id, caches.dtype) for cap in captions]
@@ -68,13 +71,24 @@ def text_embeddings(captions: list[str], datasets: list[int], tokenizer: Any, te
     caches.counts["text_hits"] += len(found) - len(missing)
     caches.counts["text_encoded"] += len(missing)
     if missing:
-        emb = encode_prompts(tokenizer, text_encoder, [captions[i] for i in missing], device)
+        cond = encode(teacher.modules, [captions[i] for i in missing], device)
         for j, i in enumerate(missing):
-            found[i] = {"emb": emb[j]}
+            found[i] = cond.item(j)
             caches.text[datasets[i]].put(keys[i], found[i])
     for k, f in zip(keys, found):
-        caches.remember(k, {"emb": f["emb"].to("cpu")})
-    return torch.stack([f["emb"].to(device) for f in found])
+        caches.remember(k, {n: v.to("cpu") for n, v in f.items()})
+    return Cond.stack(found, device)
+
+
+def _text_identity(teacher: Any) -> str:
+    """Hash of every text encoder and tokenizer of the family, in order (SD: the one CLIP, keyed
+    as before)."""
+    from dmad.latent_cache import _digest, module_identity, tokenizer_identity
+
+    fam = teacher.family
+    ids = [module_identity(teacher.modules[e], tokenizer_identity(teacher.modules[tk]))
+           for e, tk in zip(fam.text_encoders, fam.tokenizers) if teacher.modules.get(e) is not None]
+    return ids[0] if len(ids) == 1 else _digest({"family": fam.name, "encoders": ids})
 
 
 def make_caches(dataset: Any, teacher: Any, dtype: torch.dtype) -> Caches:
@@ -82,13 +96,14 @@ def make_caches(dataset: Any, teacher: Any, dtype: torch.dtype) -> Caches:
     and text encoder weights as loaded (fp32, before any cast: the dtype is a key field of its
     own). Sets the dataset's latent lookup, so its loaders return cached posteriors."""
     from dmad.data import LatentLookup
-    from dmad.latent_cache import TensorCache, dataset_cache_dir, module_identity, tokenizer_identity
+    from dmad.latent_cache import TensorCache, dataset_cache_dir, module_identity
 
     vae_id = module_identity(teacher.vae)
-    text_id = module_identity(teacher.text_encoder, tokenizer_identity(teacher.tokenizer))
+    text_id = _text_identity(teacher)
     dirs = [dataset_cache_dir(e.id, e.root, e.cache_dir) for e in dataset.entries]
     name = str(dtype).removeprefix("torch.")
-    dataset.latents = LatentLookup(vae_id, name, [TensorCache(d / "latents") for d in dirs])
+    vae_dtype = "float32" if teacher.family.vae_fp32 else name  # SDXL's VAE always encodes in float32
+    dataset.latents = LatentLookup(vae_id, vae_dtype, [TensorCache(d / "latents") for d in dirs])
     dataset.cache_dirs = dirs
     return Caches(text_id=text_id, dtype=name, text=[TensorCache(d / "text") for d in dirs],
                   latents=dataset.latents.caches)

@@ -109,7 +109,7 @@ def load_student(src: ExportSource):
     state = read_training_state(src.checkpoint)
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
-    student, _ = load_checkpoint_student(teacher.unet, ident, src.checkpoint)
+    student, _ = load_checkpoint_student(teacher, ident, src.checkpoint)
     teacher.unet = None  # not exported: frees its memory (SD 1.5 in float32: 3.4 GB)
     return teacher, student, state
 

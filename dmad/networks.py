@@ -17,25 +17,31 @@ from typing import Optional
 import torch
 from torch import nn
 
-from dmad.methods.dmd2 import GanHead, bottleneck_channels
+from dmad.methods.dmd2 import GanHead
 
 
-def add_lora(unet: nn.Module, rank: int, alpha: Optional[int]) -> None:
-    """LoRA (peft) on the attention projections, the layers DMD2 and diffusers' LoRA scripts adapt.
+LORA_TARGETS = ("to_k", "to_q", "to_v", "to_out.0")
+
+
+def add_lora(unet: nn.Module, rank: int, alpha: Optional[int], targets: tuple[str, ...] = LORA_TARGETS) -> None:
+    """LoRA (peft) on the attention projections, the layers DMD2 and diffusers' LoRA scripts adapt
+    (a transformer family adds its joint-attention text projections: Family.lora_targets).
     Base weights are frozen; only the adapter trains."""
     from peft import LoraConfig
 
     unet.requires_grad_(False)
     unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha or rank, init_lora_weights="gaussian",
-                                target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+                                target_modules=list(targets)))
 
 
 def make_trainable_copy(teacher_unet: nn.Module, mode: str, rank: int, alpha: Optional[int],
-                        gradient_checkpointing: bool) -> nn.Module:
-    """A float32 copy of the teacher UNet, fully trainable or with a LoRA adapter."""
-    unet = copy.deepcopy(teacher_unet).float()
+                        gradient_checkpointing: bool, targets: tuple[str, ...] = LORA_TARGETS) -> nn.Module:
+    """A float32 copy of the teacher's denoiser (UNet or transformer), fully trainable or with a LoRA adapter."""
+    unet = copy.deepcopy(teacher_unet)
+    object.__setattr__(unet, "_dmad_taps", [])  # feature taps belong to the network they were put on
+    unet = unet.float()
     if mode == "lora":
-        add_lora(unet, rank, alpha)
+        add_lora(unet, rank, alpha, targets)
     else:
         unet.requires_grad_(True)
     if gradient_checkpointing:
@@ -77,11 +83,16 @@ class Networks:
 
 def build_networks(teacher_unet: nn.Module, *, student: str, fake_score: str, lora_rank: int,
                    lora_alpha: Optional[int], gradient_checkpointing: bool, ema_decay: Optional[float],
-                   gan_on_teacher: bool) -> Networks:
-    """Copies are made from the float32 teacher before it is cast down."""
-    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing)
-    f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing)
-    head = GanHead(bottleneck_channels(teacher_unet if gan_on_teacher else f))
+                   gan_on_teacher: bool, family=None) -> Networks:
+    """Copies are made from the float32 teacher before it is cast down. `family`
+    (dmad.models.families.Family; None: SD) gives the LoRA targets and the GAN feature width."""
+    from dmad.models.families import Family
+
+    family = family or Family()
+    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing, family.lora_targets)
+    f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing,
+                            family.lora_targets)
+    head = GanHead(family.feature_channels(teacher_unet if gan_on_teacher else f))
     ema = None
     if ema_decay is not None:
         from diffusers.training_utils import EMAModel

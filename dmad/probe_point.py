@@ -44,7 +44,7 @@ def inference_loop(s: Any, phase: Any) -> int:
                 x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
                 x0 = s.student_x0(x_t, t, emb)
                 s.real.x0(s.schedule, x0, t, emb)
-                s.fake_score(x0.to(s.weight_dtype), t, emb)
+                s.teacher.family.predict(s.fake_score, x0.to(s.weight_dtype), t, emb, s.schedule, guidance=1.0)
         s.sync_device()
         s.iter += 1
         row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}

@@ -157,20 +157,23 @@ def main_sample(args: argparse.Namespace) -> int:
     ident = cfg.identity
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
-    for m in (teacher.unet, teacher.vae, teacher.text_encoder):
+    for m in teacher.networks():
         m.to(device)
+    # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
+    teacher.family.guidance = cfg.distillation.real_guidance_scale
+    schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
     student = ema = None
     if target.checkpoint is not None:
-        student, ema = load_student(teacher.unet, ident, target.checkpoint)
+        student, ema = load_student(teacher, ident, target.checkpoint)
         student.to(device)
     t0 = time.perf_counter()
     if sweep is None:
-        paths, dest = _render_folder(out, target, ps, teacher, student, ema, device)
+        paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
         n = len(paths)
         event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
                            checkpoint=target.name, ema=ema)
     else:
-        dest, grid_json = _render_sweep(out, target, ps, item, sweep, teacher, student, device)
+        dest, grid_json = _render_sweep(out, target, ps, item, sweep, teacher, student, device, schedule)
         n = len(grid_json["cells"])
         event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
                            checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
@@ -191,16 +194,13 @@ def _model(target: Target) -> str:
 
 
 def _encoder(teacher, device):
-    from dmad.models.teacher import encode_prompts
-
-    return lambda prompts: encode_prompts(teacher.tokenizer, teacher.text_encoder, prompts, device)
+    return lambda prompts: teacher.family.encode(teacher.modules, prompts, device)
 
 
-def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device) -> tuple[list[str], Path]:
+def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device, schedule) -> tuple[list[str], Path]:
     import torch
 
     from dmad.checkpoint import student_weight_files
-    from dmad.methods.prediction import NoiseSchedule
     from dmad.sampling import library_versions, render_student_samples, render_teacher_samples, sha256_files
 
     dest = free_path(out, target.name)
@@ -208,19 +208,19 @@ def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device)
         return render_teacher_samples(dest, teacher=teacher, prompt_set=ps, versions=library_versions(),
                                       device=device), dest
     paths = render_student_samples(
-        dest, student=student, vae=teacher.vae, encode=_encoder(teacher, device),
-        schedule=NoiseSchedule.from_scheduler(teacher.scheduler), timesteps=target.timesteps, prompt_set=ps,
+        dest, student=student, vae=teacher.vae, encode=_encoder(teacher, device), family=teacher.family,
+        schedule=schedule, timesteps=target.timesteps, prompt_set=ps,
         iteration=_iter(target), device=device, dtype=torch.float32, versions=library_versions(),
         checkpoint=target.name, weights_sha256=sha256_files(student_weight_files(target.checkpoint)), ema=ema)
     return paths, dest
 
 
-def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, device) -> tuple[Path, dict]:
+def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, device,
+                  schedule) -> tuple[Path, dict]:
     """Every combination of the sweep values for one prompt; a labelled grid PNG and its JSON."""
-    from dmad.methods.prediction import NoiseSchedule
     from dmad.prompts import item_seed
-    from dmad.sampling import (library_versions, make_scheduler, provenance, sd_pipeline, student_png,
-                               teacher_png)
+    from dmad.sampling import (library_versions, make_scheduler, provenance, sampler_name, sd_pipeline,
+                               student_png, teacher_png)
     from dmad.sweep_grid import labelled_grid
 
     import torch
@@ -229,8 +229,8 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
     rows = sweep[0]
     cols = sweep[1] if len(sweep) > 1 else ("", [None])
     encode = _encoder(teacher, device)
-    schedule = NoiseSchedule.from_scheduler(teacher.scheduler)
-    pipe = sd_pipeline(teacher, make_scheduler(ps.sampler, teacher.scheduler.config)) if student is None else None
+    fam = teacher.family
+    pipe = sd_pipeline(teacher, make_scheduler(ps.sampler, teacher.scheduler.config, fam)) if student is None else None
     cells, images = [], []
     for rv in rows[1]:
         for cv in cols[1]:
@@ -238,8 +238,8 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
             if student is None:
                 steps, cfg = setting.get("steps", ps.steps), setting.get("cfg", ps.cfg)
                 png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
-                                  steps=steps, cfg=cfg, size=size, device=device)
-                cell = {"steps": steps, "cfg": cfg, "sampler": ps.sampler}
+                                  steps=steps, cfg=cfg, size=size, device=device, family=fam)
+                cell = {"steps": steps, "cfg": cfg, "sampler": sampler_name(ps.sampler, fam)}
             else:
                 ts = student_timesteps(target.timesteps, setting.get("steps", len(target.timesteps)),
                                        schedule.num_train_timesteps)
@@ -247,7 +247,7 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
                 uncond = encode([item.negative_prompt or ""]).to(device) if cfg not in (None, 1.0) else None
                 png = student_png(student=student, vae=teacher.vae, emb=encode([item.prompt]).to(device),
                                   schedule=schedule, timesteps=ts, seed=seed, device=device, dtype=torch.float32,
-                                  cfg=cfg, uncond=uncond, size=size)
+                                  cfg=cfg, uncond=uncond, size=size, family=fam)
                 cell = {"steps": len(ts), "timesteps": ts, "cfg": cfg}
             cells.append({**setting, **cell})
             images.append(png)

@@ -67,10 +67,12 @@ def _png(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode_to_png(vae, latents: torch.Tensor) -> bytes:
-    """(1, C, h, w) latents -> PNG bytes. Decoded in the VAE's dtype, clamped to [-1, 1]."""
-    lat = latents.to(next(vae.parameters()).dtype) / vae.config.scaling_factor
-    img = vae.decode(lat).sample[0].float().clamp(-1, 1)
+def decode_to_png(vae, latents: torch.Tensor, family=None) -> bytes:
+    """(1, C, h, w) latents -> PNG bytes. Decoded in the VAE's dtype (the family undoes its latent
+    scale and shift; None: SD), clamped to [-1, 1]."""
+    from dmad.models.families import Family
+
+    img = (family or Family()).decode(vae, latents)[0]
     return _png(((img.permute(1, 2, 0).cpu().numpy() + 1.0) * 127.5).round().astype(np.uint8))
 
 
@@ -82,33 +84,34 @@ def item_noise(seed: int, shape: tuple[int, int, int]) -> tuple[torch.Tensor, to
 
 
 @torch.no_grad()
-def student_png(*, student, vae, emb: torch.Tensor, schedule: NoiseSchedule, timesteps: list[int], seed: int,
+def student_png(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[int], seed: int,
                 device: torch.device, dtype: torch.dtype, cfg: Optional[float] = None,
-                uncond: Optional[torch.Tensor] = None, size: tuple[int, int]) -> bytes:
-    """One student image. `emb` (1, L, D); cfg > 1 (with `uncond`) guides the student's own
-    prediction, u + cfg (c - u), at twice the cost; None or 1: the plain student, as trained."""
+                uncond=None, size: tuple[int, int], family=None) -> bytes:
+    """One student image. `emb`: the prompt's conditioning (a Cond, or a (1, L, D) tensor for SD);
+    cfg > 1 (with `uncond`) guides the student's own prediction, u + cfg (c - u), at twice the
+    cost; None or 1: the plain student, as trained. `family`: the teacher's (None: SD)."""
+    from dmad.models.families import Family, as_cond
+
+    family = family or Family()
     noise, gen = item_noise(seed, latent_shape(vae, *size))
     guided = cfg is not None and cfg != 1.0 and uncond is not None
-    ctx = torch.cat([uncond, emb]) if guided else emb
+    cond = as_cond(emb).to(device)
+    uncond = as_cond(uncond).to(device) if guided else None
 
     def x0_fn(x_t, t):
-        x_in = torch.cat([x_t, x_t]) if guided else x_t
-        t_in = torch.cat([t, t]) if guided else t
-        out = student(x_in.to(dtype), t_in, ctx.to(device, dtype)).sample.float()
         if guided:
-            u, c = out.chunk(2)
-            out = u + cfg * (c - u)
-        return schedule.to_x0(x_t.float(), out, t)
+            return family.guided_x0(student, x_t.to(dtype), t, cond, uncond, cfg, schedule).float()
+        return family.x0(student, x_t.to(dtype), t, cond, schedule).float()
 
     x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, gen)
-    return decode_to_png(vae, x0)
+    return decode_to_png(vae, x0, family)
 
 
 @torch.no_grad()
 def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: NoiseSchedule, timesteps: list[int],
                            prompt_set: PromptSet, iteration: int, device: torch.device,
                            dtype: torch.dtype, versions: dict, checkpoint: Optional[str] = None,
-                           weights_sha256: Optional[str] = None, ema: bool = False) -> list[str]:
+                           weights_sha256: Optional[str] = None, ema: bool = False, family=None) -> list[str]:
     """Render every prompt with the student; returns the written PNG paths. `encode(list[str])`
     gives text embeddings (B, L, D). `checkpoint` / `weights_sha256`: the checkpoint folder name and
     the hash of its weight files the student holds (None for a validation render between checkpoints)."""
@@ -122,7 +125,7 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
             seed = item_seed(prompt_set, item)
             png = student_png(student=student, vae=vae, emb=encode([item.prompt]).to(device), schedule=schedule,
                               timesteps=timesteps, seed=seed, device=device, dtype=dtype,
-                              size=(prompt_set.width, prompt_set.height))
+                              size=(prompt_set.width, prompt_set.height), family=family)
             path = out_dir / f"{item.id}.png"
             atomic_write_bytes(path, png, durable=False)
             paths.append(str(path))
@@ -153,44 +156,63 @@ SCHEDULERS = {
 }
 
 
-def make_scheduler(name: str, base_config):
+FLOW_SAMPLER = "flow_match_euler"  # what a flow-matching teacher samples with, whatever the prompt set names
+
+
+def make_scheduler(name: str, base_config, family=None):
     """The named sampler, configured from the teacher's own scheduler config (its noise schedule
-    and prediction type)."""
+    and prediction type). A flow-matching family (SD3, Flux) has one sampler, its own
+    FlowMatchEulerDiscreteScheduler (shift and dynamic shifting from the config)."""
     import diffusers
 
+    if family is not None and family.flow:
+        return diffusers.FlowMatchEulerDiscreteScheduler.from_config(base_config)
     cls_name, extra = SCHEDULERS[name]
     return getattr(diffusers, cls_name).from_config(base_config, **extra)
 
 
-def sd_pipeline(modules, scheduler):
-    """A StableDiffusionPipeline on already-loaded modules (anything with vae, text_encoder,
-    tokenizer and unet: a dmad Teacher or another pipeline) with the given sampler; no safety
-    checker, no progress bar."""
-    from diffusers import StableDiffusionPipeline
+def sampler_name(name: str, family=None) -> str:
+    return FLOW_SAMPLER if family is not None and family.flow else name
 
-    pipe = StableDiffusionPipeline(vae=modules.vae, text_encoder=modules.text_encoder, tokenizer=modules.tokenizer,
-                                   unet=modules.unet, scheduler=scheduler, safety_checker=None,
-                                   feature_extractor=None, requires_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+
+def sd_pipeline(modules, scheduler):
+    """The family's diffusers pipeline (StableDiffusion / XL / 3 / Flux) on already-loaded modules
+    (a dmad Teacher, or another pipeline's components with unet/vae/text_encoder/tokenizer) with
+    the given sampler; no safety checker, no progress bar."""
+    family = getattr(modules, "family", None)
+    if family is None:
+        from dmad.models.families import Family
+
+        family = Family()
+        parts = {k: getattr(modules, k) for k in family.pipeline_components()}
+    else:
+        parts = modules.modules
+    return family.pipeline(parts, scheduler)
 
 
 def teacher_weight_files(teacher) -> list[Path]:
-    """The teacher UNet's weight files (the whole file for a single-file teacher): what the
+    """The teacher denoiser's weight files (the whole file for a single-file teacher): what the
     teacher's weights_sha256 covers."""
-    return [Path(f) for f in teacher.info.weights_files["unet"]]
+    return [Path(f) for f in teacher.info.weights_files[teacher.info.denoiser]]
 
 
 @torch.no_grad()
 def teacher_png(pipe, *, prompt: str, negative_prompt: Optional[str], seed: int, steps: int, cfg: float,
-                size: tuple[int, int], device: torch.device | str = "cpu") -> bytes:
+                size: tuple[int, int], device: torch.device | str = "cpu", family=None) -> bytes:
     """One teacher image from `pipe` (sd_pipeline), its noise drawn exactly as for the student (a
     CPU generator seeded with the item's seed), so teacher and student images of one item start
-    from the same latents."""
-    latents, gen = item_noise(seed, latent_shape(pipe.vae, *size))
-    latents = latents.to(device=device, dtype=next(pipe.unet.parameters()).dtype)
-    image = pipe(prompt, negative_prompt=negative_prompt or None, latents=latents, num_inference_steps=steps,
-                 guidance_scale=cfg, height=size[1], width=size[0], generator=gen, output_type="pt").images[0]
+    from the same latents. `family`: the teacher's (None: SD): its guidance arguments and latent layout."""
+    from dmad.models.families import Family
+
+    family = family or Family()
+    denoiser = getattr(pipe, family.denoiser_name)
+    noise, gen = item_noise(seed, latent_shape(pipe.vae, *size))
+    latents = family.pipe_latents(noise).to(device=device, dtype=next(denoiser.parameters()).dtype)
+    kwargs = family.pipe_call_kwargs(cfg, denoiser)
+    if negative_prompt:
+        kwargs["negative_prompt"] = negative_prompt
+    image = pipe(prompt, latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
+                 output_type="pt", **kwargs).images[0]
     return _png((image.float().permute(1, 2, 0).cpu().numpy() * 255.0).round().clip(0, 255).astype(np.uint8))
 
 
@@ -201,13 +223,14 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
     and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given)."""
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config))
+    family = teacher.family
+    pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config, family))
     paths, items = [], {}
     for item in prompt_set.items:
         seed = item_seed(prompt_set, item)
         png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
                           steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
-                          device=device)
+                          device=device, family=family)
         path = out_dir / f"{item.id}.png"
         atomic_write_bytes(path, png, durable=False)
         paths.append(str(path))
@@ -217,7 +240,7 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
     atomic_write_json(out_dir / "meta.json", {
         "source": "teacher", "iter": None, "model": "teacher",
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
-        "sampler": prompt_set.sampler, "steps": prompt_set.steps, "cfg": prompt_set.cfg,
+        "sampler": sampler_name(prompt_set.sampler, family), "steps": prompt_set.steps, "cfg": prompt_set.cfg,
         "resolution": [prompt_set.width, prompt_set.height], "items": items,
         "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
     })

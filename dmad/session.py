@@ -223,7 +223,7 @@ class Session:
     accelerator: Any
     device: torch.device
     weight_dtype: torch.dtype
-    teacher: Any  # dmad.models.teacher.Teacher (frozen unet, vae, text encoder, tokenizer)
+    teacher: Any  # dmad.models.teacher.Teacher (frozen denoiser, VAE, text encoders, tokenizers; its family)
     schedule: NoiseSchedule
     nets: Networks
     student: torch.nn.Module  # prepared (maybe DDP-wrapped) student
@@ -263,15 +263,15 @@ class Session:
 
     def encode_batch(self, batch: Any, rng: SampleRNG) -> tuple[torch.Tensor, torch.Tensor]:
         """A dmad.data.Batch -> latents (B, C, H/f, W/f) float32, a posterior sample drawn with the
-        per-sample noise (the same whether the posterior came from the cache or the VAE), and
-        text embeddings (B, L, D)."""
+        per-sample noise (the same whether the posterior came from the cache or the VAE), in the
+        family's latent space (scaled, shifted), and the text conditioning (a Cond)."""
         from dmad.encode import posteriors, text_embeddings
 
         t = self.teacher
         mean, std = posteriors(batch, t.vae, self.device, self.weight_dtype, self.cfg.resources.vae_batch_size,
                                self.caches)
-        latents = (mean + std * rng.randn_like(mean)) * t.vae.config.scaling_factor
-        emb = text_embeddings(batch.captions, batch.datasets, t.tokenizer, t.text_encoder, self.device, self.caches)
+        latents = t.family.latents(t.vae, mean + std * rng.randn_like(mean))
+        emb = text_embeddings(batch.captions, batch.datasets, t, self.device, self.caches)
         return latents, emb
 
     def student_input(self, shape: torch.Size, emb: torch.Tensor, iteration: int,
@@ -291,12 +291,12 @@ class Session:
 
         def x0_fn(x_t, t):
             with self.accelerator.autocast():
-                return self.schedule.to_x0(x_t, student(x_t, t, emb).sample, t).float()
+                return self.teacher.family.x0(student, x_t, t, emb, self.schedule)
 
         return backward_simulate(x0_fn, noise, self.timesteps, k, self.schedule, rng)
 
-    def student_x0(self, x_t: torch.Tensor, t: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        return self.schedule.to_x0(x_t, self.student(x_t, t, emb).sample, t).float()
+    def student_x0(self, x_t: torch.Tensor, t: torch.Tensor, emb) -> torch.Tensor:
+        return self.teacher.family.x0(self.student, x_t, t, emb, self.schedule)
 
     @contextlib.contextmanager
     def critic_frozen(self):
@@ -398,7 +398,6 @@ class Session:
             self.barrier()
 
     def _render_samples(self) -> None:
-        from dmad.models.teacher import encode_prompts
         from dmad.checkpoint import student_weight_files
         from dmad.sampling import library_versions, render_student_samples, sha256_files
 
@@ -413,7 +412,8 @@ class Session:
                 self.nets.ema.store(params)
                 self.nets.ema.copy_to(params)
             paths = render_student_samples(
-                out, student=student, vae=t.vae, encode=lambda p: encode_prompts(t.tokenizer, t.text_encoder, p, self.device),
+                out, student=student, vae=t.vae, family=t.family,
+                encode=lambda p: t.family.encode(t.modules, p, self.device),
                 schedule=self.schedule, timesteps=self.timesteps, prompt_set=self.prompt_set, iteration=self.iter,
                 device=self.device, dtype=torch.float32, versions=library_versions(),
                 checkpoint=ckpt.name if ckpt else None, ema=self.nets.ema is not None,

@@ -188,7 +188,7 @@ def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
             raise RunFailed(f"the distillation run {run_dir} left no checkpoint")
         checkpoint = latest[1]
     cfg = load_config(folder.config_json)
-    student, _ = load_checkpoint_student(teacher.unet, cfg.identity, checkpoint)
+    student, _ = load_checkpoint_student(teacher, cfg.identity, checkpoint)
     state = read_training_state(checkpoint)
     return student, state, state.iter
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
 
 
 class NoiseSchedule:
     """alphas_cumprod (T,) plus the prediction type of the model it describes."""
 
     def __init__(self, alphas_cumprod: torch.Tensor, prediction_type: str):
-        if prediction_type not in PREDICTION_TYPES:
+        if prediction_type not in PREDICTION_TYPES[:3]:
             raise ValueError(f"unknown prediction_type {prediction_type!r}; expected one of {', '.join(PREDICTION_TYPES)}")
         if alphas_cumprod.ndim != 1:
             raise ValueError(f"alphas_cumprod must be 1-D (T,), got shape {tuple(alphas_cumprod.shape)}")
@@ -73,6 +73,53 @@ class NoiseSchedule:
             return x0
         alpha, sigma = self.alpha_sigma(t, x0.ndim)
         return (alpha * noise.float() - sigma * x0.float()).to(x0.dtype)
+
+
+class FlowSchedule(NoiseSchedule):
+    """Rectified flow (SD3, Flux): x_t = (1 - s_t) x0 + s_t eps, the network predicts the velocity
+    v = eps - x0, so x0 = x_t - s_t v.
+
+    t is the same integer index as for DDPM, t in [0, T): s_t = shift(t + 1) / T with the
+    family's shift, shift(s) = k s / (1 + (k - 1) s) (diffusers FlowMatchEulerDiscreteScheduler:
+    sigmas = timesteps / T, then shifted). t = T - 1 is pure noise (s = 1, no signal), so a
+    1-step student starts from noise exactly as in DDPM. Stored as alpha = 1 - s, sigma = s.
+    """
+
+    def __init__(self, num_train_timesteps: int = 1000, shift: float = 1.0):
+        if num_train_timesteps < 1 or shift <= 0:
+            raise ValueError(f"need num_train_timesteps >= 1 and shift > 0, got {num_train_timesteps}, {shift}")
+        s = torch.arange(1, num_train_timesteps + 1, dtype=torch.float64) / num_train_timesteps
+        self.sigmas = (shift * s / (1 + (shift - 1) * s)).float()
+        self.shift = float(shift)
+        # alphas_cumprod only for callers that read it as "signal power": (1 - s)^2 / ((1 - s)^2 + s^2)
+        a = (1 - self.sigmas) ** 2
+        self.alphas_cumprod = a / (a + self.sigmas ** 2)
+        self.prediction_type = "flow"
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def num_train_timesteps(self) -> int:
+        return self.sigmas.shape[0]
+
+    def sigma_of(self, t: torch.Tensor) -> torch.Tensor:
+        """s_t (B,) float32 on t's device."""
+        table = self._on_device.get(t.device)
+        if table is None:
+            table = self._on_device.setdefault(t.device, self.sigmas.to(t.device))
+        return table[t.long()]
+
+    def alpha_sigma(self, t: torch.Tensor, ndim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if t.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"t must be an integer timestep tensor (B,), got {t.dtype}")
+        s = self.sigma_of(t).view(-1, *([1] * (ndim - 1)))
+        return 1.0 - s, s
+
+    def to_x0(self, x_t: torch.Tensor, model_output: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        _, sigma = self.alpha_sigma(t, x_t.ndim)
+        return (x_t.float() - sigma * model_output.float()).to(x_t.dtype)
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (noise.float() - x0.float()).to(x0.dtype)
 
 
 def cfg(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,5 +1,8 @@
-"""The teacher: a Stable Diffusion 1.x/2.x model, inspected without reading weights and loaded
-without ever unpickling.
+"""The teacher, inspected without reading weights and loaded without ever unpickling.
+
+Stable Diffusion 1.x/2.x are read here; SDXL, SD3 and Flux pipelines (dmad.models.pipelines) are
+recognised by model_index.json's _class_name and follow the same rules. The family object
+(dmad.models.families) then says how to encode prompts and call the denoiser.
 
 Two layouts:
   folder       a diffusers pipeline folder: model_index.json, unet/, vae/, text_encoder/,
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -64,22 +67,61 @@ class TeacherInfo:
     bottleneck_channels: int    # unet block_out_channels[-1]: the mid-block width the GAN head reads
     text_hidden_size: int       # D of the text embeddings: 768 (SD 1.x), 1024 (SD 2.x)
     unet_lora_params_per_rank: int  # sum(in + out) over the LORA_TARGETS linears: adapter = rank * this
+    denoiser: str = "unet"          # the denoiser's component name: "unet" | "transformer"
+    denoiser_config: dict = field(default_factory=dict)  # its resolved config (transformer widths for the ledger)
+    components: tuple[str, ...] = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     @property
     def has_weights(self) -> bool:
         return not self.missing_weights
 
+    @property
+    def denoiser_params(self) -> int:
+        return self.param_counts[self.denoiser]
 
-@dataclass
+    @property
+    def frozen_params(self) -> int:
+        """VAE + every text encoder."""
+        return sum(n for c, n in self.param_counts.items() if c != self.denoiser)
+
+
 class Teacher:
-    """Loaded, frozen (requires_grad False) and in eval mode."""
+    """Loaded, frozen (requires_grad False) and in eval mode. Components are reached by their
+    pipeline names (teacher.unet / .transformer, .vae, .text_encoder[_2|_3], .tokenizer[_2|_3]);
+    `denoiser` is the UNet or transformer whatever the family. A component not loaded is None."""
 
-    unet: Any           # diffusers UNet2DConditionModel (None when not asked for: load_teacher components)
-    vae: Any            # diffusers AutoencoderKL
-    text_encoder: Any   # transformers CLIPTextModel
-    tokenizer: Any      # transformers CLIPTokenizer
-    scheduler: Any      # diffusers DDPMScheduler: the training noise schedule
-    info: TeacherInfo
+    def __init__(self, modules: dict[str, Any], scheduler: Any, info: TeacherInfo, family: Any):
+        object.__setattr__(self, "modules", dict(modules))
+        object.__setattr__(self, "scheduler", scheduler)  # DDPM or flow-matching: the training schedule
+        object.__setattr__(self, "info", info)
+        object.__setattr__(self, "family", family)         # dmad.models.families.Family
+
+    def __getattr__(self, name: str) -> Any:
+        modules = object.__getattribute__(self, "modules")
+        if name in modules:
+            return modules[name]
+        if name in ("unet", "transformer", "text_encoder_2", "text_encoder_3", "tokenizer_2", "tokenizer_3"):
+            return None
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.modules or name in ("unet", "transformer"):
+            self.modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def denoiser(self) -> Any:
+        return self.modules.get(self.family.denoiser_name)
+
+    @denoiser.setter
+    def denoiser(self, value: Any) -> None:
+        self.modules[self.family.denoiser_name] = value
+
+    def networks(self) -> list[Any]:
+        """The loaded networks: denoiser, VAE, text encoders."""
+        return [m for m in self.modules.values() if isinstance(m, torch.nn.Module)]
 
 
 # --------------------------------------------------------------------------- files and configs
@@ -116,21 +158,28 @@ def read_safetensors_header(f: Path) -> dict[str, dict]:
     return header
 
 
-def _read_index(cdir: Path) -> None:
+def _read_index(cdir: Path) -> dict:
+    """model_index.json; for a StableDiffusionPipeline its components are checked here, the other
+    families' in dmad.models.pipelines."""
+    from dmad.models.families import PIPELINE_FAMILIES
+
     f = cdir / "model_index.json"
     if not f.is_file():
         raise UserInputError(f"{cdir}: not a diffusers pipeline folder (no model_index.json)")
     index = _read_json(f)
     cls = index.get("_class_name")
-    if cls != "StableDiffusionPipeline":
+    if cls not in PIPELINE_FAMILIES:
         raise UserInputError(f"{f}: unsupported model family ({cls}): this engine supports "
-                             f"Stable Diffusion 1.x/2.x (sd1, sd2)")
+                             f"{', '.join(PIPELINE_FAMILIES)}")
+    if cls != "StableDiffusionPipeline":
+        return index
     for name, (lib, classes) in EXPECTED.items():
         entry = index.get(name)
         ok = isinstance(entry, list) and len(entry) == 2 and entry[0] == lib
         if not ok or (classes is not None and entry[1] not in classes):
             want = " or ".join(classes) if classes else "a scheduler"
             raise UserInputError(f"{f}: component '{name}' is {json.dumps(entry)}; expected {lib} {want}")
+    return index
 
 
 def _read_configs(cdir: Path) -> dict[str, dict]:
@@ -267,29 +316,38 @@ def _check_file_matches(p: Path, header: dict, unet_cfg: Any, text_hidden: int, 
                                  f"teacher_config_dir {cdir}: the configs describe a different model")
 
 
-def _locate(p: Path, teacher_config_dir: Optional[str]) -> tuple[Path, dict, dict, tuple[str, ...]]:
-    """(config folder, weight files, their headers, missing-weight lines) of a folder or single file."""
+def _config_dir(p: Path, teacher_config_dir: Optional[str]) -> Path:
     if not p.exists():
         raise UserInputError(f"teacher not found: {p}")
     if p.is_dir():
         if teacher_config_dir is not None:
             raise UserInputError(f"teacher_config_dir is only for a single-file teacher, but {p} is a folder "
                                  f"(remove teacher_config_dir)")
-        _read_index(p)
-        return (p, *_weights_of_folder(p))
-    cdir = _single_file_config_dir(p, teacher_config_dir)
-    _read_index(cdir)
-    return (cdir, *_weights_of_file(p))
+        return p
+    return _single_file_config_dir(p, teacher_config_dir)
 
 
 def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None) -> TeacherInfo:
     """Read model_index.json, the component configs and the safetensors headers; no weights.
     Raises UserInputError (one line naming the path and the problem). Missing weights are not an
     error here (a dry run estimates memory from configs alone): see `weights_present`."""
-    if model_family not in ("auto", "sd1", "sd2"):
-        raise UserInputError(f"model_family '{model_family}' is not one of auto, sd1, sd2")
+    from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES
+
+    if model_family not in ("auto", *FAMILY_NAMES):
+        raise UserInputError(f"model_family '{model_family}' is not one of auto, {', '.join(FAMILY_NAMES)}")
     p = Path(path).expanduser()
-    cdir, files, headers, missing = _locate(p, teacher_config_dir)
+    cdir = _config_dir(p, teacher_config_dir)
+    index = _read_index(cdir)
+    cls = index.get("_class_name")
+    if cls != "StableDiffusionPipeline":
+        from dmad.models.pipelines import inspect_pipeline
+
+        family = PIPELINE_FAMILIES[cls][0]
+        if model_family not in ("auto", family):
+            raise UserInputError(f"{p}: model_family is '{model_family}' but the teacher is {family} ({cls}); "
+                                 f"set model_family to auto or {family}")
+        return inspect_pipeline(p, cdir, index, family)
+    files, headers, missing = _weights_of_folder(p) if p.is_dir() else _weights_of_file(p)
     configs = _read_configs(cdir)
     models = _meta_models(configs, cdir)
     unet_cfg, vae_cfg = models["unet"].config, models["vae"].config
@@ -375,28 +433,38 @@ def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Opti
                  dtype: torch.dtype = torch.float32, components: tuple[str, ...] = COMPONENTS) -> Teacher:
     """Load a frozen teacher on the CPU in `dtype`. Raises UserInputError for missing, corrupt or
     mismatched files. Cost: the file sizes in RAM (SD 1.5 in float32: ~4 GB). `components`: the
-    networks to load from a folder teacher (e.g. VAE and text encoder only, for `dmad cache`); the
-    others are None. A single-file teacher is always read whole."""
-    from diffusers import DDPMScheduler
+    networks to load from a folder teacher ("unet" or "denoiser", "vae", "text_encoder" = every
+    text encoder; e.g. VAE and text encoders only for `dmad cache`); the others are None. A
+    single-file teacher is always read whole."""
     from transformers import CLIPTokenizer
+
+    from dmad.models.families import make_family
+    from dmad.models.pipelines import load_pipeline_modules, scheduler_of
 
     info = inspect_teacher(path, model_family, teacher_config_dir)
     if not info.has_weights:
         raise UserInputError(f"teacher has no weights: missing {'; '.join(info.missing_weights)}")
     cdir = Path(info.config_dir)
-    tokenizer = _guarded("the tokenizer", str(cdir / "tokenizer"), lambda: CLIPTokenizer.from_pretrained(
-        str(cdir), subfolder="tokenizer", local_files_only=True))
-    nets = (_load_folder(info, dtype, components) if info.kind == "folder"
-            else _load_single_file(info, tokenizer, dtype))
-    for m in nets.values():
-        if m is not None:
-            m.requires_grad_(False).eval()
     sched_cfg = _read_json(cdir / "scheduler" / CONFIG_FILES["scheduler"])
+    if info.family in ("sd1", "sd2"):
+        tokenizer = _guarded("the tokenizer", str(cdir / "tokenizer"), lambda: CLIPTokenizer.from_pretrained(
+            str(cdir), subfolder="tokenizer", local_files_only=True))
+        wanted = tuple("unet" if c == "denoiser" else c for c in components)
+        modules = (_load_folder(info, dtype, wanted) if info.kind == "folder"
+                   else _load_single_file(info, tokenizer, dtype))
+        modules["tokenizer"] = tokenizer
+    else:
+        wanted = {info.denoiser if c in ("unet", "transformer", "denoiser") else c for c in components}
+        if "text_encoder" in wanted:
+            wanted |= {"text_encoder_2", "text_encoder_3"}
+        modules = load_pipeline_modules(info, dtype, tuple(wanted), _guarded)
+    for m in modules.values():
+        if isinstance(m, torch.nn.Module):
+            m.requires_grad_(False).eval()
+    family = make_family(info.family, info.vae_scale_factor, info.denoiser_config)
     # Latents are not bounded by [-1, 1]: clip_sample must be off. SD 1.x ships a PNDM config that
     # lacks the key, where DDPMScheduler would default it to True.
-    sched_cfg.setdefault("clip_sample", False)
-    return Teacher(unet=nets["unet"], vae=nets["vae"], text_encoder=nets["text_encoder"], tokenizer=tokenizer,
-                   scheduler=DDPMScheduler.from_config(sched_cfg), info=info)
+    return Teacher(modules, scheduler_of(family, sched_cfg), info, family)
 
 
 def encode_prompts(tokenizer: Any, text_encoder: Any, prompts: list[str], device: Any) -> torch.Tensor:

@@ -45,6 +45,13 @@ def _not_a_pipeline(tmp: Path, _) -> Path:
     return folder
 
 
+def _kandinsky(tmp: Path, _) -> Path:
+    folder = tmp / "kandinsky_teacher"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
+    return folder
+
+
 def _sdxl(tmp: Path, _) -> Path:
     folder = tmp / "sdxl_teacher"
     folder.mkdir()
@@ -109,7 +116,8 @@ CASES = [
     ("config_version_future", _cfg({"config_version": 99}), ["config_version 99", "not supported"]),
     ("teacher_missing", _teacher(lambda tmp, _: tmp / "no_such_teacher"), ["no_such_teacher", "not found"]),
     ("teacher_not_pipeline", _teacher(_not_a_pipeline), ["not_a_pipeline", "model_index.json"]),
-    ("teacher_sdxl", _teacher(_sdxl), ["sdxl_teacher", "StableDiffusionXLPipeline"]),
+    ("teacher_sdxl_incomplete", _teacher(_sdxl), ["sdxl_teacher", "component folder 'unet/' is missing"]),
+    ("teacher_unknown_family", _teacher(_kandinsky), ["kandinsky_teacher", "unsupported model family (KandinskyPipeline)"]),
     ("teacher_pickle", _teacher(_pickle_ckpt), ["model.ckpt", "safetensors"]),
     ("teacher_without_weights", _teacher(_weightless), ["teacher has no weights", "configs_only", "unet"]),
     ("data_empty", _data(_empty_dir("empty_data")), ["train_data_dir", "empty_data", "no images"]),

@@ -153,6 +153,10 @@ def _sdxl(p: Path) -> None:
     edit_json(p / "model_index.json", _class_name="StableDiffusionXLPipeline")
 
 
+def _kandinsky(p: Path) -> None:
+    edit_json(p / "model_index.json", _class_name="KandinskyPipeline")
+
+
 def _no_vae_folder(p: Path) -> None:
     shutil.rmtree(p / "vae")
 
@@ -180,7 +184,8 @@ def _inpainting_unet(p: Path) -> None:
 
 @pytest.mark.parametrize("damage, match, where", [
     (_no_index, "not a diffusers pipeline folder \\(no model_index.json\\)", ""),
-    (_sdxl, "unsupported model family \\(StableDiffusionXLPipeline\\).*sd1, sd2", "model_index.json"),
+    (_kandinsky, "unsupported model family \\(KandinskyPipeline\\).*StableDiffusionXLPipeline", "model_index.json"),
+    (_sdxl, "component 'text_encoder_2' is null; a StableDiffusionXLPipeline needs it", "model_index.json"),
     (_no_vae_folder, "component folder 'vae/' is missing", ""),
     (_no_unet_config, "missing \\(unet config\\)", "unet/config.json"),
     (_bad_json, "invalid JSON", "text_encoder/config.json"),

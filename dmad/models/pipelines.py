@@ -1,0 +1,216 @@
+"""Inspecting and loading SDXL, SD3 and Flux teachers (dmad.models.teacher handles SD 1.x/2.x and
+dispatches here on model_index.json's _class_name).
+
+The same rules as for SD: configs and safetensors headers are read without weights (a dry run,
+the ledger); weights only from .safetensors; nothing downloaded. Components are the entries of
+model_index.json: the denoiser (unet / transformer), the VAE, one to three text encoders and their
+tokenizers, the scheduler (its config only). An optional component may be null (SD3 without T5).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from dmad.errors import UserInputError
+from dmad.models.families import FAMILIES, Family
+
+# single-file (original layout) key prefixes per component, for the families that have one
+LDM_PREFIXES = {"sdxl": {"unet": "model.diffusion_model.", "vae": "first_stage_model.",
+                         "text_encoder": "conditioner.embedders.0.", "text_encoder_2": "conditioner.embedders.1."}}
+
+
+def networks(family: Family) -> tuple[str, ...]:
+    return (family.denoiser_name, "vae", *family.text_encoders)
+
+
+def _entry(index: dict, name: str, f: Path, family: Family) -> Optional[tuple[str, str]]:
+    e = index.get(name)
+    if (e is None or e == [None, None]) and name in family.optional_components:
+        return None
+    if not (isinstance(e, list) and len(e) == 2 and e[0] in ("diffusers", "transformers") and isinstance(e[1], str)):
+        raise UserInputError(f"{f}: component '{name}' is {json.dumps(e)}; a {family.pipeline_class} needs it")
+    return e[0], e[1]
+
+
+def read_components(cdir: Path, index: dict, family: Family) -> dict[str, tuple[str, str]]:
+    """{component: (library, class)} of the pipeline; absent optional components left out."""
+    f = cdir / "model_index.json"
+    out = {}
+    for name in (*networks(family), *family.tokenizers, "scheduler"):
+        e = _entry(index, name, f, family)
+        if e is None:
+            continue
+        if not (cdir / name).is_dir():
+            raise UserInputError(f"{cdir}: component folder '{name}/' is missing")
+        out[name] = e
+    return out
+
+
+def _config(cdir: Path, name: str) -> dict:
+    from dmad.models.teacher import _read_json
+
+    file = "scheduler_config.json" if name == "scheduler" else "config.json"
+    f = cdir / name / file
+    if not f.is_file():
+        raise UserInputError(f"{f}: missing ({name} config)")
+    return _read_json(f)
+
+
+def meta_model(cdir: Path, name: str, library: str, cls_name: str) -> torch.nn.Module:
+    """The network on the meta device (exact parameter count, resolved config, no memory)."""
+    from accelerate import init_empty_weights
+
+    cfg = _config(cdir, name)
+    lib = __import__(library)
+    cls = getattr(lib, cls_name, None)
+    if cls is None:
+        raise UserInputError(f"{cdir / 'model_index.json'}: unknown {library} class {cls_name} for '{name}'")
+    try:
+        with init_empty_weights():
+            if library == "diffusers":
+                return cls.from_config(cfg)
+            return cls(cls.config_class.from_dict(cfg))
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise UserInputError(f"{cdir / name / 'config.json'}: invalid {name} config ({e.__class__.__name__}: {e})") from e
+
+
+def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family):
+    from dmad.models.teacher import PICKLE_SUFFIXES, _folder_weights, read_safetensors_header
+
+    files, headers, missing = {}, {}, []
+    for c in networks(family):
+        if c not in comps:
+            continue
+        base = "diffusion_pytorch_model" if comps[c][0] == "diffusers" else "model"
+        files[c] = _folder_weights(p / c, base)
+        headers[c] = [read_safetensors_header(f) for f in files[c]]
+        if not files[c]:
+            pickles = [f.name for f in sorted((p / c).glob("*")) if f.suffix.lower() in PICKLE_SUFFIXES]
+            hint = (f" (found only {', '.join(pickles)}: pickle checkpoints are never loaded; convert to .safetensors)"
+                    if pickles else "")
+            missing.append(f"{p / c / base}.safetensors{hint}")
+    return files, headers, tuple(missing)
+
+
+def weights_of_file(p: Path, comps: dict, family: Family):
+    from dmad.models.teacher import read_safetensors_header
+
+    prefixes = LDM_PREFIXES[family.name]
+    header = read_safetensors_header(p)
+    headers = {c: [{k: v for k, v in header.items() if k.startswith(pre)}] for c, pre in prefixes.items()}
+    files = {c: (p,) if headers[c][0] else () for c in prefixes}
+    missing = tuple(f"{c} weights ({prefixes[c]}* keys) in {p}" for c in prefixes if not files[c])
+    return files, headers, missing
+
+
+def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
+    """TeacherInfo of an SDXL / SD3 / Flux folder (or SDXL single file with its config folder)."""
+    from dmad.models.teacher import LORA_TARGETS, TeacherInfo, _stored_dtype
+
+    family = FAMILIES[family_name]()
+    if p.is_file() and not family.single_file:
+        raise UserInputError(f"{p}: a single-file {family_name} teacher is not supported; give its diffusers "
+                             f"pipeline folder (model_index.json, {family.denoiser_name}/, vae/, text encoders)")
+    comps = read_components(cdir, index, family)
+    for tok in family.tokenizers:
+        if tok in comps and not any((cdir / tok / n).is_file() for n in
+                                    ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer_config.json")):
+            raise UserInputError(f"{cdir / tok}: no tokenizer files")
+    models = {c: meta_model(cdir, c, *comps[c]) for c in networks(family) if c in comps}
+    files, headers, missing = (weights_of_file(p, comps, family) if p.is_file()
+                               else weights_of_folder(p, comps, family))
+    den = models[family.denoiser_name].config
+    vae = models["vae"].config
+    sched = _config(cdir, "scheduler")
+    prediction = "flow" if family.flow else sched.get("prediction_type", "epsilon")
+    if prediction not in ("epsilon", "v_prediction", "flow"):
+        raise UserInputError(f"{cdir / 'scheduler'}: prediction_type '{prediction}' is not supported (epsilon or v_prediction)")
+    if family.flow:
+        text_hidden = int(den.joint_attention_dim)
+        sample = getattr(den, "sample_size", None) or 128
+        feature = int(den.num_attention_heads * den.attention_head_dim)
+        blocks: tuple[int, ...] = ()
+        if family_name == "flux" and den.in_channels != 4 * vae.latent_channels:
+            raise UserInputError(f"{cdir / 'transformer'}: in_channels {den.in_channels} is not 4 x the VAE's "
+                                 f"{vae.latent_channels} latent channels (Flux packs 2x2 latent patches)")
+        if family_name == "sd3" and den.in_channels != vae.latent_channels:
+            raise UserInputError(f"{cdir / 'transformer'}: in_channels {den.in_channels} differ from the VAE's "
+                                 f"{vae.latent_channels} latent channels")
+    else:
+        text_hidden = int(den.cross_attention_dim)
+        sample = den.sample_size
+        blocks = tuple(int(c) for c in den.block_out_channels)
+        feature = blocks[-1]
+        if not den.in_channels == den.out_channels == vae.latent_channels:
+            raise UserInputError(f"{cdir / 'unet'}: UNet in/out channels {den.in_channels}/{den.out_channels} differ "
+                                 f"from the VAE's {vae.latent_channels} latent channels: inpainting, depth and "
+                                 f"upscaling models are not supported")
+    targets = family.lora_targets
+    lora = sum(m.in_features + m.out_features for n, m in models[family.denoiser_name].named_modules()
+               if isinstance(m, torch.nn.Linear) and n.endswith(targets))
+    cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(den).items() if not k.startswith("_")}
+    return TeacherInfo(
+        path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family_name,
+        prediction_type=prediction,
+        param_counts={c: sum(t.numel() for t in m.parameters()) for c, m in models.items()},
+        weights_dtype={c: _stored_dtype(headers.get(c, [])) for c in models},
+        weights_present={c: bool(files.get(c)) for c in models},
+        weights_files={c: tuple(str(f) for f in files.get(c, ())) for c in models}, missing_weights=missing,
+        sample_size=int(sample if isinstance(sample, int) else sample[0]),
+        vae_scale_factor=2 ** (len(vae.block_out_channels) - 1), latent_channels=int(vae.latent_channels),
+        unet_block_out_channels=blocks, bottleneck_channels=feature, text_hidden_size=text_hidden,
+        unet_lora_params_per_rank=lora, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
+        components=tuple(comps), lora_targets=targets if targets != LORA_TARGETS else LORA_TARGETS)
+
+
+def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[str, ...]],
+                          guarded: Callable[[str, str, Callable[[], Any]], Any]) -> dict[str, Any]:
+    """{component: module or tokenizer} of an SDXL / SD3 / Flux teacher; networks not in
+    `components` (None: all) are None."""
+    import diffusers
+    import transformers
+
+    from dmad.models.teacher import _read_json, _variant
+
+    family = FAMILIES[info.family]()
+    cdir = Path(info.config_dir)
+    index = _read_json(cdir / "model_index.json")
+    comps = read_components(cdir, index, family)
+    out: dict[str, Any] = {c: None for c in (*networks(family), *family.tokenizers)}
+    for tok in family.tokenizers:
+        if tok in comps:
+            cls = getattr(transformers, comps[tok][1])
+            out[tok] = guarded("the tokenizer", str(cdir / tok), lambda cls=cls, tok=tok: cls.from_pretrained(
+                str(cdir), subfolder=tok, local_files_only=True))
+    wanted = [c for c in networks(family) if c in comps and (components is None or c in components)]
+    if info.kind == "single_file":
+        pipe_cls = getattr(diffusers, family.pipeline_class)
+        pipe = guarded("the single-file checkpoint", info.path, lambda: pipe_cls.from_single_file(
+            info.path, config=info.config_dir, local_files_only=True, dtype=dtype,
+            **{t: out[t] for t in family.tokenizers}))
+        for c in wanted:
+            out[c] = getattr(pipe, c)
+        return out
+    for c in wanted:
+        lib, cls_name = comps[c]
+        cls = getattr(diffusers if lib == "diffusers" else transformers, cls_name)
+        kwargs = dict(subfolder=c, local_files_only=True, use_safetensors=True, dtype=dtype)
+        if lib == "diffusers":
+            kwargs["variant"] = _variant(info.weights_files[c][0])
+        out[c] = guarded(c, str(Path(info.path) / c), lambda cls=cls, kwargs=kwargs: cls.from_pretrained(
+            info.path, **kwargs))
+    return out
+
+
+def scheduler_of(family: Family, sched_cfg: dict) -> Any:
+    """The training noise schedule's scheduler: DDPM for UNet families (clip_sample off), flow
+    matching Euler for SD3 / Flux (shift and dynamic shifting from the teacher's config)."""
+    from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
+
+    if family.flow:
+        return FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
+    sched_cfg.setdefault("clip_sample", False)
+    return DDPMScheduler.from_config(sched_cfg)
