@@ -51,11 +51,12 @@ def _encode_uncond(teacher, device):
 TEACHER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def quantize_teacher(net: torch.nn.Module, precision: str) -> None:
-    """Weight-only int8 / fp8 of the frozen denoiser's linear layers (dmad.models.quant), computing in bf16."""
+def quantize_teacher(net: torch.nn.Module, precision: str) -> int:
+    """Weight-only int8 / fp8 of the frozen denoiser's linear layers (dmad.models.quant), computing
+    in bf16. Returns the number of weights stored in 1 byte."""
     from dmad.models.quant import quantize_linears
 
-    quantize_linears(net, precision)
+    return quantize_linears(net, precision)
 
 
 def offload_between_calls(net: torch.nn.Module, device: torch.device) -> None:
@@ -72,19 +73,20 @@ def offload_between_calls(net: torch.nn.Module, device: torch.device) -> None:
     net.register_forward_hook(down, with_kwargs=True)
 
 
-def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool) -> None:
+def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool) -> str:
     """Cast, quantise and move the frozen teacher. The denoiser gets resources.teacher_precision
     (auto: the mixed-precision dtype); the text encoders the mixed-precision dtype; the VAE too,
     except for a family whose VAE must stay float32 (SDXL). With offload, the denoiser and the
-    text encoders live in CPU memory between their calls."""
+    text encoders live in CPU memory between their calls. Returns a line for the engine log."""
     fam = teacher.family
     den = teacher.denoiser
+    quantized = 0
     for m in teacher.networks():
         m.requires_grad_(False)
         m.eval()
         if m is den:
             if precision in ("int8", "fp8"):
-                quantize_teacher(m, precision)
+                quantized = quantize_teacher(m, precision)
             else:
                 m.to(dtype=TEACHER_DTYPES.get(precision, wdtype))
         elif m is teacher.vae:
@@ -96,6 +98,11 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
             offload_between_calls(m, device)
         else:
             m.to(device)
+    den_dtype = f"{precision} ({quantized / 1e6:.1f} M linear weights, the rest bf16)" if quantized else \
+        str(next(den.parameters()).dtype).removeprefix("torch.")
+    vae_dtype = str(next(teacher.vae.parameters()).dtype).removeprefix("torch.")
+    where = "CPU memory, on the device per call" if offload and device.type != "cpu" else str(device)
+    return f"teacher {fam.name}: denoiser {den_dtype}, VAE {vae_dtype}; frozen networks in {where}"
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
@@ -129,7 +136,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
 
         caches = make_caches(dataset, teacher, wdtype)
         log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
-    place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload)
+    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload))
     betas = (opt.adam_beta1, opt.adam_beta2)
     opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
                            opt.adam_epsilon, opt.adam_weight_decay)

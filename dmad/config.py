@@ -175,6 +175,14 @@ class TrainConfig(_Group):
     def effective_batch(self, num_processes: int = 1) -> int:
         return self.resources.train_batch_size * self.resources.gradient_accumulation_steps * num_processes
 
+    @model_validator(mode="after")
+    def _offload_and_gan(self) -> "TrainConfig":
+        if self.resources.teacher_cpu_offload and self.distillation.gan_head_placement == "teacher_bottleneck":
+            raise ValueError("resources.teacher_cpu_offload cannot be used with distillation.gan_head_placement "
+                             "teacher_bottleneck: the GAN loss backpropagates through the teacher, whose weights "
+                             "offload moves off the GPU after each call; use fake_score_bottleneck")
+        return self
+
 
 # --------------------------------------------------------------------------- loading with clear errors
 

@@ -6,6 +6,7 @@ the same weights give the same pixels whichever device trains and however far tr
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -103,7 +104,8 @@ def student_png(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[i
             return family.guided_x0(student, x_t.to(dtype), t, cond, uncond, cfg, schedule).float()
         return family.x0(student, x_t.to(dtype), t, cond, schedule).float()
 
-    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, gen)
+    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, gen,
+                        noise_fn=lambda like: family.fresh_noise(like, gen))
     return decode_to_png(vae, x0, family)
 
 
@@ -211,9 +213,35 @@ def teacher_png(pipe, *, prompt: str, negative_prompt: Optional[str], seed: int,
     kwargs = family.pipe_call_kwargs(cfg, denoiser)
     if negative_prompt:
         kwargs["negative_prompt"] = negative_prompt
+    if not family.decode_in_pipeline:
+        out = pipe(prompt, latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
+                   output_type="latent", **kwargs).images
+        return decode_to_png(pipe.vae, family.unpack_pipe_latents(out, *noise.shape[-2:]), family)
     image = pipe(prompt, latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
                  output_type="pt", **kwargs).images[0]
     return _png((image.float().permute(1, 2, 0).cpu().numpy() * 255.0).round().clip(0, 255).astype(np.uint8))
+
+
+@contextlib.contextmanager
+def inputs_in_own_dtype(net: torch.nn.Module):
+    """While rendering with a diffusers pipeline: cast the floating inputs of `net` to its own
+    dtype. A pipeline assumes one dtype for all its modules; training may hold the denoiser in
+    another (teacher_precision bf16 / int8 / fp8 beside float32 text encoders)."""
+    from dmad.models.families import net_dtype
+
+    dtype = net_dtype(net)
+
+    def cast(x):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def pre(module, args, kwargs):
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    handle = net.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @torch.no_grad()
@@ -228,9 +256,10 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
     paths, items = [], {}
     for item in prompt_set.items:
         seed = item_seed(prompt_set, item)
-        png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
-                          steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
-                          device=device, family=family)
+        with inputs_in_own_dtype(teacher.denoiser):
+            png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
+                              steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
+                              device=device, family=family)
         path = out_dir / f"{item.id}.png"
         atomic_write_bytes(path, png, durable=False)
         paths.append(str(path))

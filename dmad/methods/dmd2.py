@@ -175,16 +175,18 @@ def _fresh_noise(like: torch.Tensor, generator: Optional[torch.Generator]) -> to
 
 
 def _rollout(student_x0_fn: StudentX0Fn, noise: torch.Tensor, timesteps: list[int], steps: int,
-             schedule: NoiseSchedule, generator: Optional[torch.Generator]):
+             schedule: NoiseSchedule, generator: Optional[torch.Generator], noise_fn=None):
     """Run `steps` student steps from pure noise at timesteps[0]; each x0 is re-noised to the next
-    timestep with fresh noise. Returns (x, t) at step `steps` and the last x0 (None if steps == 0)."""
+    timestep with fresh noise (noise_fn(x0), or drawn from `generator` in x0's layout). Returns
+    (x, t) at step `steps` and the last x0 (None if steps == 0)."""
+    fresh = noise_fn or (lambda like: _fresh_noise(like, generator))
     x, x0 = noise, None
     for i in range(steps):
         t = torch.full((noise.shape[0],), timesteps[i], dtype=torch.long, device=noise.device)
         x0 = student_x0_fn(x, t)
         if i + 1 < len(timesteps):
             t_next = torch.full_like(t, timesteps[i + 1])
-            x = schedule.add_noise(x0, _fresh_noise(x0, generator), t_next).to(noise.dtype)
+            x = schedule.add_noise(x0, fresh(x0), t_next).to(noise.dtype)
     t = torch.full((noise.shape[0],), timesteps[min(steps, len(timesteps) - 1)], dtype=torch.long,
                    device=noise.device)
     return x, t, x0
@@ -207,9 +209,12 @@ def backward_simulate(student_x0_fn: StudentX0Fn, noise: torch.Tensor, timesteps
 
 @torch.no_grad()
 def sample_student(student_x0_fn: StudentX0Fn, noise: torch.Tensor, timesteps: list[int],
-                   schedule: NoiseSchedule, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """The student's len(timesteps)-step sampler (same re-noising as training); returns x0."""
+                   schedule: NoiseSchedule, generator: Optional[torch.Generator] = None,
+                   noise_fn=None) -> torch.Tensor:
+    """The student's len(timesteps)-step sampler (same re-noising as training); returns x0.
+    `noise_fn(like)`: the re-noising draw, when it must follow a pipeline's layout (Flux draws in
+    its packed token layout, so an exported student reproduces these pixels)."""
     if not timesteps:
         raise ValueError("the student needs at least one timestep")
-    _, _, x0 = _rollout(student_x0_fn, noise, timesteps, len(timesteps), schedule, generator)
+    _, _, x0 = _rollout(student_x0_fn, noise, timesteps, len(timesteps), schedule, generator, noise_fn)
     return x0

@@ -86,6 +86,8 @@ class FeatureTap:
 
     def _store(self, module: nn.Module, inputs, output) -> None:
         if self.tokens:
+            if self.grid is None:  # a call not made through Family.predict (a pipeline's), or a
+                return             # gradient-checkpointing recompute: nothing to keep
             # SD3 JointTransformerBlock and Flux's double block return (encoder_hidden_states, hidden_states)
             h = output[1] if isinstance(output, (tuple, list)) else output
             gh, gw = self.grid
@@ -172,9 +174,14 @@ class Family:
         indices t (B,), in x_t's layout. Inputs are cast to the network's dtype."""
         cond = as_cond(cond)
         dt = net_dtype(net)
-        for tap in _taps(net):
+        taps = _taps(net)
+        for tap in taps:
             tap.grid = self.token_grid(net, x_t)
-        return self._call(net, x_t.to(dt), t, cond.to(x_t.device, dt), schedule, guidance)
+        try:
+            return self._call(net, x_t.to(dt), t, cond.to(x_t.device, dt), schedule, guidance)
+        finally:
+            for tap in taps:
+                tap.grid = None
 
     def x0(self, net: nn.Module, x_t: torch.Tensor, t: torch.Tensor, cond: Any, schedule: NoiseSchedule,
            guidance: Optional[float] = None) -> torch.Tensor:
@@ -251,6 +258,20 @@ class Family:
         """Item noise (1, C, h, w) in the layout the pipeline's `latents=` takes."""
         return noise
 
+    # SD's pipeline decodes its own latents (the teacher images of earlier runs stay bit-identical);
+    # the others return latents that Family.decode turns into pixels in the VAE's own dtype (SDXL's
+    # float32 VAE under a bf16 denoiser), unpacked first for Flux
+    decode_in_pipeline = True
+
+    def unpack_pipe_latents(self, latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        return latents
+
+    def fresh_noise(self, like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """A sampler's re-noising draw from a CPU generator, in the layout the family's pipeline
+        draws it (so an exported student gives the same pixels); returned like `like`."""
+        n = torch.randn(like.shape, generator=generator, device=generator.device, dtype=torch.float32)
+        return n.to(device=like.device, dtype=like.dtype)
+
     def pipe_call_kwargs(self, scale: float, denoiser: nn.Module) -> dict:
         """The pipeline-call arguments that apply the prompt set's guidance scale."""
         return {"guidance_scale": scale}
@@ -262,6 +283,7 @@ class SD2Family(Family):
 
 class SDXLFamily(Family):
     name = "sdxl"
+    decode_in_pipeline = False
     pipeline_class = "StableDiffusionXLPipeline"
     text_encoders = ("text_encoder", "text_encoder_2")
     tokenizers = ("tokenizer", "tokenizer_2")
@@ -299,6 +321,7 @@ class SDXLFamily(Family):
 
 class SD3Family(Family):
     name = "sd3"
+    decode_in_pipeline = False
     pipeline_class = "StableDiffusion3Pipeline"
     denoiser_name = "transformer"
     denoiser_class = "SD3Transformer2DModel"
@@ -410,6 +433,18 @@ class FluxFamily(SD3Family):
 
         b, c, h, w = noise.shape
         return FluxPipeline._pack_latents(noise, b, c, h, w)
+
+    def fresh_noise(self, like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        # FluxPipeline's scheduler draws in the packed (B, h/2 * w/2, 4C) layout
+        b, c, h, w = like.shape
+        n = torch.randn((b, (h // 2) * (w // 2), 4 * c), generator=generator, device=generator.device,
+                        dtype=torch.float32)
+        return self.unpack_pipe_latents(n, h, w).to(device=like.device, dtype=like.dtype)
+
+    def unpack_pipe_latents(self, latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        b, n, c4 = latents.shape
+        c = c4 // 4
+        return latents.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
     def pipe_call_kwargs(self, scale: float, denoiser: nn.Module) -> dict:
         # guidance-distilled (dev): the scale is the embedded guidance; otherwise true CFG on ""

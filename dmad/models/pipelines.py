@@ -77,6 +77,16 @@ def meta_model(cdir: Path, name: str, library: str, cls_name: str) -> torch.nn.M
         raise UserInputError(f"{cdir / name / 'config.json'}: invalid {name} config ({e.__class__.__name__}: {e})") from e
 
 
+def param_count(model: torch.nn.Module) -> int:
+    """Parameters as loaded: a tied copy (T5's encoder.embed_tokens is shared.weight once loaded,
+    transformers' _tied_weights_keys) counts once, although a meta model built from the config
+    holds both."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    names = {n for n, _ in model.named_parameters()}
+    skip = {k for k, v in tied.items() if v in names} if isinstance(tied, dict) else set()
+    return sum(p.numel() for n, p in model.named_parameters() if n not in skip)
+
+
 def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family):
     from dmad.models.teacher import PICKLE_SUFFIXES, _folder_weights, read_safetensors_header
 
@@ -155,7 +165,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
     return TeacherInfo(
         path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family_name,
         prediction_type=prediction,
-        param_counts={c: sum(t.numel() for t in m.parameters()) for c, m in models.items()},
+        param_counts={c: param_count(m) for c, m in models.items()},
         weights_dtype={c: _stored_dtype(headers.get(c, [])) for c in models},
         weights_present={c: bool(files.get(c)) for c in models},
         weights_files={c: tuple(str(f) for f in files.get(c, ())) for c in models}, missing_weights=missing,

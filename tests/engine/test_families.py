@@ -1,0 +1,168 @@
+"""The model-family registry against diffusers itself: the engine's guided x0 of each family equals
+what the family's own pipeline computes, so the timestep convention, micro-conditioning, latent
+packing, pooled embeddings, unconditional embedding and guidance rule are the pipeline's."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dmad.methods.dmd2 import GanHead  # noqa: E402
+from dmad.methods.prediction import FlowSchedule  # noqa: E402
+from dmad.models.families import FAMILIES, Cond, make_family  # noqa: E402
+from dmad.models.teacher import inspect_teacher, load_teacher  # noqa: E402
+from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
+
+BUILDERS = {
+    "sdxl": lambda p: make_tiny_sdxl_pipeline(p),
+    "sdxl_v": lambda p: make_tiny_sdxl_pipeline(p, prediction_type="v_prediction", seed=1),
+    "sd3": lambda p: make_tiny_sd3_pipeline(p),
+    "sd3_t5": lambda p: make_tiny_sd3_pipeline(p, with_t5=True),
+    "flux": lambda p: make_tiny_flux_pipeline(p),
+    "flux_cfg": lambda p: make_tiny_flux_pipeline(p, guidance_embeds=False),
+}
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name, build in BUILDERS.items():
+        build(root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("name, family, prediction", [
+    ("sdxl", "sdxl", "epsilon"), ("sdxl_v", "sdxl", "v_prediction"), ("sd3", "sd3", "flow"),
+    ("sd3_t5", "sd3", "flow"), ("flux", "flux", "flow"), ("flux_cfg", "flux", "flow")])
+def test_inspect_reads_family_without_weights(teachers, name, family, prediction):
+    info = inspect_teacher(str(teachers[name]))
+    assert (info.family, info.prediction_type) == (family, prediction)
+    assert info.has_weights and info.denoiser == FAMILIES[family].denoiser_name
+    t = load_teacher(str(teachers[name]))
+    assert sum(p.numel() for p in t.denoiser.parameters()) == info.denoiser_params
+    assert info.frozen_params == sum(sum(p.numel() for p in m.parameters()) for m in t.networks()
+                                     if m is not t.denoiser)
+    assert t.text_encoder_3 is (None if name == "sd3" else t.text_encoder_3)
+
+
+def test_model_family_mismatch_is_one_line(teachers):
+    from dmad.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="model_family is 'sdxl' but the teacher is flux"):
+        inspect_teacher(str(teachers["flux"]), model_family="sdxl")
+
+
+def test_flow_schedule_matches_diffusers_sigmas():
+    """FlowSchedule's s_t at t = 999, 749, ... are diffusers' shifted sigmas at timesteps 1000, 750, ..."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    for shift in (1.0, 3.0):
+        sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+        fs = FlowSchedule(1000, shift)
+        # the scheduler's full table runs from timestep 1000 (index 0) down to 1
+        torch.testing.assert_close(fs.sigmas.flip(0), sched.sigmas.float(), rtol=0, atol=1e-6)
+    fs = FlowSchedule(1000, 3.0)
+    t = torch.tensor([999, 500, 0])
+    x0, eps = torch.randn(3, 4, 2, 2), torch.randn(3, 4, 2, 2)
+    x_t = fs.add_noise(x0, eps, t)
+    torch.testing.assert_close(fs.to_x0(x_t, fs.target(x0, eps, t), t), x0, atol=1e-5, rtol=0)
+    assert float(fs.sigma_of(torch.tensor([999]))) == 1.0  # the first student step is pure noise
+
+
+def _pipeline_one_step_x0(t, prompt: str, scale: float, noise: torch.Tensor):
+    """One sampler step of the family's own pipeline from pure noise, whose result is the guided x0
+    prediction: flow Euler from sigma 1 to 0 (x - 1 * v), or DDIM 'trailing' from t = 999 to
+    alpha 1 (x0)."""
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+
+    fam = t.family
+    if fam.flow:
+        sched = FlowMatchEulerDiscreteScheduler.from_config(t.scheduler.config)
+    else:
+        sched = DDIMScheduler.from_config(t.scheduler.config, timestep_spacing="trailing", set_alpha_to_one=True,
+                                          clip_sample=False)
+    pipe = fam.pipeline(t.modules, sched)
+    h, w = noise.shape[-2] * fam.vae_factor, noise.shape[-1] * fam.vae_factor
+    kwargs = fam.pipe_call_kwargs(scale, t.denoiser)
+    out = pipe(prompt, latents=fam.pipe_latents(noise), num_inference_steps=1, height=h, width=w,
+               output_type="latent", **kwargs).images
+    return fam.unpack_pipe_latents(out, *noise.shape[-2:])
+
+
+@pytest.mark.parametrize("name", ["sdxl", "sdxl_v", "sd3", "sd3_t5", "flux", "flux_cfg"])
+def test_guided_x0_equals_the_pipeline(teachers, name):
+    t = load_teacher(str(teachers[name]))
+    fam = t.family
+    schedule = fam.schedule(t.scheduler, resolution=32)
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(1, t.info.latent_channels, 16, 16, generator=gen)
+    prompt, scale = "a red square on a black background", 3.0
+    with torch.no_grad():
+        cond = fam.encode(t.modules, [prompt], "cpu")
+        uncond = None if fam.guidance_embedded(t.denoiser) else fam.uncond(t.modules, "cpu")
+        ours = fam.guided_x0(t.denoiser, noise, torch.tensor([999]), cond, uncond, scale, schedule)
+        if name.startswith("flux"):  # dynamic shifting: Flux's shift at 32 px; s = 1 whatever the shift
+            assert float(schedule.sigma_of(torch.tensor([999]))) == pytest.approx(1.0)
+        theirs = _pipeline_one_step_x0(t, prompt, scale, noise)
+    torch.testing.assert_close(ours, theirs.float(), atol=2e-5, rtol=1e-4)
+    if not fam.guidance_embedded(t.denoiser):  # guidance changes the answer (the check above is not vacuous)
+        plain = fam.x0(t.denoiser, noise, torch.tensor([999]), cond, schedule)
+        assert (plain - ours).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux"])
+def test_feature_tap_and_gan_head_backpropagate(teachers, name):
+    """The GAN head reads the family's features ((B, C, h, w): UNet mid block, or the middle joint
+    block's image tokens on the patch grid) and its loss reaches the network's input."""
+    t = load_teacher(str(teachers[name]))
+    fam = t.family
+    net = copy.deepcopy(t.denoiser).requires_grad_(True)
+    tap = fam.tap(net)
+    schedule = fam.schedule(t.scheduler, resolution=32)
+    x = torch.randn(2, t.info.latent_channels, 16, 12, requires_grad=True)  # not square: the grid's order matters
+    cond = fam.encode(t.modules, ["a", "b"], "cpu")
+    fam.predict(net, x, torch.tensor([500, 20]), cond, schedule)
+    feats = tap.features
+    assert feats.shape[:2] == (2, fam.feature_channels(net)) and feats.ndim == 4
+    if name != "sdxl":
+        assert feats.shape[2:] == fam.token_grid(net, x)
+    head = GanHead(fam.feature_channels(net), hidden=16)
+    head(feats).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    # a call outside Family.predict (a pipeline's) leaves the tap alone
+    tap.features = None
+    with torch.no_grad():
+        fam.predict(net, x.detach(), torch.tensor([1, 1]), cond, schedule)
+    assert tap.features is not None
+    tap.remove()
+
+
+def test_flux_packing_round_trip():
+    fam = make_family("flux", vae_factor=8)
+    x = torch.randn(2, 16, 8, 6)
+    torch.testing.assert_close(fam.unpack_pipe_latents(fam.pipe_latents(x), 8, 6), x, rtol=0, atol=0)
+
+
+def test_flux_dynamic_shift_follows_resolution(teachers):
+    t = load_teacher(str(teachers["flux"]))
+    s_small = t.family.schedule(t.scheduler, resolution=32).shift
+    s_big = t.family.schedule(t.scheduler, resolution=2048).shift
+    # exp(mu): mu = 0.5 at 256 image tokens and 1.15 at 4096, linear in the token count
+    assert s_big > s_small
+    fam = make_family("flux", vae_factor=8)
+    assert fam.schedule(t.scheduler, resolution=256).shift == pytest.approx(2.718281828 ** 0.5, rel=1e-6)
+    assert fam.schedule(t.scheduler, resolution=1024).shift == pytest.approx(2.718281828 ** 1.15, rel=1e-6)
+
+
+def test_cond_helpers():
+    c = Cond(emb=torch.randn(1, 3, 4), pooled=torch.randn(1, 5))
+    both = Cond.cat([c.expand(2), c.expand(2)])
+    assert both.batch == 4 and both["pooled"].shape == (4, 5)
+    items = [both.item(j) for j in range(4)]
+    assert Cond.stack(items)["emb"].shape == (4, 3, 4)
+    assert c.to(dtype=torch.bfloat16)["emb"].dtype == torch.bfloat16
