@@ -1,0 +1,208 @@
+"""`dmad export` for the SDXL, SD3 (without T5) and Flux (guidance embedding) families: train tiny
+students (full and LoRA) with the real CLI, export them, load the result with the family's plain
+diffusers pipeline and run the README's exact lines against the run's own samples."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.test_export import _engine_images, _train
+
+torch = pytest.importorskip("torch")
+
+FAMILIES = ("sdxl", "sd3", "flux")
+CLASSES = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline"}
+FULL = {"distillation": {"student_steps": 2, "ema_decay": 0.5}}
+# lora_alpha != rank: the file must carry the scale alpha / r = 2; a high generator_lr moves the
+# adapter (B starts at zero) far enough in 2 iterations for the comparisons to mean something
+LORA = {"identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4, "lora_alpha": 8},
+        "optimization": {"generator_lr": 1e-3},
+        "distillation": {"student_steps": 2, "critic_updates_per_generator_update": 1}}
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory) -> dict[str, Path]:
+    """One tiny teacher folder per family (SD3 without T5, Flux with guidance embedding)."""
+    from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline
+
+    root = tmp_path_factory.mktemp("family_teachers")
+    make_tiny_sdxl_pipeline(root / "sdxl")
+    make_tiny_sd3_pipeline(root / "sd3", with_t5=False)
+    make_tiny_flux_pipeline(root / "flux", guidance_embeds=True)
+    return {f: root / f for f in FAMILIES}
+
+
+def _run(tmp_path_factory, family: str, kind: str, teachers, data: Path, prompts: Path) -> Path:
+    extra = json.loads(json.dumps(FULL if kind == "full" else LORA))
+    return _train(tmp_path_factory.mktemp(f"export_{family}_{kind}"), f"{family}-{kind}", extra, teachers[family],
+                  data, prompts)
+
+
+def _export(run: Path, fmt: str) -> Path:
+    """In process (saves a torch import per export); the CLI path is test_export.py's."""
+    from dmad import export
+
+    assert export.main(str(run), "2", fmt, None) == 0
+    out = run / "export" / f"iter_2-{fmt}"
+    assert out.is_dir() and not any(p.name.startswith(".tmp-") for p in out.parent.iterdir())
+    return out
+
+
+def _load(family: str, folder: Path):
+    """The exported folder with the family's plain diffusers pipeline class."""
+    import diffusers
+
+    extra = {"text_encoder_3": None, "tokenizer_3": None} if family == "sd3" else {}
+    pipe = getattr(diffusers, CLASSES[family]).from_pretrained(str(folder), local_files_only=True, **extra)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _readme_image(out: Path) -> tuple[np.ndarray, object]:
+    """The python block of the export's README.md, run as written (in process): (its image, its pipe)."""
+    code = (out / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code, str(out / "README.md"), "exec"), scope)  # noqa: S102 - the export's own usage lines
+    scope["pipe"].set_progress_bar_config(disable=True)
+    return np.asarray(scope["image"].convert("RGB")), scope["pipe"]
+
+
+def _diff(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    assert got.shape == want.shape
+    return np.abs(got.astype(int) - want.astype(int))
+
+
+def _check_against_samples(out: Path, run: Path, family: str, tol: int) -> None:
+    """The README's lines render the run's first prompt as samples/iter_2/<id>.png, within `tol`
+    code values (a 2-step student: the re-noising draws must match too; Flux draws them in its
+    packed layout, as the engine's Flux sampler does)."""
+    doc = json.loads((out / "dmad_export.json").read_text())
+    want = _engine_images(run, 2)["red"]
+    got, _ = _readme_image(out)
+    assert doc["exact"] is True
+    d = _diff(got, want)
+    assert d.max() <= tol and d.mean() < 0.05, (family, out.name, d.max(), d.mean())
+
+
+def _check_doc(out: Path, family: str, fmt: str) -> dict:
+    doc = json.loads((out / "dmad_export.json").read_text())
+    assert (doc["family"], doc["pipeline_class"], doc["format"]) == (family, CLASSES[family], fmt)
+    assert doc["student_timesteps"] == [999, 499] and doc["checkpoint"] == "iter_2"
+    readme = (out / "README.md").read_text()
+    assert CLASSES[family] in readme
+    if family == "flux":  # the guidance embedding the student was trained with (real_guidance_scale)
+        assert doc["guidance_embedded"] is True and doc["guidance_scale"] == 3.0
+        assert "guidance_scale=3.0" in readme and "_pack_latents" in readme
+    else:
+        assert doc["guidance_scale"] == 1.0 and "guidance_scale=1.0" in readme
+    if family in ("sd3", "flux"):
+        assert doc["scheduler"] == {"class": "FlowMatchEulerDiscreteScheduler", "shift": 1.0,
+                                    "use_dynamic_shifting": False, "stochastic_sampling": True}
+        assert f"sigmas={doc['student_sigmas']!r}" in readme and "torch.set_rng_state" in readme
+    else:
+        assert doc["scheduler"]["class"] == "LCMScheduler" and "num_inference_steps=2" in readme
+    if family == "sd3":
+        assert "text_encoder_3=None, tokenizer_3=None" in readme
+    return doc
+
+
+def _check_scheduler(pipe, family: str, doc: dict) -> None:
+    """The loaded pipeline's scheduler steps through the engine's timesteps / sigmas."""
+    pipe.scheduler.set_timesteps(**({"sigmas": doc["student_sigmas"], "mu": 0.0} if family != "sdxl"
+                                    else {"num_inference_steps": 2}))
+    if family == "sdxl":
+        assert type(pipe.scheduler).__name__ == "LCMScheduler"
+        assert pipe.scheduler.timesteps.tolist() == [999, 499]
+    else:
+        assert type(pipe.scheduler).__name__ == "FlowMatchEulerDiscreteScheduler"
+        want = torch.tensor(doc["student_sigmas"], dtype=torch.float32)
+        assert torch.equal(pipe.scheduler.sigmas, torch.cat([want, torch.zeros(1)]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_student_exports_to_the_family_pipeline(family, teachers, tiny_data, tiny_prompt_set,
+                                                     tmp_path_factory):
+    run = _run(tmp_path_factory, family, "full", teachers, tiny_data, tiny_prompt_set)
+    out = _export(run, "diffusers")
+    doc = _check_doc(out, family, "diffusers")
+    assert doc["weights"] == "ema" and doc["student"] == "full"
+    assert not [p for p in out.rglob("*") if p.suffix in (".bin", ".ckpt", ".pt", ".pth")]  # safetensors only
+    index = json.loads((out / "model_index.json").read_text())
+    assert index["_class_name"] == CLASSES[family]
+    if family == "sd3":
+        assert index["text_encoder_3"] == [None, None] and index["tokenizer_3"] == [None, None]
+    pipe = _load(family, out)
+    _check_scheduler(pipe, family, doc)
+    # the same latents, re-noising draws and arithmetic as the engine's render: the same pixels
+    _check_against_samples(out, run, family, tol=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_student_exports_as_lora_and_as_fused_pipeline(family, teachers, tiny_data, tiny_prompt_set,
+                                                            tmp_path_factory):
+    run = _run(tmp_path_factory, family, "lora", teachers, tiny_data, tiny_prompt_set)
+    lora_out, fused_out = _export(run, "lora"), _export(run, "diffusers")
+    doc = _check_doc(lora_out, family, "lora")
+    _check_doc(fused_out, family, "diffusers")
+    assert (lora_out / "pytorch_lora_weights.safetensors").is_file() and (lora_out / "scheduler").is_dir()
+
+    fused = _load(family, fused_out)
+    den = "unet" if family == "sdxl" else "transformer"
+    assert not any("lora" in k for k in getattr(fused, den).state_dict())
+
+    # the teacher + the LoRA file + the exported scheduler, as README.md says: the adapter is
+    # loaded (denoiser outputs change) and the first prompt renders as the engine's sample
+    teacher = _load(family, teachers[family])
+    base = {k: v.clone() for k, v in getattr(teacher, den).state_dict().items()}
+    got, pipe = _readme_image(lora_out)
+    lora_keys = [k for k in getattr(pipe, den).state_dict() if "lora" in k]
+    assert lora_keys, "load_lora_weights put no adapter on the teacher"
+    assert all(torch.equal(base[k], v) for k, v in getattr(pipe, den).state_dict().items() if k in base)
+    # the trained adapter is in the fused weights (W + s B A differs from the teacher's W)
+    moved = max((v - base[k]).abs().max().item() for k, v in getattr(fused, den).state_dict().items())
+    assert moved > 1e-5, moved
+    _check_scheduler(pipe, family, doc)
+    # fused weights (W + sBA) and diffusers' re-created adapter round differently from the
+    # engine's adapter, so a pixel may land a code value off
+    _check_against_samples(lora_out, run, family, tol=2)
+    _check_against_samples(fused_out, run, family, tol=2)
+
+
+@pytest.mark.parametrize("config", [{"shift": 3.0}, {"use_dynamic_shifting": True, "base_shift": 0.5,
+                                                     "max_shift": 1.15, "shift": 1.0}])
+def test_flow_scheduler_is_the_student_sampler(config):
+    """The exported flow scheduler, given the usage lines' sigmas, steps through exactly the
+    engine's sigmas (no second shift) and its loop with the generator equals dmad's sampler bit for
+    bit (without training), for a fixed shift (SD3) and Flux's dynamic shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from dmad.config import Distillation
+    from dmad.export import check_flow_scheduler_matches, flow_student_scheduler, student_sigmas
+    from dmad.methods.dmd2 import sample_student
+    from dmad.models.families import make_family
+
+    teacher_sched = FlowMatchEulerDiscreteScheduler(**config)
+    schedule = make_family("flux" if config.get("use_dynamic_shifting") else "sd3", vae_factor=8).schedule(
+        teacher_sched, 512)
+    assert schedule.shift != 1.0  # the engine's sigmas are shifted: a second shift would change them
+    model = lambda x, t: torch.tanh(x * 0.7 + t.float().view(-1, 1, 1, 1) / 1000)  # noqa: E731 - any fixed function
+    for n in (1, 2, 3, 4):
+        ts = Distillation(student_steps=n).resolved_student_timesteps()
+        sched = flow_student_scheduler(teacher_sched.config)
+        check_flow_scheduler_matches(sched, schedule, ts)
+        sched.set_timesteps(sigmas=student_sigmas(schedule, ts), mu=0.0)
+
+        gen = torch.Generator("cpu").manual_seed(n)
+        noise = torch.randn((1, 4, 8, 8), generator=gen)
+        want = sample_student(lambda x, t: schedule.to_x0(x, model(x, schedule.sigma_of(t) * 1000), t), noise, ts,
+                              schedule, gen)
+        gen = torch.Generator("cpu").manual_seed(n)
+        x = torch.randn((1, 4, 8, 8), generator=gen)
+        for t in sched.timesteps:
+            x = sched.step(model(x, t.view(1)), t, x, generator=gen, return_dict=False)[0]
+        assert torch.equal(x, want), (n, (x - want).abs().max().item())
