@@ -55,12 +55,12 @@ def parse_ints(text: Optional[str], what: str, multiple_of: int = 1) -> Optional
 
 
 def _ledger_gb(cfg: TrainConfig, batch: int, resolution: int, info) -> Optional[float]:
-    from dmad.memory import config_ledger
+    from dmad.memory import config_ledger, ledger_total
 
     c = cfg.model_copy(deep=True)
     c.resources.train_batch_size, c.resources.resolution = batch, resolution
     try:
-        return round(sum(x.gib for x in config_ledger(c, info)), 4)
+        return round(ledger_total(config_ledger(c, info)), 4)
     except Exception:  # noqa: BLE001 - the estimate is a column, never a reason to stop
         return None
 

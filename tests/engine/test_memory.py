@@ -191,3 +191,182 @@ def test_the_ledger_matches_the_measured_peak_on_cpu(tmp_path):
     lines = json.loads(ledger.stdout)["lines"]
     estimate = sum(x["gib"] for x in lines if x["name"] != "margin")
     assert 0.5 <= measured / estimate <= 1.5, (measured, estimate)
+
+
+# --------------------------------------------------------------------------- every family, real sizes
+
+REAL = ("sdxl-base-1.0", "sd3-medium", "sd3.5-large", "flux-dev")
+
+
+@pytest.fixture(scope="module")
+def real_infos(tmp_path_factory):
+    """TeacherInfo of configs-only folders of the published models (tests/engine/real_configs.py)."""
+    from dmad.models.teacher import inspect_teacher
+    from tests.engine.real_configs import write_real_config_folder
+
+    root = tmp_path_factory.mktemp("real")
+    return {m: inspect_teacher(str(write_real_config_folder(root / m, m))) for m in REAL}
+
+
+def test_real_configs_match_the_published_parameter_counts(real_infos):
+    """Within 1% per component, as inspect_teacher counts them (T5-XXL's tied input embedding
+    once: dmad.models.pipelines.param_count)."""
+    from tests.engine.real_configs import FAMILY, PUBLISHED
+
+    for m, info in real_infos.items():
+        assert info.family == FAMILY[m]
+        assert set(info.param_counts) == set(PUBLISHED[m])
+        for c, n in info.param_counts.items():
+            assert abs(n / PUBLISHED[m][c] - 1) <= 0.01, (m, c, n, PUBLISHED[m][c])
+
+
+@pytest.mark.parametrize("model", REAL)
+@pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "fp16", "int8", "fp8"])
+def test_teacher_line_is_params_times_bytes_per_param(real_infos, model, precision):
+    from dmad.memory import LINEAR_SHARE
+
+    info = real_infos[model]
+    word = "UNet" if info.denoiser == "unet" else "transformer"
+    got = ledger(info, teacher_precision=precision)[f"teacher {word} (frozen)"]
+    share, outs = LINEAR_SHARE[info.family]
+    per = {"auto": 2, "fp32": 4, "bf16": 2, "fp16": 2}.get(precision, share + 2 * (1 - share) + 4 * outs)
+    assert got == pytest.approx(info.denoiser_params * per / 2 ** 30)
+    if precision in ("int8", "fp8"):
+        assert got < ledger(info, teacher_precision="bf16")[f"teacher {word} (frozen)"]
+
+
+def test_int8_share_is_measured_per_family(real_infos):
+    """LINEAR_SHARE's constants are what the meta models of the published configs give."""
+    import torch
+
+    from dmad.memory import LINEAR_SHARE
+    from dmad.models.pipelines import meta_model
+    from tests.engine.real_configs import MODELS
+
+    for m in ("sdxl-base-1.0", "sd3-medium", "flux-dev"):
+        info = real_infos[m]
+        net = meta_model(Path(info.config_dir), info.denoiser, *MODELS[m][1][info.denoiser][:2])
+        linears = [x for x in net.modules() if type(x) is torch.nn.Linear]
+        share = sum(x.weight.numel() for x in linears) / info.denoiser_params
+        assert LINEAR_SHARE[info.family][0] == pytest.approx(share, abs=5e-4)
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_offload_moves_the_teacher_and_text_encoders_to_cpu_ram(real_infos, model):
+    from dmad.memory import ledger_total
+
+    info = real_infos[model]
+    kw = dict(student="lora", fake_score="lora", teacher_precision="int8")
+    on = estimate_ledger(info, **{**BASE, **kw, "teacher_cpu_offload": True})
+    off = estimate_ledger(info, **{**BASE, **kw})
+    assert ledger_total(on) < ledger_total(off)
+    names = [x.name for x in on]
+    assert not any(n.startswith("teacher") and n.endswith("(frozen)") for n in names)
+    assert "text encoders (frozen)" not in names
+    cpu = [x for x in on if x.scope == "cpu"]
+    assert len(cpu) == 1 and "CPU RAM" in cpu[0].name
+    by_off = {x.name: x.gib for x in off}
+    teacher = next(v for k, v in by_off.items() if k.startswith("teacher"))
+    assert cpu[0].gib == pytest.approx(teacher + by_off["text encoders (frozen)"])
+    transient = {x.name: x.gib for x in on}["teacher offload (transient)"]
+    text = {c: n * 2 / 2 ** 30 for c, n in info.param_counts.items() if c.startswith("text_encoder")}
+    assert transient == pytest.approx(max(teacher, *text.values()))
+    assert sum(x.gib for x in on) > ledger_total(on)  # the CPU line is shown, not added
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_gradient_checkpointing_lowers_transformer_and_unet_activations(real_infos, model):
+    info = real_infos[model]
+    off = ledger(info, resolution=1024)["activations"]
+    on = ledger(info, resolution=1024, gradient_checkpointing=True)["activations"]
+    assert 0 < on < off / 3
+    assert ledger(info, resolution=512)["activations"] < off
+
+
+def test_transformer_activations_follow_tokens_and_width(real_infos):
+    """Flux at 1024 px: (64x64 packed image + 512 T5 tokens) x 3072 wide x (19 x 27 + 38 x 27)
+    values x 2 graphs x 2 bytes."""
+    info = real_infos["flux-dev"]
+    want = (64 * 64 + 512) * 3072 * (19 * 27 + 38 * 27) * 2 * 2 / 2 ** 30
+    assert ledger(info, resolution=1024)["activations"] == pytest.approx(want)
+    sd3 = real_infos["sd3-medium"]
+    assert ledger(sd3, resolution=1024)["activations"] == pytest.approx(
+        (64 * 64 + 333) * 1536 * 24 * 21 * 2 * 2 / 2 ** 30)
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_lora_student_and_fake_far_below_full(real_infos, model):
+    info = real_infos[model]
+    full, lora = ledger(info), ledger(info, student="lora", fake_score="lora")
+    assert lora["student (LoRA r=64)"] + lora["fake score (LoRA r=64)"] < 0.35 * (
+        full["student (full)"] + full["fake score (full)"])
+    assert lora["student (LoRA r=64)"] > info.denoiser_params * 4 / 2 ** 30  # its frozen fp32 copy
+
+
+def test_sdxl_vae_counted_in_fp32(real_infos):
+    info = real_infos["sdxl-base-1.0"]
+    for mp in ("bf16", "fp16", "no"):
+        lines = ledger(info, mixed_precision=mp)
+        assert lines["VAE (frozen)"] == pytest.approx(info.param_counts["vae"] * 4 / 2 ** 30)
+        assert lines["text encoders (frozen)"] == pytest.approx(
+            (info.param_counts["text_encoder"] + info.param_counts["text_encoder_2"]) * BYTES_OF[mp] / 2 ** 30)
+    assert ledger(real_infos["flux-dev"])["VAE (frozen)"] == pytest.approx(
+        real_infos["flux-dev"].param_counts["vae"] * 2 / 2 ** 30)
+
+
+BYTES_OF = {"bf16": 2, "fp16": 2, "no": 4}
+
+
+def test_text_encoders_line_counts_every_encoder(real_infos):
+    info = real_infos["sd3-medium"]
+    n = sum(v for c, v in info.param_counts.items() if c.startswith("text_encoder"))
+    assert n > 5e9  # T5-XXL included
+    assert ledger(info)["text encoders (frozen)"] == pytest.approx(n * 2 / 2 ** 30)
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_format_and_json_name_the_family(real_infos, model):
+    from types import SimpleNamespace
+
+    from dmad.memory import ledger_json
+
+    info = real_infos[model]
+    lines = estimate_ledger(info, **{**BASE, "student": "lora", "fake_score": "lora", "teacher_cpu_offload": True})
+    assert lines.family == info.family
+    assert format_ledger(lines).splitlines()[0].startswith(f"family {info.family}")
+    cfg = SimpleNamespace(
+        resources=SimpleNamespace(train_batch_size=1, resolution=512, mixed_precision="bf16",
+                                  gradient_checkpointing=False, teacher_precision="auto", teacher_cpu_offload=True),
+        identity=SimpleNamespace(student="lora", fake_score="lora", lora_rank=64, model_family="auto"),
+        optimization=SimpleNamespace(optimizer="adamw"))
+    out = ledger_json(cfg, lines)
+    assert out["family"] == info.family
+    assert out["total_gib"] == pytest.approx(sum(x["gib"] for x in out["lines"] if x["scope"] == "gpu"), abs=1e-3)
+    assert any(x["scope"] == "cpu" for x in out["lines"])
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, dmad_cli):
+    import json
+
+    from tests.engine.real_configs import FAMILY, write_real_config_folder
+
+    teacher = write_real_config_folder(tmp_path / model, model)
+    config = write_config({"identity": {"pretrained_model_name_or_path": str(teacher), "student": "lora",
+                                        "fake_score": "lora"},
+                           "resources": {"resolution": 1024, "mixed_precision": "bf16", "teacher_precision": "int8",
+                                         "teacher_cpu_offload": True, "gradient_checkpointing": True}})
+    r = dmad_cli("ledger", "--config", str(config), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["family"] == FAMILY[model] and out["total_gib"] > 0
+    assert out["inputs"]["teacher_precision"] == "int8" and out["inputs"]["teacher_cpu_offload"] is True
+    table = dmad_cli("ledger", "--config", str(config))
+    assert table.returncode == 0 and f"family {FAMILY[model]}" in table.stdout
+
+
+def test_docs_table_is_the_ledgers_output(tmp_path):
+    """docs/memory.md's "Per family on a 24 GB card" table is exactly what the ledger prints now."""
+    from tests.engine.real_configs import ledger_table
+
+    assert ledger_table(tmp_path) in (REPO / "docs" / "memory.md").read_text(encoding="utf-8")
