@@ -128,7 +128,8 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
                           lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
                           gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
-                          gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family)
+                          gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family,
+                          base_dtype=wdtype)
     check_buckets(groups, teacher, ident.train_data_dir)
     caches = None
     if res.cache_latents:

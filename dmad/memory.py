@@ -267,7 +267,8 @@ def _denoiser_word(info: "TeacherInfo") -> str:
     return "UNet" if info.denoiser == "unet" else "transformer"
 
 
-def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: str) -> LedgerLine:
+def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: str,
+               mixed_precision: str = "no") -> LedgerLine:
     n = info.denoiser_params
     per_trainable = 4 * (2 + OPTIMIZER_STATES[optimizer])  # fp32 master + grad + states
     states = f"{OPTIMIZER_STATES[optimizer]} {optimizer} states"
@@ -277,8 +278,11 @@ def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: 
     adapter = rank * info.unet_lora_params_per_rank
     targets = "to_q/k/v/out" if tuple(info.lora_targets) == ("to_q", "to_k", "to_v", "to_out.0") \
         else "/".join(info.lora_targets)
-    return LedgerLine(f"{name} (LoRA r={rank})", (n * 4 + adapter * per_trainable) / GIB,
-                      f"frozen fp32 copy of the {_denoiser_word(info)} + {adapter / 1e6:.2f} M adapter params on "
+    # the frozen base of a LoRA copy is held in the autocast dtype (dmad.networks.make_trainable_copy)
+    base = BYTES[mixed_precision]
+    return LedgerLine(f"{name} (LoRA r={rank})", (n * base + adapter * per_trainable) / GIB,
+                      f"frozen {DTYPE_NAME[mixed_precision]} copy of the {_denoiser_word(info)} + "
+                      f"{adapter / 1e6:.2f} M adapter params on "
                       f"{targets} (rank x (in + out)), fp32 + grads + {states}")
 
 
@@ -393,8 +397,8 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
     lines = [] if teacher_cpu_offload else [LedgerLine(f"teacher {word} (frozen)", teacher_gib, teacher_how)]
     lines += [
-        _trainable("student", student, info, lora_rank, optimizer),
-        _trainable("fake score", fake_score, info, lora_rank, optimizer),
+        _trainable("student", student, info, lora_rank, optimizer, mixed_precision),
+        _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision),
         LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
                    f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
                    f"fp32 + grads + optimizer states"),

@@ -35,13 +35,21 @@ def add_lora(unet: nn.Module, rank: int, alpha: Optional[int], targets: tuple[st
 
 
 def make_trainable_copy(teacher_unet: nn.Module, mode: str, rank: int, alpha: Optional[int],
-                        gradient_checkpointing: bool, targets: tuple[str, ...] = LORA_TARGETS) -> nn.Module:
-    """A float32 copy of the teacher's denoiser (UNet or transformer), fully trainable or with a LoRA adapter."""
+                        gradient_checkpointing: bool, targets: tuple[str, ...] = LORA_TARGETS,
+                        base_dtype: Optional[torch.dtype] = None) -> nn.Module:
+    """A float32 copy of the teacher's denoiser (UNet or transformer), fully trainable or with a
+    LoRA adapter. `base_dtype` (LoRA only): the frozen base weights in that dtype (the autocast
+    dtype under mixed precision: only the adapter is trained, so only it needs fp32 master
+    weights; for SDXL this halves the copy, 10.2 -> 5.1 GB)."""
     unet = copy.deepcopy(teacher_unet)
     object.__setattr__(unet, "_dmad_taps", [])  # feature taps belong to the network they were put on
     unet = unet.float()
     if mode == "lora":
         add_lora(unet, rank, alpha, targets)
+        if base_dtype is not None and base_dtype != torch.float32:
+            for p in unet.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(base_dtype)
     else:
         unet.requires_grad_(True)
     if gradient_checkpointing:
@@ -83,15 +91,16 @@ class Networks:
 
 def build_networks(teacher_unet: nn.Module, *, student: str, fake_score: str, lora_rank: int,
                    lora_alpha: Optional[int], gradient_checkpointing: bool, ema_decay: Optional[float],
-                   gan_on_teacher: bool, family=None) -> Networks:
+                   gan_on_teacher: bool, family=None, base_dtype: Optional[torch.dtype] = None) -> Networks:
     """Copies are made from the float32 teacher before it is cast down. `family`
     (dmad.models.families.Family; None: SD) gives the LoRA targets and the GAN feature width."""
     from dmad.models.families import Family
 
     family = family or Family()
-    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing, family.lora_targets)
+    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing, family.lora_targets,
+                            base_dtype)
     f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing,
-                            family.lora_targets)
+                            family.lora_targets, base_dtype)
     head = GanHead(family.feature_channels(teacher_unet if gan_on_teacher else f))
     ema = None
     if ema_decay is not None:

@@ -166,3 +166,31 @@ def test_cond_helpers():
     items = [both.item(j) for j in range(4)]
     assert Cond.stack(items)["emb"].shape == (4, 3, 4)
     assert c.to(dtype=torch.bfloat16)["emb"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["sdxl", "flux"])
+def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
+    """Under mixed precision a LoRA student / fake score keeps only its adapter in fp32 (master
+    weights); the frozen base copy is bf16, half the memory, and still runs under autocast."""
+    from dmad.networks import build_networks, trainable_parameters
+
+    t = load_teacher(str(teachers[name]))
+    nets = build_networks(t.denoiser, student="lora", fake_score="lora", lora_rank=4, lora_alpha=None,
+                          gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=t.family,
+                          base_dtype=torch.bfloat16)
+    for net in (nets.student, nets.fake_score):
+        trainable = {id(p) for p in trainable_parameters(net)}
+        assert trainable and all(p.dtype == torch.float32 for p in trainable_parameters(net))
+        frozen = [p for p in net.parameters() if id(p) not in trainable]
+        assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    schedule = t.family.schedule(t.scheduler, resolution=32)
+    cond = t.family.encode(t.modules, ["a"], "cpu")
+    x = torch.randn(1, t.info.latent_channels, 16, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = t.family.x0(nets.student, x, torch.tensor([500]), cond, schedule)
+    out.float().pow(2).mean().backward()
+    assert all(p.grad is not None for p in trainable_parameters(nets.student))
+    full = build_networks(t.denoiser, student="full", fake_score="lora", lora_rank=4, lora_alpha=None,
+                          gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=t.family,
+                          base_dtype=torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in full.student.parameters())  # a full copy trains every weight
