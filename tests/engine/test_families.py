@@ -194,3 +194,27 @@ def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
                           gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=t.family,
                           base_dtype=torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in full.student.parameters())  # a full copy trains every weight
+
+
+@pytest.mark.parametrize("fmt, bound", [("int8", 0.015), ("fp8", 0.08)])
+def test_weight_only_quantisation(fmt, bound):
+    """int8 / fp8 storage of linear weights: 1 byte each, close outputs, dtype casts leave the
+    stored format alone; the other layers go to bf16."""
+    from dmad.models.quant import WeightOnlyLinear, linear_params, quantize_linears
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8))
+    x = torch.randn(16, 64)
+    ref = net(x)
+    n = linear_params(net)
+    assert quantize_linears(net, fmt) == n == 64 * 64 + 64 * 8
+    net.float()  # a cast must not undo the storage format
+    q = [m for m in net.modules() if isinstance(m, WeightOnlyLinear)]
+    assert len(q) == 2 and all(m.qweight.element_size() == 1 and m.scale.dtype == torch.float32 for m in q)
+    assert q[0].qweight.dtype == (torch.int8 if fmt == "int8" else torch.float8_e4m3fn)
+    assert net[2].weight.dtype == torch.float32  # .float() applies to the other layers as usual
+    out = net(x)
+    assert out.dtype == torch.float32
+    rel = ((out - ref).abs().max() / ref.abs().max()).item()
+    assert rel < bound, rel
+    assert not any(p.requires_grad for p in net.parameters())
