@@ -204,9 +204,14 @@ def teacher_png(pipe, *, prompt: str, negative_prompt: Optional[str], seed: int,
     """One teacher image from `pipe` (sd_pipeline), its noise drawn exactly as for the student (a
     CPU generator seeded with the item's seed), so teacher and student images of one item start
     from the same latents. `family`: the teacher's (None: SD): its guidance arguments and latent layout."""
-    from dmad.models.families import Family
+    from dmad.models.families import Family, quiet_pipeline_logs
 
     family = family or Family()
+    with quiet_pipeline_logs():
+        return _teacher_png(pipe, prompt, negative_prompt, seed, steps, cfg, size, device, family)
+
+
+def _teacher_png(pipe, prompt, negative_prompt, seed, steps, cfg, size, device, family) -> bytes:
     denoiser = getattr(pipe, family.denoiser_name)
     noise, gen = item_noise(seed, latent_shape(pipe.vae, *size))
     latents = family.pipe_latents(noise).to(device=device, dtype=next(denoiser.parameters()).dtype)

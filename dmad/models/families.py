@@ -21,6 +21,7 @@ Families:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Optional
 
@@ -66,6 +67,21 @@ class Cond(dict):
 def as_cond(x: Any) -> Cond:
     """A Cond from a Cond or a bare (B, L, D) embedding tensor (SD-family callers, tests)."""
     return x if isinstance(x, Cond) else Cond(emb=x)
+
+
+@contextlib.contextmanager
+def quiet_pipeline_logs():
+    """A pipeline's encode_prompt warns on every call whose prompt CLIP truncates (77 tokens): once
+    per batch in a training log. Truncation is the rule for every family (SD's own encoder does it
+    silently), so those calls run with diffusers' logging at ERROR."""
+    from diffusers.utils import logging as dlog
+
+    level = dlog.get_verbosity()
+    dlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        dlog.set_verbosity(level)
 
 
 # --------------------------------------------------------------------------- feature taps
@@ -118,7 +134,6 @@ class Family:
     optional_components: tuple[str, ...] = ()  # may be null in model_index.json (SD3's T5)
     flow = False
     lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
-    single_file = True  # from_single_file with a local config folder is supported
     vae_fp32 = False    # the VAE overflows in fp16/bf16 and stays float32 (SDXL's)
 
     denoiser_class = "UNet2DConditionModel"
@@ -298,14 +313,16 @@ class SDXLFamily(Family):
         return pipe
 
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
-        emb, _, pooled, _ = self._encoder_pipe(modules).encode_prompt(
-            list(prompts), device=device, do_classifier_free_guidance=False)
+        with quiet_pipeline_logs():
+            emb, _, pooled, _ = self._encoder_pipe(modules).encode_prompt(
+                list(prompts), device=device, do_classifier_free_guidance=False)
         return Cond(emb=emb, pooled=pooled)
 
     def uncond(self, modules: dict, device: Any) -> Cond:
         # as the pipeline makes it: zeros when force_zeros_for_empty_prompt (SDXL base), else ""
         pipe = self._encoder_pipe(modules)
-        _, neg, _, neg_pooled = pipe.encode_prompt([""], device=device, do_classifier_free_guidance=True)
+        with quiet_pipeline_logs():
+            _, neg, _, neg_pooled = pipe.encode_prompt([""], device=device, do_classifier_free_guidance=True)
         return Cond(emb=neg, pooled=neg_pooled)
 
     def _call(self, net, x, t, cond, schedule, guidance):
@@ -330,7 +347,6 @@ class SD3Family(Family):
     optional_components = ("text_encoder_3", "tokenizer_3")
     flow = True
     lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
-    single_file = False
     max_sequence_length = 256
 
     def _encoder_pipe(self, modules: dict) -> Any:
@@ -350,8 +366,10 @@ class SD3Family(Family):
 
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
         p = list(prompts)
-        emb, _, pooled, _ = self._encoder_pipe(modules).encode_prompt(
-            p, p, p, device=device, do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length)
+        with quiet_pipeline_logs():
+            emb, _, pooled, _ = self._encoder_pipe(modules).encode_prompt(
+                p, p, p, device=device, do_classifier_free_guidance=False,
+                max_sequence_length=self.max_sequence_length)
         return Cond(emb=emb, pooled=pooled)
 
     def _call(self, net, x, t, cond, schedule, guidance):
@@ -390,8 +408,9 @@ class FluxFamily(SD3Family):
 
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
         p = list(prompts)
-        emb, pooled, _ = self._encoder_pipe(modules).encode_prompt(p, p, device=device,
-                                                                   max_sequence_length=self.max_sequence_length)
+        with quiet_pipeline_logs():
+            emb, pooled, _ = self._encoder_pipe(modules).encode_prompt(p, p, device=device,
+                                                                       max_sequence_length=self.max_sequence_length)
         return Cond(emb=emb, pooled=pooled)
 
     def guidance_embedded(self, denoiser: nn.Module) -> bool:

@@ -17,11 +17,6 @@ import torch
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
 
-# single-file (original layout) key prefixes per component, for the families that have one
-LDM_PREFIXES = {"sdxl": {"unet": "model.diffusion_model.", "vae": "first_stage_model.",
-                         "text_encoder": "conditioner.embedders.0.", "text_encoder_2": "conditioner.embedders.1."}}
-
-
 def networks(family: Family) -> tuple[str, ...]:
     return (family.denoiser_name, "vae", *family.text_encoders)
 
@@ -105,23 +100,12 @@ def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family
     return files, headers, tuple(missing)
 
 
-def weights_of_file(p: Path, comps: dict, family: Family):
-    from dmad.models.teacher import read_safetensors_header
-
-    prefixes = LDM_PREFIXES[family.name]
-    header = read_safetensors_header(p)
-    headers = {c: [{k: v for k, v in header.items() if k.startswith(pre)}] for c, pre in prefixes.items()}
-    files = {c: (p,) if headers[c][0] else () for c in prefixes}
-    missing = tuple(f"{c} weights ({prefixes[c]}* keys) in {p}" for c in prefixes if not files[c])
-    return files, headers, missing
-
-
 def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
-    """TeacherInfo of an SDXL / SD3 / Flux folder (or SDXL single file with its config folder)."""
+    """TeacherInfo of an SDXL / SD3 / Flux pipeline folder."""
     from dmad.models.teacher import LORA_TARGETS, TeacherInfo, _stored_dtype
 
     family = FAMILIES[family_name]()
-    if p.is_file() and not family.single_file:
+    if p.is_file():
         raise UserInputError(f"{p}: a single-file {family_name} teacher is not supported; give its diffusers "
                              f"pipeline folder (model_index.json, {family.denoiser_name}/, vae/, text encoders)")
     comps = read_components(cdir, index, family)
@@ -130,8 +114,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
                                     ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer_config.json")):
             raise UserInputError(f"{cdir / tok}: no tokenizer files")
     models = {c: meta_model(cdir, c, *comps[c]) for c in networks(family) if c in comps}
-    files, headers, missing = (weights_of_file(p, comps, family) if p.is_file()
-                               else weights_of_folder(p, comps, family))
+    files, headers, missing = weights_of_folder(p, comps, family)
     den = models[family.denoiser_name].config
     vae = models["vae"].config
     sched = _config(cdir, "scheduler")
@@ -196,14 +179,6 @@ def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[s
             out[tok] = guarded("the tokenizer", str(cdir / tok), lambda cls=cls, tok=tok: cls.from_pretrained(
                 str(cdir), subfolder=tok, local_files_only=True))
     wanted = [c for c in networks(family) if c in comps and (components is None or c in components)]
-    if info.kind == "single_file":
-        pipe_cls = getattr(diffusers, family.pipeline_class)
-        pipe = guarded("the single-file checkpoint", info.path, lambda: pipe_cls.from_single_file(
-            info.path, config=info.config_dir, local_files_only=True, dtype=dtype,
-            **{t: out[t] for t in family.tokenizers}))
-        for c in wanted:
-            out[c] = getattr(pipe, c)
-        return out
     for c in wanted:
         lib, cls_name = comps[c]
         cls = getattr(diffusers if lib == "diffusers" else transformers, cls_name)

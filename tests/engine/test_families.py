@@ -218,3 +218,36 @@ def test_weight_only_quantisation(fmt, bound):
     rel = ((out - ref).abs().max() / ref.abs().max()).item()
     assert rel < bound, rel
     assert not any(p.requires_grad for p in net.parameters())
+
+
+def test_single_file_of_a_pipeline_family_is_refused(teachers, tmp_path):
+    from safetensors.torch import save_file
+
+    from dmad.errors import UserInputError
+
+    f = tmp_path / "sdxl.safetensors"
+    save_file({"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(2, 2)}, str(f))
+    with pytest.raises(UserInputError, match="a single-file sdxl teacher is not supported; give its diffusers "
+                                             "pipeline folder") as e:
+        inspect_teacher(str(f), teacher_config_dir=str(teachers["sdxl"]))
+    assert "\n" not in str(e.value)
+
+
+def test_offload_moves_a_network_up_for_its_call_and_back(monkeypatch):
+    """teacher_cpu_offload: forward hooks put the network on the device for its own call only.
+    (A CPU machine has one device, so the moves are recorded rather than observed.)"""
+    from dmad.build import offload_between_calls
+
+    net = torch.nn.Linear(4, 4)
+    moves: list = []
+    real_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        moves.append(args[0] if args else kwargs.get("device"))
+        return real_to(self, "cpu")
+
+    monkeypatch.setattr(torch.nn.Linear, "to", to)
+    offload_between_calls(net, torch.device("cuda", 0))
+    net(torch.randn(1, 4))
+    net(torch.randn(1, 4))
+    assert moves == [torch.device("cuda", 0), "cpu"] * 2
