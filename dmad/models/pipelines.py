@@ -83,21 +83,10 @@ def param_count(model: torch.nn.Module) -> int:
 
 
 def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family):
-    from dmad.models.teacher import PICKLE_SUFFIXES, _folder_weights, read_safetensors_header
+    from dmad.models.teacher import weights_in_folder
 
-    files, headers, missing = {}, {}, []
-    for c in networks(family):
-        if c not in comps:
-            continue
-        base = "diffusion_pytorch_model" if comps[c][0] == "diffusers" else "model"
-        files[c] = _folder_weights(p / c, base)
-        headers[c] = [read_safetensors_header(f) for f in files[c]]
-        if not files[c]:
-            pickles = [f.name for f in sorted((p / c).glob("*")) if f.suffix.lower() in PICKLE_SUFFIXES]
-            hint = (f" (found only {', '.join(pickles)}: pickle checkpoints are never loaded; convert to .safetensors)"
-                    if pickles else "")
-            missing.append(f"{p / c / base}.safetensors{hint}")
-    return files, headers, tuple(missing)
+    return weights_in_folder(p, {c: "diffusion_pytorch_model" if comps[c][0] == "diffusers" else "model"
+                                 for c in networks(family) if c in comps})
 
 
 def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):

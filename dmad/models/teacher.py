@@ -216,9 +216,14 @@ def _variant(f: str) -> Optional[str]:
 
 
 def _weights_of_folder(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
+    return weights_in_folder(p, WEIGHT_NAMES)
+
+
+def weights_in_folder(p: Path, bases: dict[str, str]) -> tuple[dict, dict, tuple[str, ...]]:
+    """({component: weight files}, {component: their headers}, missing-weight lines) for the
+    components of `bases` ({component: file base name}, e.g. unet: diffusion_pytorch_model)."""
     files, headers, missing = {}, {}, []
-    for c in COMPONENTS:
-        base = WEIGHT_NAMES[c]
+    for c, base in bases.items():
         files[c] = _folder_weights(p / c, base)
         headers[c] = [read_safetensors_header(f) for f in files[c]]
         if not files[c]:
