@@ -116,9 +116,13 @@ class FeatureTap:
         self.features = None
 
 
+def bare(net: nn.Module) -> nn.Module:
+    """The network itself, also when accelerate wrapped it for several processes (DDP's .module)."""
+    return getattr(net, "module", net)
+
+
 def _taps(net: nn.Module) -> list[FeatureTap]:
-    net = getattr(net, "module", net)  # a DDP-wrapped network: its module holds the taps
-    return getattr(net, "_dmad_taps", [])
+    return getattr(bare(net), "_dmad_taps", [])
 
 
 # --------------------------------------------------------------------------- families
@@ -218,19 +222,19 @@ class Family:
 
     # ---- GAN features
     def tap(self, net: nn.Module) -> FeatureTap:
-        mid = getattr(net, "mid_block", None)
+        mid = getattr(bare(net), "mid_block", None)
         if mid is None:
             raise ValueError("the UNet has no mid_block: the GAN head needs its bottleneck features")
         return self._register(net, FeatureTap(mid, tokens=False))
 
     @staticmethod
     def _register(net: nn.Module, tap: FeatureTap) -> FeatureTap:
-        net = getattr(net, "module", net)
+        net = bare(net)
         object.__setattr__(net, "_dmad_taps", _taps(net) + [tap])
         return tap
 
     def feature_channels(self, net: nn.Module) -> int:
-        return int(net.config.block_out_channels[-1])
+        return int(bare(net).config.block_out_channels[-1])
 
     def token_grid(self, net: nn.Module, x_t: torch.Tensor) -> Optional[tuple[int, int]]:
         return None
@@ -379,14 +383,14 @@ class SD3Family(Family):
                    pooled_projections=cond["pooled"]).sample
 
     def tap(self, net: nn.Module) -> FeatureTap:
-        blocks = net.transformer_blocks
+        blocks = bare(net).transformer_blocks
         return self._register(net, FeatureTap(blocks[len(blocks) // 2], tokens=True))
 
     def feature_channels(self, net: nn.Module) -> int:
-        return int(net.config.num_attention_heads * net.config.attention_head_dim)
+        return int(bare(net).config.num_attention_heads * bare(net).config.attention_head_dim)
 
     def token_grid(self, net, x_t):
-        p = int(net.config.patch_size)
+        p = int(bare(net).config.patch_size)
         return x_t.shape[-2] // p, x_t.shape[-1] // p
 
     def size_step(self, denoiser_config) -> int:
@@ -414,7 +418,7 @@ class FluxFamily(SD3Family):
         return Cond(emb=emb, pooled=pooled)
 
     def guidance_embedded(self, denoiser: nn.Module) -> bool:
-        return bool(getattr(denoiser.config, "guidance_embeds", False))
+        return bool(getattr(bare(denoiser).config, "guidance_embeds", False))
 
     def _call(self, net, x, t, cond, schedule, guidance):
         from diffusers import FluxPipeline
@@ -436,7 +440,7 @@ class FluxFamily(SD3Family):
         return out.reshape(b, c, h, w)
 
     def feature_channels(self, net: nn.Module) -> int:
-        return int(net.config.num_attention_heads * net.config.attention_head_dim)
+        return int(bare(net).config.num_attention_heads * bare(net).config.attention_head_dim)
 
     def token_grid(self, net, x_t):
         return x_t.shape[-2] // 2, x_t.shape[-1] // 2

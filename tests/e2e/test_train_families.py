@@ -155,3 +155,20 @@ def test_memory_options_run_in_each_family(variant, family_teachers, tiny_data, 
         assert m and int(m[2]) > 0 and int(m[4]) > 0, log[-2000:]
     warnings = [e for e in read_events(run / "events.jsonl") if e.kind == "warning"]
     assert not warnings, [w.data for w in warnings]
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_transformer_family(family_teachers, tiny_data, tiny_prompt_set, tmp_path):
+    """accelerate's multi-process launch (gloo on a CPU): the family reaches through DDP's wrapper
+    for the transformer's config and the GAN tap on the fake score."""
+    cfg = _config(tmp_path, family_teachers["flux"], tiny_data, tiny_prompt_set, "flux_2p",
+                  {"optimization": {"max_train_steps": 2}, "resources": {"train_batch_size": 1}})
+    r = run_dmad("train", "--config", str(cfg), "--num-processes", "2", cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "flux_2p"
+    rows = _rows(run)
+    assert [int(x["iter"]) for x in rows] == [1, 2]
+    _finite_losses(rows)
+    started = next(e for e in read_events(run / "events.jsonl") if e.kind == "started")
+    assert started.data["num_processes"] == 2 and started.data["effective_batch"] == 2
+    assert (run / "checkpoints" / "iter_2").is_dir()
