@@ -248,7 +248,8 @@ def test_every_preset_validates_and_is_listed():
     listed = presets()
     names = [p.name for p in listed]
     assert names[0] == "CPU demo" and listed[0].path == DEMO.resolve()
-    sizes = ["SD 1.5 \u2014 12 GB", "SD 1.5 \u2014 24 GB", "SD 1.5 \u2014 48 GB+"]
+    sizes = ["SD 1.5 \u2014 12 GB", "SD 1.5 \u2014 24 GB", "SD 1.5 \u2014 48 GB+", "SDXL \u2014 24 GB",
+             "SDXL \u2014 48 GB+", "SD3-medium \u2014 24 GB", "SD3-medium \u2014 48 GB+", "FLUX.1-dev \u2014 80 GB"]
     assert [n.split(" (")[0] for n in names[1:]] == sizes
     files = {p.resolve() for p in index_path().parent.glob("*.json")} - {index_path().resolve()}
     assert files <= {p.path for p in listed}
@@ -262,13 +263,47 @@ def test_every_preset_validates_and_is_listed():
             assert "placeholder" in preset.description
 
 
+# the family each large-model preset names, and its placeholder teacher (the ledger figures in their
+# descriptions are checked against the engine in tests/engine/test_presets_ledger.py)
+FAMILY_PRESETS = {"SDXL": ("sdxl", "path/to/stable-diffusion-xl-base-1.0"),
+                  "SD3-medium": ("sd3", "path/to/stable-diffusion-3-medium-diffusers"),
+                  "FLUX.1-dev": ("flux", "path/to/FLUX.1-dev")}
+
+
+def test_family_presets_name_their_family_and_placeholder_teacher():
+    seen = set()
+    for preset in presets():
+        prefix = preset.name.split(" \u2014 ")[0]
+        if prefix not in FAMILY_PRESETS:
+            continue
+        family, placeholder = FAMILY_PRESETS[prefix]
+        seen.add(prefix)
+        raw = preset.load_raw()
+        assert raw["identity"]["model_family"] == family  # explicit, never "auto"
+        cfg = load_config(preset.path)
+        assert cfg.identity.pretrained_model_name_or_path.endswith(placeholder)
+        assert not Path(cfg.identity.pretrained_model_name_or_path).exists()
+        assert placeholder in preset.description and "placeholder" in preset.description
+        assert "ledger estimate" in preset.description
+        assert cfg.resources.resolution == 1024 and cfg.distillation.student_steps == 4
+    assert seen == set(FAMILY_PRESETS)
+
+
 def test_presets_load_into_the_panel(panel):
+    loaded = {}
     for preset in presets():
         assert panel.load_preset(preset)
         assert panel.is_valid(), panel.validity_message()
         assert panel.current_path() is None and not panel.is_modified()
         assert panel.base_dir() == preset.path.parent
-    assert panel.config()["identity"]["student"] == "full" and "48 GB" in panel.file_label.text()
+        assert preset.name.split(" (")[0] in panel.file_label.text()
+        loaded[preset.name.split(" (")[0]] = panel.config()
+    assert loaded["SD 1.5 \u2014 48 GB+"]["identity"]["student"] == "full"
+    assert loaded["SDXL \u2014 24 GB"]["identity"]["model_family"] == "sdxl"
+    assert loaded["SD3-medium \u2014 24 GB"]["resources"]["teacher_cpu_offload"] is True
+    flux = loaded["FLUX.1-dev \u2014 80 GB"]
+    assert flux["identity"]["model_family"] == "flux" and flux["resources"]["teacher_precision"] == "fp8"
+    assert "80 GB" in panel.file_label.text()
 
 
 # ------------------------------------------------------------ files

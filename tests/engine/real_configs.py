@@ -40,6 +40,17 @@ VAE_16 = {**VAE_BASE, "latent_channels": 16, "use_quant_conv": False, "use_post_
 VAE_SD3 = {**VAE_16, "scaling_factor": 1.5305, "shift_factor": 0.0609}
 VAE_FLUX = {**VAE_16, "scaling_factor": 0.3611, "shift_factor": 0.1159}
 
+VAE_SD15 = {**VAE_BASE, "latent_channels": 4, "scaling_factor": 0.18215, "sample_size": 512}
+UNET_SD15 = {
+    "_class_name": "UNet2DConditionModel", "act_fn": "silu", "attention_head_dim": 8,
+    "block_out_channels": [320, 640, 1280, 1280], "cross_attention_dim": 768,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "downsample_padding": 1, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": 4, "out_channels": 4,
+    "layers_per_block": 2, "mid_block_scale_factor": 1, "norm_eps": 1e-5, "norm_num_groups": 32, "sample_size": 64}
+SD15_SCHEDULER = {"_class_name": "PNDMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
+                  "beta_end": 0.012, "num_train_timesteps": 1000, "skip_prk_steps": True, "steps_offset": 1,
+                  "set_alpha_to_one": False}
 UNET_SDXL = {
     "_class_name": "UNet2DConditionModel", "act_fn": "silu", "addition_embed_type": "text_time",
     "addition_embed_type_num_heads": 64, "addition_time_embed_dim": 256, "attention_head_dim": [5, 10, 20],
@@ -72,6 +83,11 @@ CLIP_TOK = ("transformers", "CLIPTokenizer")
 T5_TOK = ("transformers", "T5TokenizerFast")
 # model -> (pipeline class, {component: (library, class, config)}, {tokenizer: (library, class)})
 MODELS = {
+    "sd-v1-5": ("StableDiffusionPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", UNET_SD15), "vae": ("diffusers", "AutoencoderKL", VAE_SD15),
+        "text_encoder": ("transformers", "CLIPTextModel", CLIP_L),
+        "scheduler": ("diffusers", "PNDMScheduler", SD15_SCHEDULER)},
+        {"tokenizer": CLIP_TOK}),
     "sdxl-base-1.0": ("StableDiffusionXLPipeline", {
         "unet": ("diffusers", "UNet2DConditionModel", UNET_SDXL), "vae": ("diffusers", "AutoencoderKL", VAE_SDXL),
         "text_encoder": ("transformers", "CLIPTextModel", CLIP_L),
@@ -102,6 +118,7 @@ MODELS["sd3.5-large"] = (MODELS["sd3-medium"][0],
 
 # Published parameter counts per component (model cards; sums of the released safetensors).
 PUBLISHED = {
+    "sd-v1-5": {"unet": 859_520_964, "vae": 83_653_863, "text_encoder": 123_060_480},
     "sdxl-base-1.0": {"unet": 2_567_463_684, "vae": 83_653_863, "text_encoder": 123_060_480,
                       "text_encoder_2": 694_659_840},
     "sd3-medium": {"transformer": 2_028_328_000, "vae": 83_819_683, "text_encoder": 123_650_304,
@@ -111,7 +128,7 @@ PUBLISHED = {
     "flux-dev": {"transformer": 11_901_408_320, "vae": 83_819_683, "text_encoder": 123_060_480,
                  "text_encoder_2": 4_762_310_656},
 }
-FAMILY = {"sdxl-base-1.0": "sdxl", "sd3-medium": "sd3", "sd3.5-large": "sd3", "flux-dev": "flux"}
+FAMILY = {"sd-v1-5": "sd1", "sdxl-base-1.0": "sdxl", "sd3-medium": "sd3", "sd3.5-large": "sd3", "flux-dev": "flux"}
 
 
 def _write(f: Path, data: dict) -> None:
@@ -191,7 +208,7 @@ def ledger_table(root: Path) -> str:
     from dmad.memory import estimate_ledger, ledger_total
     from dmad.models.teacher import inspect_teacher
 
-    infos = {m: inspect_teacher(str(write_real_config_folder(Path(root) / m, m))) for m in MODELS}
+    infos = {m: inspect_teacher(str(write_real_config_folder(Path(root) / m, m))) for m, *_ in TABLE_RUNS}
     rows = ["| model (family) | configuration | px | " + " | ".join(COLUMNS) + f" | GPU total | fits {CARD_GIB:.0f} GiB"
             " | CPU RAM |", "|" + "---|" * (len(COLUMNS) + 6)]
     for model, label, resolution, changes in TABLE_RUNS:
