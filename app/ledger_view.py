@@ -5,7 +5,10 @@ torch: 2-3 s) runs in a QProcess DEBOUNCE_MS after the last valid change, and on
 on screen (a hidden tab is marked stale and refreshed when shown). A newer request supersedes an
 older one: the old process is disconnected and killed, so a slow stale answer can never overwrite a
 newer one. The numbers are the engine's framework-scope estimate (torch's allocator, per device);
-the GPU's total, when NVML knows it, is device-wide, and the two are labelled as such.
+the GPU's total, when NVML knows it, is device-wide, and the two are labelled as such. The status
+names the teacher family the engine sized. With teacher_cpu_offload the ledger has a host-RAM line
+(scope "cpu"): it is listed under its own heading below the GPU lines and stated apart from the GPU
+total, which is the engine's own sum of the GPU lines and never includes it.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import QProcess, Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.engine import LineBuffer, engine_command, engine_qprocess, keep_error_line
@@ -22,6 +26,18 @@ from app.probe_result import Ledger, parse_ledger
 
 DEBOUNCE_MS = 800
 RED = "#c0392b"
+GRAY = "#7f8c8d"
+CPU_HEADING = "CPU RAM (host memory, not in the GPU total)"
+# how the status names the engine's model_family values
+FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "sd3": "SD3", "flux": "Flux"}
+
+
+def family_text(family: Optional[str]) -> str:
+    """"SD3 (sd3)" for the status line; "" when the engine did not say."""
+    if not family:
+        return ""
+    name = FAMILY_NAMES.get(family)
+    return f"{name} ({family})" if name else family
 
 
 class LedgerView(QWidget):
@@ -190,17 +206,39 @@ class LedgerView(QWidget):
         self.failed.emit(line)
 
     def _show(self, ledger: Ledger) -> None:
+        """GPU lines first; then, when the teacher is offloaded, a heading row and the host-RAM lines
+        (gray), so a CPU figure is never read as part of the GPU total under the table."""
         self._ledger = ledger
-        self.table.setRowCount(len(ledger.lines))
-        for i, line in enumerate(ledger.lines):
-            for j, text in enumerate((line.name, f"{line.gib:.2f}", line.assumption)):
-                item = QTableWidgetItem(text)
-                if j == 1:
-                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-                self.table.setItem(i, j, item)
-        self._set_status(f"Estimate by the engine ({ledger.scope}) for the config as shown.")
+        gpu, cpu = ledger.gpu_lines, ledger.cpu_lines
+        self.table.clearSpans()
+        self.table.setRowCount(len(gpu) + (1 + len(cpu) if cpu else 0))
+        for i, line in enumerate(gpu):
+            self._set_row(i, line.name, line.gib, line.assumption)
+        if cpu:
+            heading = QTableWidgetItem(CPU_HEADING)
+            font = QFont(heading.font())
+            font.setBold(True)
+            heading.setFont(font)
+            self.table.setItem(len(gpu), 0, heading)
+            self.table.setSpan(len(gpu), 0, 1, 3)
+            for i, line in enumerate(cpu, start=len(gpu) + 1):
+                self._set_row(i, line.name, line.gib, line.assumption, color=GRAY)
+        family = family_text(ledger.family)
+        self._set_status(f"Estimate by the engine ({ledger.scope}) for the config as shown"
+                         + (f", teacher family {family}." if family else ".")
+                         + (" The teacher is offloaded: its host RAM is listed apart, under "
+                            "the GPU lines." if cpu else ""))
         self._show_total()
         self.ledger_shown.emit(ledger)
+
+    def _set_row(self, row: int, name: str, gib: float, assumption: str, color: Optional[str] = None) -> None:
+        for j, text in enumerate((name, f"{gib:.2f}", assumption)):
+            item = QTableWidgetItem(text)
+            if j == 1:
+                item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+            if color:
+                item.setForeground(QBrush(QColor(color)))
+            self.table.setItem(row, j, item)
 
     def total_text(self) -> str:
         return self.total.text()
@@ -212,6 +250,9 @@ class LedgerView(QWidget):
         if self._device is not None:
             name, total = self._device
             text += (f" of <b>{total:.1f} GiB on {html.escape(name)}</b> (device-wide total, NVML)")
+        if self._ledger.cpu_lines:
+            text += (f"<br>GPU lines only; plus <b>{self._ledger.cpu_gib:.2f} GiB of CPU RAM</b> for the offloaded "
+                     f"teacher (host memory, not in the GPU total)")
         self.total.setText(text)
 
     def _set_status(self, text: str, error: bool = False) -> None:

@@ -20,26 +20,55 @@ class LedgerLine:
     name: str
     gib: float
     assumption: str
+    scope: str = "gpu"  # "gpu": part of the per-device peak; "cpu": host RAM (teacher_cpu_offload), not in the total
+
+
+SCOPES = ("gpu", "cpu")
 
 
 @dataclass(frozen=True)
 class Ledger:
     scope: str
     lines: list[LedgerLine]
-    total_gib: float
+    total_gib: float     # the engine's GPU total: the "gpu" lines only
     inputs: dict
+    family: Optional[str] = None  # the teacher family the engine sized (sd1, sd2, sdxl, sd3, flux); None: not said
+
+    @property
+    def gpu_lines(self) -> list[LedgerLine]:
+        return [x for x in self.lines if x.scope == "gpu"]
+
+    @property
+    def cpu_lines(self) -> list[LedgerLine]:
+        """Host-RAM lines (the offloaded teacher and text encoders): never part of total_gib."""
+        return [x for x in self.lines if x.scope == "cpu"]
+
+    @property
+    def cpu_gib(self) -> float:
+        return sum(x.gib for x in self.cpu_lines)
+
+
+def _line(x: dict) -> LedgerLine:
+    scope = str(x.get("scope") or "gpu")  # a ledger from before per-line scopes: every line is on the GPU
+    if scope not in SCOPES:
+        raise ValueError(f"line {x.get('name')!r} has scope {scope!r}; known: {', '.join(SCOPES)}")
+    return LedgerLine(str(x["name"]), float(x["gib"]), str(x.get("assumption") or ""), scope)
 
 
 def parse_ledger(text: str) -> Ledger:
-    """`dmad ledger --json` stdout; ValueError (one line) when it is not a ledger."""
+    """`dmad ledger --json` stdout; ValueError (one line) when it is not a ledger. total_gib is the
+    engine's GPU total (a line with scope "cpu" is host RAM and is not in it); family is the
+    teacher family the engine sized, when it says."""
     try:
         d = json.loads(text)
     except ValueError as e:
         raise ValueError(f"the ledger is not JSON ({e})") from None
     try:
-        lines = [LedgerLine(str(x["name"]), float(x["gib"]), str(x.get("assumption") or "")) for x in d["lines"]]
+        lines = [_line(x) for x in d["lines"]]
+        family = d.get("family")
         return Ledger(str(d.get("scope") or "framework peak per device (estimate)"), lines, float(d["total_gib"]),
-                      d.get("inputs") if isinstance(d.get("inputs"), dict) else {})
+                      d.get("inputs") if isinstance(d.get("inputs"), dict) else {},
+                      str(family) if isinstance(family, str) and family else None)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"malformed ledger: {type(e).__name__} {e}") from None
 

@@ -4,8 +4,10 @@ the OOM advice in the Training panel's failure banner.
 
 The engine is a stand-in written by each test (a small script that speaks the `ledger` and `probe`
 command lines of issue 7's agreed interfaces), so these tests need neither torch nor a GPU; the
-probe.json and ledger fixtures are in tests/app/fixtures/probe/. One slow test runs the real CLI
-when `dmad probe` exists.
+probe.json and ledger fixtures are in tests/app/fixtures/probe/ (ledger_sd3_offload.json is what the
+real `dmad ledger --json` printed for a configs-only SD3-medium folder with an int8 teacher offloaded
+to CPU, the SD3-medium 24 GB preset). Slow tests run the real CLI (the probe one when `dmad probe`
+exists).
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ if args[0] == "ledger":
         sys.exit(2)
     if mode == "slow:%d" % res:
         time.sleep(600)
+    if mode == "sd3-offload":  # the real engine's answer for SD3-medium with teacher_cpu_offload, as captured
+        print((fixtures / "ledger_sd3_offload.json").read_text())
+        sys.exit(0)
     ledger = json.loads((fixtures / "ledger.json").read_text())
     ledger["total_gib"] = res / 8.0
     ledger["inputs"]["resolution"] = res
@@ -397,6 +402,54 @@ def load_ledger_fixture():
     return parse_ledger((FIXTURES / "ledger.json").read_text())
 
 
+def test_parse_ledger_keeps_scopes_and_family():
+    from app.probe_result import parse_ledger
+
+    sd3 = parse_ledger((FIXTURES / "ledger_sd3_offload.json").read_text())
+    assert sd3.family == "sd3" and [x.name for x in sd3.cpu_lines] == ["teacher transformer + text encoders (CPU RAM)"]
+    assert sd3.total_gib == pytest.approx(sum(x.gib for x in sd3.gpu_lines), abs=1e-3)  # GPU lines only
+    assert sd3.cpu_gib == pytest.approx(12.289)
+    old = parse_ledger((FIXTURES / "ledger.json").read_text())  # no family, no scopes: every line on the GPU
+    assert old.family is None and not old.cpu_lines and len(old.gpu_lines) == len(old.lines)
+    bad = json.loads((FIXTURES / "ledger_sd3_offload.json").read_text())
+    bad["lines"][0]["scope"] = "disk"
+    with pytest.raises(ValueError, match="malformed ledger: .*scope 'disk'"):
+        parse_ledger(json.dumps(bad))
+
+
+def assert_sd3_offload_shown(panel: ConfigPanel, ledger) -> None:
+    """The family in the status; GPU lines, then the CPU RAM heading and its line; the total is the
+    engine's GPU total, with the CPU RAM stated apart."""
+    from app.ledger_view import CPU_HEADING
+
+    view, t = panel.ledger_view, panel.ledger_view.table
+    assert "SD3 (sd3)" in view.status.text() and "host RAM is listed apart" in view.status.text()
+    gpu, cpu = ledger.gpu_lines, ledger.cpu_lines
+    assert len(cpu) == 1 and t.rowCount() == len(gpu) + 2
+    assert [t.item(i, 0).text() for i in range(len(gpu))] == [x.name for x in gpu]
+    assert t.item(len(gpu), 0).text() == CPU_HEADING and t.columnSpan(len(gpu), 0) == 3
+    row = len(gpu) + 1
+    assert (t.item(row, 0).text(), t.item(row, 1).text()) == (cpu[0].name, f"{cpu[0].gib:.2f}")
+    text = view.total_text()
+    assert f"<b>{ledger.total_gib:.2f} GiB estimated</b> (framework scope)" in text
+    assert f"<b>{cpu[0].gib:.2f} GiB of CPU RAM</b>" in text and "not in the GPU total" in text
+    assert f"{ledger.total_gib + cpu[0].gib:.2f}" not in text  # never added into the GPU figure
+    shown_gpu = sum(float(t.item(i, 1).text()) for i in range(len(gpu)))
+    assert shown_gpu == pytest.approx(ledger.total_gib, abs=0.01 * len(gpu))
+
+
+def test_an_offloaded_teacher_is_shown_apart_from_the_gpu_total(qtbot, config_panel):
+    panel, _ = config_panel("sd3-offload")
+    with qtbot.waitSignal(panel.ledger_view.ledger_shown, timeout=WAIT_MS) as blocker:
+        panel.side.setCurrentWidget(panel.ledger_view)
+    ledger = blocker.args[0]
+    assert ledger.total_gib == 21.2942 and ledger.inputs["teacher_cpu_offload"] is True
+    assert_sd3_offload_shown(panel, ledger)
+    panel.set_device("NVIDIA GeForce RTX 4090", 23.99)
+    assert "of <b>24.0 GiB on NVIDIA GeForce RTX 4090</b>" in panel.ledger_view.total_text()
+    assert "12.29 GiB of CPU RAM" in panel.ledger_view.total_text()
+
+
 # ---------------------------------------------------------------- the OOM advice in the failure banner
 
 ADVICE = "Turn on resources.gradient_checkpointing (saves ~40% of activations); then halve train_batch_size"
@@ -444,6 +497,35 @@ def test_the_real_ledger_fills_the_memory_estimate(qtbot, tmp_path):
     assert ledger.inputs["resolution"] == panel.config()["resources"]["resolution"] and ledger.total_gib > 0
     assert panel.ledger_view.table.rowCount() == len(ledger.lines) > 3
     assert "GiB estimated" in panel.ledger_view.total_text()
+
+
+@pytest.mark.slow
+def test_the_real_ledger_of_an_offloaded_sd3_teacher(qtbot, tmp_path):
+    """The real `dmad ledger` on a configs-only SD3-medium folder (the SD3-medium 24 GB preset's
+    settings): the family and the CPU RAM line reach the view, apart from the GPU total."""
+    from app.presets import presets
+    from tests.engine.real_configs import write_real_config_folder
+
+    teacher = write_real_config_folder(tmp_path / "sd3-medium", "sd3-medium")
+    preset = next(p for p in presets() if p.name.startswith("SD3-medium \u2014 24 GB"))
+    raw = preset.load_raw()
+    raw["identity"].update(pretrained_model_name_or_path=str(teacher), output_dir=str(tmp_path / "runs"),
+                           train_data_dir=str(tmp_path / "data"))
+    raw["observation"].pop("prompt_set", None)
+    config = tmp_path / "sd3.json"
+    config.write_text(json.dumps(raw), encoding="utf-8")
+    panel = ConfigPanel(unsaved_dir=tmp_path / "unsaved")
+    qtbot.addWidget(panel)
+    panel.show()
+    assert panel.load_file(config)
+    with qtbot.waitSignal(panel.ledger_view.ledger_shown, timeout=600_000) as blocker:
+        panel.side.setCurrentWidget(panel.ledger_view)
+    ledger = blocker.args[0]
+    assert_sd3_offload_shown(panel, ledger)
+    captured = json.loads((FIXTURES / "ledger_sd3_offload.json").read_text())
+    assert ledger.total_gib == captured["total_gib"] and ledger.family == captured["family"]
+    assert [(x.name, x.gib, x.scope) for x in ledger.lines] == [(x["name"], x["gib"], x["scope"])
+                                                                 for x in captured["lines"]]
 
 
 @pytest.mark.slow
