@@ -292,14 +292,19 @@ def _teacher_lines(teacher) -> list[str]:
     info, cls = teacher.info, teacher.family.pipeline_class
     if info.kind == "folder":
         return [f"pipe = {cls}.from_pretrained({info.path!r}{_load_kwargs(teacher)}, local_files_only=True)"]
-    # a single-file teacher is SD 1.x/2.x (the only family loaded from one file), as
-    # dmad.models.teacher loads it: configs and tokenizer from the local config folder, no Hub
-    return ["from transformers import CLIPTokenizer",
-            f"tokenizer = CLIPTokenizer.from_pretrained({info.config_dir!r}, subfolder='tokenizer', "
-            "local_files_only=True)",
-            f"pipe = {cls}.from_single_file({info.path!r}, config={info.config_dir!r},",
-            "    tokenizer=tokenizer, local_files_only=True, safety_checker=None, feature_extractor=None,",
-            "    requires_safety_checker=False)"]
+    # as dmad.models.teacher loads it: configs and tokenizers from the local config folder, no Hub
+    toks = teacher.family.tokenizers
+    lines = ["from transformers import CLIPTokenizer"]
+    for tok in toks:
+        lines.append(f"{tok} = CLIPTokenizer.from_pretrained({info.config_dir!r}, subfolder={tok!r}, "
+                     "local_files_only=True)")
+    passed = ", ".join(f"{tok}={tok}" for tok in toks)
+    if teacher.family.name in ("sd1", "sd2"):
+        return lines + [f"pipe = {cls}.from_single_file({info.path!r}, config={info.config_dir!r},",
+                        f"    {passed}, local_files_only=True, safety_checker=None, feature_extractor=None,",
+                        "    requires_safety_checker=False)"]
+    return lines + [f"pipe = {cls}.from_single_file({info.path!r}, config={info.config_dir!r},",
+                    f"    {passed}{_load_kwargs(teacher)}, local_files_only=True)"]
 
 
 @dataclass

@@ -17,6 +17,18 @@ import torch
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
 
+# A single original-layout file (sd_xl_base_1.0.safetensors): each network's key prefix, and one
+# tensor per network whose shape must agree with the config folder (key, dim, what, config getter).
+SINGLE_FILE_PREFIXES = {"sdxl": {"unet": "model.diffusion_model.", "vae": "first_stage_model.",
+                                 "text_encoder": "conditioner.embedders.0.", "text_encoder_2": "conditioner.embedders.1."}}
+SINGLE_FILE_CHECKS = {"sdxl": [
+    ("model.diffusion_model.input_blocks.0.0.weight", 0, "UNet width", lambda m: m["unet"].config.block_out_channels[0]),
+    ("conditioner.embedders.0.transformer.text_model.embeddings.position_embedding.weight", -1,
+     "first text encoder width", lambda m: m["text_encoder"].config.hidden_size),
+    ("conditioner.embedders.1.model.positional_embedding", -1, "second text encoder width",
+     lambda m: m["text_encoder_2"].config.hidden_size)]}
+
+
 def networks(family: Family) -> tuple[str, ...]:
     return (family.denoiser_name, "vae", *family.text_encoders)
 
@@ -89,12 +101,24 @@ def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family
                                  for c in networks(family) if c in comps})
 
 
+def weights_of_file(p: Path, family_name: str):
+    from dmad.models.teacher import read_safetensors_header
+
+    prefixes = SINGLE_FILE_PREFIXES[family_name]
+    header = read_safetensors_header(p)
+    headers = {c: [{k: v for k, v in header.items() if k.startswith(pre)}] for c, pre in prefixes.items()}
+    files = {c: (p,) if headers[c][0] else () for c in prefixes}
+    missing = tuple(f"{c} weights ({prefixes[c]}* keys) in {p}" for c in prefixes if not files[c])
+    return files, headers, missing
+
+
 def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
-    """TeacherInfo of an SDXL / SD3 / Flux pipeline folder."""
+    """TeacherInfo of an SDXL / SD3 / Flux pipeline folder, or of a single SDXL file described by
+    the config folder `cdir`."""
     from dmad.models.teacher import LORA_TARGETS, TeacherInfo, _stored_dtype
 
     family = FAMILIES[family_name]()
-    if p.is_file():
+    if p.is_file() and family_name not in SINGLE_FILE_PREFIXES:
         raise UserInputError(f"{p}: a single-file {family_name} teacher is not supported; give its diffusers "
                              f"pipeline folder (model_index.json, {family.denoiser_name}/, vae/, text encoders)")
     comps = read_components(cdir, index, family)
@@ -103,7 +127,13 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
                                     ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer_config.json")):
             raise UserInputError(f"{cdir / tok}: no tokenizer files")
     models = {c: meta_model(cdir, c, *comps[c]) for c in networks(family) if c in comps}
-    files, headers, missing = weights_of_folder(p, comps, family)
+    files, headers, missing = weights_of_file(p, family_name) if p.is_file() else weights_of_folder(p, comps, family)
+    if p.is_file():
+        header = {k: v for h in headers.values() for k, v in h[0].items()}
+        for key, dim, what, want in SINGLE_FILE_CHECKS[family_name]:
+            if key in header and header[key]["shape"][dim] != want(models):
+                raise UserInputError(f"{p}: {what} is {header[key]['shape'][dim]} in the file but {want(models)} in "
+                                     f"teacher_config_dir {cdir}: the configs describe a different model")
     den = models[family.denoiser_name].config
     vae = models["vae"].config
     sched = _config(cdir, "scheduler")
@@ -168,6 +198,12 @@ def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[s
             out[tok] = guarded("the tokenizer", str(cdir / tok), lambda cls=cls, tok=tok: cls.from_pretrained(
                 str(cdir), subfolder=tok, local_files_only=True))
     wanted = [c for c in networks(family) if c in comps and (components is None or c in components)]
+    if info.kind == "single_file":
+        pipe = guarded("the single-file checkpoint", info.path,
+                       lambda: _from_single_file(info, family, dtype, {t: out[t] for t in family.tokenizers}))
+        for c in wanted:
+            out[c] = getattr(pipe, c)
+        return out
     for c in wanted:
         lib, cls_name = comps[c]
         cls = getattr(diffusers if lib == "diffusers" else transformers, cls_name)
@@ -177,6 +213,26 @@ def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[s
         out[c] = guarded(c, str(Path(info.path) / c), lambda cls=cls, kwargs=kwargs: cls.from_pretrained(
             info.path, **kwargs))
     return out
+
+
+def _from_single_file(info, family: Family, dtype: torch.dtype, tokenizers: dict) -> Any:
+    """The family's pipeline from one original-layout file, its configs from the local config
+    folder (diffusers never looks for them on the Hub); every weight must come from the file."""
+    import diffusers
+
+    cls = getattr(diffusers, family.pipeline_class)
+    try:
+        pipe = cls.from_single_file(info.path, config=info.config_dir, local_files_only=True, dtype=dtype,
+                                    **tokenizers)
+    except NotImplementedError as e:
+        if "meta tensor" not in str(e):
+            raise
+        pipe = None
+    if pipe is None or any(p.is_meta for c in networks(family) for p in getattr(pipe, c).parameters()):
+        # tensors the file lacks stay on the meta device
+        raise UserInputError(f"{info.path}: weights incomplete: tensors that the configs in teacher_config_dir "
+                             f"{info.config_dir} call for are not in the file; do they describe it?")
+    return pipe
 
 
 def scheduler_of(family: Family, sched_cfg: dict) -> Any:

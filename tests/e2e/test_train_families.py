@@ -172,3 +172,29 @@ def test_two_processes_train_a_transformer_family(family_teachers, tiny_data, ti
     started = next(e for e in read_events(run / "events.jsonl") if e.kind == "started")
     assert started.data["num_processes"] == 2 and started.data["effective_batch"] == 2
     assert (run / "checkpoints" / "iter_2").is_dir()
+
+
+@pytest.mark.slow
+def test_sdxl_trains_from_a_single_file(tiny_data, tiny_prompt_set, tmp_path):
+    """An SDXL teacher as one original-layout .safetensors file plus identity.teacher_config_dir."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    from dmad.tiny import make_tiny_sdxl_pipeline
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
+    from ldm_keys import sdxl_pipeline_to_ldm
+
+    pipe = make_tiny_sdxl_pipeline(tmp_path / "configs", text_dim_2=48)
+    f = tmp_path / "tiny_sdxl.safetensors"
+    save_file({k: v.contiguous() for k, v in sdxl_pipeline_to_ldm(pipe.unet, pipe.vae, pipe.text_encoder,
+                                                                   pipe.text_encoder_2).items()}, str(f))
+    cfg = _config(tmp_path, f, tiny_data, tiny_prompt_set, "sdxl_file",
+                  {"identity": {"teacher_config_dir": str(tmp_path / "configs")},
+                   "optimization": {"max_train_steps": 2}})
+    r = run_dmad("train", "--config", str(cfg), cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "sdxl_file"
+    _finite_losses(_rows(run))
+    assert _pngs(run / "samples" / "teacher") and (run / "checkpoints" / "iter_2").is_dir()

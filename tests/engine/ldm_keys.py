@@ -88,3 +88,58 @@ def pipeline_to_ldm(unet, vae, text_encoder) -> dict:
     return {**unet_to_ldm(unet.state_dict(), dict(unet.config)),
             **vae_to_ldm(vae.state_dict(), dict(vae.config)),
             **clip_to_ldm(text_encoder.state_dict())}
+
+
+# --------------------------------------------------------------------------- SDXL
+
+SDXL_UNET_EXTRA = {"add_embedding.linear_1.": "label_emb.0.0.", "add_embedding.linear_2.": "label_emb.0.2."}
+
+
+def open_clip_to_ldm(state: dict, prefix: str) -> dict:
+    """A transformers CLIPTextModelWithProjection state dict -> OpenCLIP keys under `prefix`
+    (the inverse of diffusers' convert_open_clip_checkpoint: q/k/v fused into in_proj, the
+    text projection transposed)."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING
+
+    layers = DIFFUSERS_TO_LDM_MAPPING["openclip"]["layers"]
+    names = [("text_model.encoder.layers.", "resblocks."), ("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"),
+             (".fc1.", ".c_fc."), (".fc2.", ".c_proj."), (".self_attn", ".attn")]
+    out: dict = {}
+    qkv: dict = {}
+    for key, value in state.items():
+        if key in layers:
+            out[prefix + layers[key]] = value.T.contiguous() if key == "text_projection.weight" else value
+            continue
+        ldm = key
+        for new, old in names:
+            ldm = ldm.replace(new, old)
+        for p in ("q", "k", "v"):
+            for kind in ("weight", "bias"):
+                if ldm.endswith(f".attn.{p}_proj.{kind}"):
+                    base = ldm[: -len(f".{p}_proj.{kind}")]
+                    qkv.setdefault((base, kind), {})[p] = value
+                    break
+            else:
+                continue
+            break
+        else:
+            out[prefix + "transformer." + ldm] = value
+    for (base, kind), parts in qkv.items():
+        import torch
+
+        out[f"{prefix}transformer.{base}.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return out
+
+
+def sdxl_pipeline_to_ldm(unet, vae, text_encoder, text_encoder_2) -> dict:
+    """One SDXL original-layout state dict (sd_xl_base_1.0.safetensors' key layout)."""
+    unet_state = unet.state_dict()
+    extra = {k: v for k, v in unet_state.items() if k.startswith(tuple(SDXL_UNET_EXTRA))}
+    ldm_unet = unet_to_ldm({k: v for k, v in unet_state.items() if k not in extra}, dict(unet.config))
+    for k, v in extra.items():
+        p = next(p for p in SDXL_UNET_EXTRA if k.startswith(p))
+        ldm_unet["model.diffusion_model." + SDXL_UNET_EXTRA[p] + k[len(p):]] = v
+    clip_l = {"conditioner.embedders.0.transformer.text_model." + k.removeprefix("text_model."): v
+              for k, v in text_encoder.state_dict().items()}
+    return {**ldm_unet, **vae_to_ldm(vae.state_dict(), dict(vae.config)), **clip_l,
+            **open_clip_to_ldm(text_encoder_2.state_dict(), "conditioner.embedders.1.model.")}

@@ -220,16 +220,53 @@ def test_weight_only_quantisation(fmt, bound):
     assert not any(p.requires_grad for p in net.parameters())
 
 
-def test_single_file_of_a_pipeline_family_is_refused(teachers, tmp_path):
+@pytest.fixture(scope="module")
+def sdxl_single_file(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny SDXL as one original-layout file (sd_xl_base_1.0.safetensors' keys) and its config
+    folder. The two text encoders differ in width, as CLIP-L and OpenCLIP-bigG do (diffusers tells
+    them apart by it)."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ldm_keys import sdxl_pipeline_to_ldm
+
+    root = tmp_path_factory.mktemp("sdxl_single")
+    pipe = make_tiny_sdxl_pipeline(root / "configs", text_dim_2=48)
+    f = root / "tiny_sdxl.safetensors"
+    state = sdxl_pipeline_to_ldm(pipe.unet, pipe.vae, pipe.text_encoder, pipe.text_encoder_2)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(f))
+    return f, root / "configs"
+
+
+def test_sdxl_single_file_loads_the_same_weights(sdxl_single_file, teachers):
+    from dmad.errors import UserInputError
+
+    f, configs = sdxl_single_file
+    info = inspect_teacher(str(f), teacher_config_dir=str(configs))
+    assert (info.kind, info.family, info.has_weights) == ("single_file", "sdxl", True)
+    single, folder = load_teacher(str(f), teacher_config_dir=str(configs)), load_teacher(str(configs))
+    for c in ("unet", "vae", "text_encoder", "text_encoder_2"):
+        a, b = getattr(single, c).state_dict(), getattr(folder, c).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b), c
+    # configs of another model: named before any weight is read
+    with pytest.raises(UserInputError, match="second text encoder width is 48 in the file but 32 in "
+                                             "teacher_config_dir") as e:
+        inspect_teacher(str(f), teacher_config_dir=str(teachers["sdxl"]))
+    assert "\n" not in str(e.value)
+
+
+def test_single_file_of_a_transformer_family_is_refused(teachers, tmp_path):
     from safetensors.torch import save_file
 
     from dmad.errors import UserInputError
 
-    f = tmp_path / "sdxl.safetensors"
-    save_file({"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(2, 2)}, str(f))
-    with pytest.raises(UserInputError, match="a single-file sdxl teacher is not supported; give its diffusers "
+    f = tmp_path / "sd3.safetensors"
+    save_file({"model.diffusion_model.pos_embed": torch.zeros(2, 2)}, str(f))
+    with pytest.raises(UserInputError, match="a single-file sd3 teacher is not supported; give its diffusers "
                                              "pipeline folder") as e:
-        inspect_teacher(str(f), teacher_config_dir=str(teachers["sdxl"]))
+        inspect_teacher(str(f), teacher_config_dir=str(teachers["sd3"]))
     assert "\n" not in str(e.value)
 
 
