@@ -151,7 +151,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     if nets.ema is not None:
         nets.ema.to(acc.device)
     schedule = family.schedule(teacher.scheduler, res.resolution)
-    real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, wdtype, family)
+    real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
     trange = TimestepRange(dist.min_timestep, dist.max_timestep)
     s = Session(cfg=cfg, folder=folder, events=events, accelerator=acc, device=acc.device, weight_dtype=wdtype,
                 teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,

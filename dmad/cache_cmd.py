@@ -44,7 +44,7 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
             items = [dataset[i, 0] for i in g.items[c:c + chunk]]
             batch = collate(items)
             skipped += batch.skips
-            posteriors(batch, teacher.vae, device, dtype, chunk, caches)
+            posteriors(batch, teacher.vae, device, chunk, caches)
             captions, owners = [], []
             for i in g.items[c:c + chunk]:
                 try:

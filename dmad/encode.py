@@ -31,10 +31,10 @@ class Caches:
 
 
 @torch.no_grad()
-def posteriors(batch: Any, vae: Any, device: torch.device, dtype: torch.dtype, chunk: int,
+def posteriors(batch: Any, vae: Any, device: torch.device, chunk: int,
                caches: Optional[Caches]) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) float32 (B, C, h, w) of a dmad.data.Batch: cached items as loaded, the others
-    VAE-encoded `chunk` (vae_batch_size) at a time and, with caches, stored."""
+    VAE-encoded `chunk` (vae_batch_size) at a time in the VAE's own dtype and, with caches, stored."""
     post: list[Any] = [None] * len(batch)
     for k, d in batch.cached.items():
         post[k] = (d["mean"], d["std"])

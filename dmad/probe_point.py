@@ -20,6 +20,7 @@ import torch
 
 from dmad import memory
 from dmad.runs import atomic_write_json
+from dmad.step import FAKE_GUIDANCE
 
 
 def inference_loop(s: Any, phase: Any) -> int:
@@ -44,7 +45,7 @@ def inference_loop(s: Any, phase: Any) -> int:
                 x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
                 x0 = s.student_x0(x_t, t, emb)
                 s.real.x0(s.schedule, x0, t, emb)
-                s.teacher.family.predict(s.fake_score, x0.to(s.weight_dtype), t, emb, s.schedule, guidance=1.0)
+                s.teacher.family.predict(s.fake_score, x0.to(s.weight_dtype), t, emb, s.schedule, guidance=FAKE_GUIDANCE)
         s.sync_device()
         s.iter += 1
         row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}

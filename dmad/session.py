@@ -268,8 +268,7 @@ class Session:
         from dmad.encode import posteriors, text_embeddings
 
         t = self.teacher
-        mean, std = posteriors(batch, t.vae, self.device, self.weight_dtype, self.cfg.resources.vae_batch_size,
-                               self.caches)
+        mean, std = posteriors(batch, t.vae, self.device, self.cfg.resources.vae_batch_size, self.caches)
         latents = t.family.latents(t.vae, mean + std * rng.randn_like(mean))
         emb = text_embeddings(batch.captions, batch.datasets, t, self.device, self.caches)
         return latents, emb

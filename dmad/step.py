@@ -38,7 +38,6 @@ class RealScore:
     unet: nn.Module      # the teacher's denoiser (UNet or transformer)
     uncond: Optional[Cond]  # batch 1
     guidance: float
-    dtype: torch.dtype
     family: Family
 
     def x0(self, schedule: NoiseSchedule, x_t: torch.Tensor, t: torch.Tensor, emb: Cond) -> torch.Tensor:

@@ -157,14 +157,14 @@ class Family:
             c = scheduler.config
             shift = float(c.get("shift", 1.0))
             if c.get("use_dynamic_shifting", False):
-                # Flux: the shift depends on the image token count (pipeline_flux.calculate_shift),
+                # Flux: the shift depends on the image token count, as its pipeline computes mu,
                 # fixed here at the training resolution
+                from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
                 side = (resolution or 1024) // (self.vae_factor * 2)
-                seq = side * side
-                m = (c.get("max_shift", 1.15) - c.get("base_shift", 0.5)) / (
-                    c.get("max_image_seq_len", 4096) - c.get("base_image_seq_len", 256))
-                mu = seq * m + c.get("base_shift", 0.5) - m * c.get("base_image_seq_len", 256)
-                shift = math.exp(mu)
+                shift = math.exp(calculate_shift(side * side, c.get("base_image_seq_len", 256),
+                                                 c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5),
+                                                 c.get("max_shift", 1.15)))
             return FlowSchedule(int(c.get("num_train_timesteps", 1000)), shift)
         return NoiseSchedule.from_scheduler(scheduler)
 
@@ -407,7 +407,6 @@ class FluxFamily(SD3Family):
     text_encoders = ("text_encoder", "text_encoder_2")
     tokenizers = ("tokenizer", "tokenizer_2")
     optional_components = ()
-    lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     max_sequence_length = 512
 
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
@@ -435,21 +434,13 @@ class FluxFamily(SD3Family):
         out = net(hidden_states=packed, timestep=schedule.sigma_of(t).to(x.dtype), guidance=g,
                   pooled_projections=cond["pooled"], encoder_hidden_states=cond["emb"], txt_ids=txt_ids,
                   img_ids=img_ids).sample
-        # unpack: (B, h/2 * w/2, C*4) -> (B, C, h, w)
-        out = out.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        return out.reshape(b, c, h, w)
-
-    def feature_channels(self, net: nn.Module) -> int:
-        return int(bare(net).config.num_attention_heads * bare(net).config.attention_head_dim)
+        return self.unpack_pipe_latents(out, h, w)
 
     def token_grid(self, net, x_t):
         return x_t.shape[-2] // 2, x_t.shape[-1] // 2
 
     def size_step(self, denoiser_config) -> int:
         return self.vae_factor * 2
-
-    def uncond(self, modules: dict, device: Any) -> Cond:
-        return self.encode(modules, [""], device)
 
     def pipe_latents(self, noise: torch.Tensor) -> torch.Tensor:
         from diffusers import FluxPipeline
