@@ -137,8 +137,9 @@ def bare_loop(fx: dict, cycles: int) -> None:
     from PIL import Image
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from dmad.methods.dmd2 import (BottleneckTap, GanHead, loss_distribution_matching, loss_fake_denoising,
-                                   loss_gan_critic, loss_gan_generator)
+    from dmad.methods.dmd2 import (GanHead, loss_distribution_matching, loss_fake_denoising, loss_gan_critic,
+                                   loss_gan_generator)
+    from dmad.models.families import FeatureTap
     from dmad.methods.prediction import NoiseSchedule, cfg
 
     h = HYPER
@@ -152,7 +153,7 @@ def bare_loop(fx: dict, cycles: int) -> None:
     student = _trainable_copy(unet)
     fake = _trainable_copy(unet)
     head = GanHead(int(unet.config.block_out_channels[-1]))
-    tap = BottleneckTap(fake)
+    tap = FeatureTap(fake.mid_block, tokens=False)
     betas = (h["adam_beta1"], h["adam_beta2"])
     opt_g = torch.optim.AdamW(student.parameters(), lr=h["generator_lr"], betas=betas, eps=h["adam_epsilon"],
                               weight_decay=h["adam_weight_decay"])

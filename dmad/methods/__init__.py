@@ -3,10 +3,8 @@
 Imports torch; the app must never import this package (see the import contracts in pyproject.toml).
 """
 from dmad.methods.dmd2 import (
-    BottleneckTap,
     GanHead,
     backward_simulate,
-    bottleneck_channels,
     loss_distribution_matching,
     loss_fake_denoising,
     loss_gan_critic,
@@ -19,7 +17,7 @@ from dmad.methods.dmd2 import (
 from dmad.methods.prediction import PREDICTION_TYPES, NoiseSchedule, cfg
 
 __all__ = [
-    "BottleneckTap", "GanHead", "NoiseSchedule", "PREDICTION_TYPES", "backward_simulate", "bottleneck_channels",
+    "GanHead", "NoiseSchedule", "PREDICTION_TYPES", "backward_simulate",
     "cfg", "loss_distribution_matching", "loss_fake_denoising", "loss_gan_critic", "loss_gan_generator",
     "sample_stop_index", "sample_student", "sample_timesteps", "student_timestep_at",
 ]

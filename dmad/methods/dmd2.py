@@ -7,7 +7,8 @@ the critic (fake score + GAN head) steps; every K-th iteration the student steps
     student:  loss_distribution_matching(G(z), mu_real(x_t), mu_fake(x_t)) + w_g * loss_gan_generator
     critic:   loss_fake_denoising(fake(x_t'), target) + w_d * loss_gan_critic
 
-x_t is a noised student sample; the GAN head reads the fake score's UNet bottleneck. Multi-step
+x_t is a noised student sample; the GAN head reads the fake score's bottleneck features (the
+family's feature tap: dmad.models.families.FeatureTap). Multi-step
 students train on their own rollouts (backward_simulate), never on noised real images.
 
 Every loss is `loss_<name>(...) -> (loss, logs)`: a scalar float32 tensor and a dict of python
@@ -107,33 +108,6 @@ class GanHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         h = self.body(features.to(self.out.weight.dtype))
         return self.out(h.mean(dim=(2, 3))).squeeze(1).float()
-
-
-def bottleneck_channels(unet) -> int:
-    """Channels of a diffusers UNet2DConditionModel's mid-block output (1280 for SD 1.x/2.x)."""
-    return int(unet.config.block_out_channels[-1])
-
-
-class BottleneckTap:
-    """Keeps the latest output of `unet.mid_block` in `.features` (B, C, h, w), via a forward hook.
-
-    The stored tensor keeps its autograd graph (the GAN loss backpropagates through it); it is
-    replaced on every UNet forward, so read it right after the call you want. remove() unhooks.
-    """
-
-    def __init__(self, unet: nn.Module):
-        mid = getattr(unet, "mid_block", None)
-        if mid is None:
-            raise ValueError("the UNet has no mid_block: the GAN head needs its bottleneck features")
-        self.features: Optional[torch.Tensor] = None
-        self._handle = mid.register_forward_hook(self._store)
-
-    def _store(self, module: nn.Module, inputs, output) -> None:
-        self.features = output[0] if isinstance(output, (tuple, list)) else output
-
-    def remove(self) -> None:
-        self._handle.remove()
-        self.features = None
 
 
 # --------------------------------------------------------------------------- timesteps and student rollouts

@@ -10,11 +10,9 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
 from dmad.methods import (
-    BottleneckTap,
     GanHead,
     NoiseSchedule,
     backward_simulate,
-    bottleneck_channels,
     cfg,
     loss_distribution_matching,
     loss_fake_denoising,
@@ -25,6 +23,7 @@ from dmad.methods import (
     sample_timesteps,
     student_timestep_at,
 )
+from dmad.models.families import Family
 
 
 def sd_scheduler(prediction_type: str = "epsilon") -> DDPMScheduler:
@@ -308,12 +307,13 @@ def tiny_unet() -> UNet2DConditionModel:
 
 def test_bottleneck_tap_feeds_the_gan_head_from_the_unet_mid_block():
     unet = tiny_unet()
-    assert bottleneck_channels(unet) == 64
-    tap = BottleneckTap(unet)
+    family = Family()
+    assert family.feature_channels(unet) == 64
+    tap = family.tap(unet)
     x, t, emb = torch.randn(2, 4, 8, 8), torch.tensor([10, 500]), torch.randn(2, 5, 32)
     unet(x, t, emb)
     assert tap.features.shape == (2, 64, 4, 4)                  # one 2x downsample: 8x8 -> 4x4
-    head = GanHead(bottleneck_channels(unet), hidden=32)
+    head = GanHead(family.feature_channels(unet), hidden=32)
     loss_gan_critic(head(tap.features), torch.zeros(2))[0].backward()
     assert unet.down_blocks[0].resnets[0].conv1.weight.grad.abs().sum() > 0   # reaches the UNet
     tap.remove()
