@@ -260,6 +260,12 @@ def _trainable_copy(unet):
 
 # --------------------------------------------------------------------------- one round: A and B in lockstep
 
+def _iteration_metric(ev: dict) -> bool:
+    """An iteration's metric event, not a memory-sampler reading (dmad.events.is_iteration_metric,
+    on the parsed JSON)."""
+    return ev["kind"] == "metric" and ev["data"].get("source") != "sampler"
+
+
 def run_round(fx: dict, root: Path, tag: str, cycles: int, threads: int, a_first: bool, timeout: float) -> dict:
     """Starts A (`python -m dmad train`) and B (the bare loop) and lets them take turns, one
     5-iteration cycle at a time, so both meet the same machine load. B waits for a token at each
@@ -287,8 +293,8 @@ def run_round(fx: dict, root: Path, tag: str, cycles: int, threads: int, a_first
                     if side == "A":
                         os.kill(a.pid, signal.SIGCONT)
                         pauses.append(time.time() - stopped)
-                        for ev in _until(events, lambda ev: ev["kind"] == "metric" and ev["iter"] == (c + 1) * K):
-                            if ev["kind"] == "metric":  # event of iteration i (0-based) carries iter = i + 1
+                        for ev in _until(events, lambda ev: _iteration_metric(ev) and ev["iter"] == (c + 1) * K):
+                            if _iteration_metric(ev):  # event of iteration i (0-based) carries iter = i + 1
                                 ends[ev["iter"] - 1], step_time[ev["iter"] - 1] = ev["t"], ev["data"]["step_time_s"]
                         os.kill(a.pid, signal.SIGSTOP)
                         stopped = time.time()
