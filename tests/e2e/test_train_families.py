@@ -16,13 +16,14 @@ from tests.conftest import run_dmad
 torch = pytest.importorskip("torch")
 
 from dmad.events import read_events  # noqa: E402
+from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
 
 FAMILIES = {
-    "sdxl": lambda p: __import__("dmad.tiny", fromlist=["x"]).make_tiny_sdxl_pipeline(p),
-    "sd3": lambda p: __import__("dmad.tiny", fromlist=["x"]).make_tiny_sd3_pipeline(p),
-    "sd3_t5": lambda p: __import__("dmad.tiny", fromlist=["x"]).make_tiny_sd3_pipeline(p, with_t5=True),
-    "flux": lambda p: __import__("dmad.tiny", fromlist=["x"]).make_tiny_flux_pipeline(p),
-    "flux_cfg": lambda p: __import__("dmad.tiny", fromlist=["x"]).make_tiny_flux_pipeline(p, guidance_embeds=False),
+    "sdxl": lambda p: make_tiny_sdxl_pipeline(p),
+    "sd3": lambda p: make_tiny_sd3_pipeline(p),
+    "sd3_t5": lambda p: make_tiny_sd3_pipeline(p, with_t5=True),
+    "flux": lambda p: make_tiny_flux_pipeline(p),
+    "flux_cfg": lambda p: make_tiny_flux_pipeline(p, guidance_embeds=False),
 }
 
 
@@ -180,8 +181,6 @@ def test_sdxl_trains_from_a_single_file(tiny_data, tiny_prompt_set, tmp_path):
     import sys
 
     from safetensors.torch import save_file
-
-    from dmad.tiny import make_tiny_sdxl_pipeline
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
     from ldm_keys import sdxl_pipeline_to_ldm
