@@ -355,11 +355,18 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     return title, lines
 
 
+def phase_text(data: dict) -> str:
+    """A phase event's name, with its progress when it has one: "teacher-samples 3/10"."""
+    done, total = data.get("done"), data.get("total")
+    progress = f" {done}/{total}" if isinstance(done, int) and isinstance(total, int) else ""
+    return f"{data.get('phase', '')}{progress}"
+
+
 def describe_event(kind: str, it: Optional[int], data: dict) -> str:
     """One log-tail line for a non-metric event."""
     at = f" at iteration {it}" if it is not None else ""
     if kind == "phase":
-        return f"phase: {data.get('phase')}" + (f" ({data['device']})" if data.get("device") else "")
+        return f"phase: {phase_text(data)}" + (f" ({data['device']})" if data.get("device") else "")
     if kind in ("warning", "error"):
         return f"{kind}{at}: {data.get('message') or data.get('reason') or ''}"
     if kind == "checkpoint":

@@ -23,7 +23,7 @@ from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout,
                                QWidget)
 
-from app.engine import EngineProcess, LaunchMachines, describe_event, failure_report
+from app.engine import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
 from app.follow import EventFollower
 from app.plots import LossPlot, MemoryPlot, StepTimePlot
 from app.series import SeriesStore
@@ -286,7 +286,7 @@ class TrainingPanel(QWidget):
                 self.note_label.setText(f"effective batch {data['effective_batch']} "
                                         f"({data.get('num_processes', 1)} process(es))")
         elif kind == "phase":
-            self._phase = str(data.get("phase", ""))
+            self._phase = phase_text(data)
         elif kind == "error":
             self._error = data
         elif (kind, self._pending) in (("samples", "sampling requested"), ("checkpoint", "checkpoint requested")):

@@ -335,13 +335,14 @@ def transformer_activation_values(info: "TeacherInfo", resolution: int, gradient
     width = int(cfg["num_attention_heads"]) * int(cfg["attention_head_dim"])
     patch = 2 if info.family == "flux" else int(cfg.get("patch_size") or 2)
     side = resolution // info.vae_scale_factor // patch
-    tokens = side * side + TEXT_TOKENS.get(info.family, 0)
+    text = info.text_tokens if info.text_tokens is not None else TEXT_TOKENS.get(info.family, 0)
+    tokens = side * side + text
     double = int(cfg.get("num_layers") or 0)
     single = int(cfg.get("num_single_layers") or 0)
     qk = info.family == "flux" or bool(cfg.get("qk_norm"))
     per_double = DOUBLE_BLOCK + (QK_NORM if qk else 0) + (ROPE if info.family == "flux" else 0)
     full = double * per_double + single * SINGLE_BLOCK
-    how = (f"{side * side} image + {TEXT_TOKENS.get(info.family, 0)} text tokens x width {width} x "
+    how = (f"{side * side} image + {text} text tokens x width {width} x "
            f"({double} blocks x {per_double}" + (f" + {single} single blocks x {SINGLE_BLOCK}" if single else "")
            + " values/token/width)")
     if gradient_checkpointing:

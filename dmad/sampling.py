@@ -12,7 +12,7 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -215,16 +215,19 @@ def _teacher_png(pipe, prompt, negative_prompt, seed, steps, cfg, size, device, 
     denoiser = getattr(pipe, family.denoiser_name)
     noise, gen = item_noise(seed, latent_shape(pipe.vae, *size))
     latents = family.pipe_latents(noise).to(device=device, dtype=next(denoiser.parameters()).dtype)
-    kwargs = family.pipe_call_kwargs(cfg, denoiser)
-    if negative_prompt:
-        kwargs["negative_prompt"] = negative_prompt
+    kwargs = {**family.pipe_call_kwargs(cfg, denoiser), **family.pipe_prompt_kwargs(_pipe_modules(pipe), [prompt],
+                                                                                     negative_prompt)}
     if not family.decode_in_pipeline:
-        out = pipe(prompt, latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
+        out = pipe(latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
                    output_type="latent", **kwargs).images
         return decode_to_png(pipe.vae, family.unpack_pipe_latents(out, *noise.shape[-2:]), family)
-    image = pipe(prompt, latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
+    image = pipe(latents=latents, num_inference_steps=steps, height=size[1], width=size[0], generator=gen,
                  output_type="pt", **kwargs).images[0]
     return _png((image.float().permute(1, 2, 0).cpu().numpy() * 255.0).round().clip(0, 255).astype(np.uint8))
+
+
+def _pipe_modules(pipe) -> dict:
+    return {k: v for k, v in pipe.components.items() if v is not None}
 
 
 @contextlib.contextmanager
@@ -251,9 +254,11 @@ def inputs_in_own_dtype(net: torch.nn.Module):
 
 @torch.no_grad()
 def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, versions: dict,
-                           device: torch.device | str = "cpu", weights_sha256: Optional[str] = None) -> list[str]:
+                           device: torch.device | str = "cpu", weights_sha256: Optional[str] = None,
+                           progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
     """The teacher reference images of a prompt set: its sampler, steps and CFG. One PNG per item
-    and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given)."""
+    and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given).
+    `progress(done, total)` after each image."""
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
     family = teacher.family
@@ -269,6 +274,8 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
         atomic_write_bytes(path, png, durable=False)
         paths.append(str(path))
         items[item.id] = {"prompt": item.prompt, "negative_prompt": item.negative_prompt, "seed": seed, "file": path.name}
+        if progress is not None:
+            progress(len(paths), len(prompt_set.items))
     if weights_sha256 is None:
         weights_sha256 = sha256_files(teacher_weight_files(teacher))
     atomic_write_json(out_dir / "meta.json", {
@@ -285,17 +292,21 @@ def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device,
                            iteration: Optional[int]) -> None:
     """Render the teacher reference into `out` unless its meta.json already names this prompt set
     + version (a resumed run: rendered once per run). A failure is a warning event, never the end
-    of training. Events: phase `teacher-samples`, then `samples` (model teacher, iter null)."""
+    of training. Events: phase `teacher-samples` with done/total (0/N, then after each image), then
+    `samples` (model teacher, iter null)."""
     try:
         meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
         if (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version):
             return
     except (OSError, ValueError, AttributeError):
         pass  # absent or unreadable: render
-    events.emit("phase", iteration, phase="teacher-samples")
+    def progress(done: int, total: int) -> None:
+        events.emit("phase", iteration, phase="teacher-samples", done=done, total=total)
+
+    progress(0, len(prompt_set.items))
     try:
         paths = render_teacher_samples(out, teacher=teacher, prompt_set=prompt_set, versions=library_versions(),
-                                       device=device)
+                                       device=device, progress=progress)
         events.emit("samples", None, folder=str(out), paths=paths, model="teacher")
     except Exception as e:  # noqa: BLE001 - reported, training goes on
         if torch.cuda.is_available():

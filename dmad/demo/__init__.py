@@ -1,32 +1,43 @@
-"""The built-in demo: a procedural shapes dataset (dmad.demo.shapes) and the architecture of a
-Stable-Diffusion-layout teacher small enough to train and distil on a CPU.
+"""The built-in demo: a procedural shapes dataset (dmad.demo.shapes) and the architecture of an
+SD3-layout teacher small enough to train and distil on a CPU.
 
-resources/demo/teacher/ holds that architecture as a diffusers pipeline folder without weights
-(write_teacher_architecture); `dmad demo make-teacher` trains it on resources/demo/shapes/ and
-adds the weights.
+Why SD3 (an MMDiT transformer) and not a UNet: the captions name a position ("at the top left"),
+and placing a shape needs a denoiser that knows where each latent cell is. A conv/attention UNet
+has no positional encoding and learns position only from zero padding: the earlier UNet teacher
+ignored the position word entirely (swapping it changed its loss by <= 0.0002) after 1,500
+steps. SD3Transformer2DModel adds a fixed 2D sin-cos position embedding to its patch tokens, so
+position is a feature from step 0. `dmad demo make-teacher` trains this architecture.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-# Sized for 64 px shapes: the VAE downsamples x4 (64x64x3 -> 16x16x8 latents). Every word of the
-# demo captions is one token (demo_vocab), so the longest caption is 15 tokens with BOS/EOS;
-# other text falls back to one token per byte, and 32 positions leave room for that.
+# 64 px shapes. The VAE downsamples only x2 (64x64x3 -> 32x32x4 latents) and the transformer
+# patches 4x4: 64 image tokens, as x4 + 2x2 patches would give, but a x2 autoencoder reconstructs
+# small shapes that a x4 one (16x16x8) still drew as the wrong shape 14-16% of the time after
+# 900 steps (measured: 93% shape after 300 steps at x2, 84% after 900 at x4). Every word of the
+# demo captions is one token (demo_vocab), so the longest caption is 13 tokens with BOS/EOS; other
+# text falls back to one token per byte, and 32 CLIP positions leave room for that.
 TEACHER_MAX_LENGTH = 32
-TEACHER_TEXT_DIM = 128
-# (64, 128, 256) would be 12.6 M UNet parameters alone (25 MB in fp16); 192 at the bottom
-# keeps the whole pipeline near 10.6 M parameters, ~21 MB in fp16.
-TEACHER_UNET_CHANNELS = (64, 128, 192)
-TEACHER_VAE_CHANNELS = (32, 64, 64)
-# GroupNorm groups for both networks. With 32 groups on 32 channels (SD's 32 groups, but SD has
-# 128+ channels) every channel is normalised on its own over the image, which erases the
-# amplitude of flat colour regions: a VAE so built reconstructs shapes but not their colours.
-# 8 groups keep 4-24 channels per group, as SD's 32 groups over 128-1280 channels do.
+TEACHER_IMAGE_SIZE = 64
+TEACHER_LATENT_CHANNELS = 4
+TEACHER_VAE_CHANNELS = (32, 64)
+TEACHER_PATCH = 4
+# GroupNorm groups of the VAE. With 32 groups on 32 channels every channel is normalised on its
+# own over the image, which erases the amplitude of flat colour regions; 8 groups keep 4-8
+# channels per group, as SD's 32 groups over 128-512 channels do.
 TEACHER_NORM_GROUPS = 8
-# 8 latent channels (SD 1.x has 4, SD3 and Flux 16): with 4, a VAE trained for 800 steps on this
-# CPU still drew 17% of shapes as the wrong shape (a 16 px triangle spans 4x4 latent cells);
-# the UNet costs the same either way.
-TEACHER_LATENT_CHANNELS = 8
+# Two CLIP text encoders (SD3's pipeline requires both; T5's slot holds a null encoder, null_t5): their
+# penultimate hidden states, 64 + 64 wide, make the 128-wide token sequence; their pooled
+# projections, 64 + 64, the 128-wide pooled vector.
+TEACHER_TEXT_DIM = 64
+TEACHER_TEXT_LAYERS = 3
+TEACHER_WIDTH = 128      # 4 heads x 32
+TEACHER_LAYERS = 6
+# SD3 without T5 appends this many zero tokens to the CLIP tokens (the pipeline's default
+# max_sequence_length); the teacher is trained with exactly that context, so a plain pipeline
+# call is what it learned.
+SD3_ZERO_TOKENS = 256
 
 
 def demo_words() -> list[str]:
@@ -70,46 +81,86 @@ def demo_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def build_teacher(seed: int = 0):
-    """A randomly initialised demo teacher: StableDiffusionPipeline on the CPU, fp32."""
+def demo_tokenizer():
+    from transformers import CLIPTokenizer
+
+    vocab, merges = demo_vocab()
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TEACHER_MAX_LENGTH)
+
+
+def _text_encoder(tokenizer):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    vocab = tokenizer.get_vocab()
+    eos = vocab["<|endoftext|>"]
+    return CLIPTextModelWithProjection(CLIPTextConfig(
+        vocab_size=len(vocab), hidden_size=TEACHER_TEXT_DIM, intermediate_size=4 * TEACHER_TEXT_DIM,
+        num_hidden_layers=TEACHER_TEXT_LAYERS, num_attention_heads=2, max_position_embeddings=TEACHER_MAX_LENGTH,
+        projection_dim=TEACHER_TEXT_DIM, bos_token_id=vocab["<|startoftext|>"], eos_token_id=eos, pad_token_id=eos))
+
+
+def build_vae(channels: tuple[int, ...] = TEACHER_VAE_CHANNELS):
+    from diffusers import AutoencoderKL
+
+    # shift_factor must be a number: StableDiffusion3Pipeline decodes latents / scale + shift
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * len(channels),
+        up_block_types=("UpDecoderBlock2D",) * len(channels), block_out_channels=tuple(channels),
+        latent_channels=TEACHER_LATENT_CHANNELS, layers_per_block=1, norm_num_groups=TEACHER_NORM_GROUPS,
+        sample_size=TEACHER_IMAGE_SIZE, scaling_factor=1.0, shift_factor=0.0)
+
+
+def null_t5():
+    """SD3's third text-encoder slot: a T5 encoder whose every weight is zero, so its output is
+    exactly the zeros StableDiffusion3Pipeline feeds when there is no T5. The teacher has no T5
+    conditioning; the slot is filled only because diffusers 0.42 refuses to load an SD3 folder
+    without text_encoder_3 unless the caller passes text_encoder_3=None, and the demo teacher
+    must load with no arguments. One layer, 128 wide: ~0.1 M zeros."""
+    from transformers import T5Config, T5EncoderModel
+
+    from dmad.tiny import tiny_t5_tokenizer
+
+    tokenizer = tiny_t5_tokenizer(model_max_length=SD3_ZERO_TOKENS)
+    encoder = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer), d_model=2 * TEACHER_TEXT_DIM, d_ff=8, d_kv=8, num_layers=1, num_heads=1,
+        relative_attention_num_buckets=8, feed_forward_proj="relu", pad_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0))
+    for p in encoder.parameters():
+        p.data.zero_()
+    return tokenizer, encoder
+
+
+def build_teacher(seed: int = 0, layers: int = TEACHER_LAYERS, vae_channels: tuple[int, ...] = TEACHER_VAE_CHANNELS):
+    """A randomly initialised demo teacher: StableDiffusion3Pipeline on the CPU, fp32."""
     import torch
-    from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
-    vocab, merges = demo_vocab()
-    bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TEACHER_MAX_LENGTH)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(vocab), hidden_size=TEACHER_TEXT_DIM, intermediate_size=4 * TEACHER_TEXT_DIM,
-        num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=TEACHER_MAX_LENGTH,
-        projection_dim=TEACHER_TEXT_DIM, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos))
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=TEACHER_LATENT_CHANNELS, out_channels=TEACHER_LATENT_CHANNELS, block_out_channels=TEACHER_UNET_CHANNELS, layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=TEACHER_TEXT_DIM, attention_head_dim=tuple(c // 32 for c in TEACHER_UNET_CHANNELS),
-        norm_num_groups=TEACHER_NORM_GROUPS,  # attention_head_dim is the head COUNT in SD configs: 32 channels per head
-        # The caption, attention-pooled, is also added to the time embedding (diffusers' "text" addition
-        # embedding), so it reaches every ResNet block and not only the cross-attention layers.
-        addition_embed_type="text", addition_embed_type_num_heads=4)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=TEACHER_VAE_CHANNELS, latent_channels=TEACHER_LATENT_CHANNELS,
-        layers_per_block=1, norm_num_groups=TEACHER_NORM_GROUPS, sample_size=64)
-    # Stable Diffusion's noise schedule with SD 2.x's v-prediction; the sampler for reference images
-    # comes from the prompt set.
-    scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085,
-                              beta_end=0.012, prediction_type="v_prediction", clip_sample=False,
-                              steps_offset=1, timestep_spacing="leading")
-    return StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
+    tokenizer = demo_tokenizer()
+    te1, te2 = _text_encoder(tokenizer), _text_encoder(tokenizer)
+    latent = TEACHER_IMAGE_SIZE // 2 ** (len(vae_channels) - 1)
+    transformer = SD3Transformer2DModel(
+        sample_size=latent, patch_size=TEACHER_PATCH, in_channels=TEACHER_LATENT_CHANNELS,
+        out_channels=TEACHER_LATENT_CHANNELS,
+        num_layers=layers, attention_head_dim=32, num_attention_heads=TEACHER_WIDTH // 32,
+        joint_attention_dim=2 * TEACHER_TEXT_DIM, caption_projection_dim=TEACHER_WIDTH,
+        pooled_projection_dim=2 * TEACHER_TEXT_DIM,
+        pos_embed_max_size=2 * latent // TEACHER_PATCH)  # an 8x8 token grid at 64 px; room for 16x16 (128 px)
+    # shift 1: at 16x16 latents there is no high-resolution redundancy to shift noise towards
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
+    with torch.random.fork_rng():  # all zeros anyway: leave the other parts' initialisation as it was
+        tokenizer_3, text_encoder_3 = null_t5()
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=build_vae(vae_channels),
+                                    text_encoder=te1, tokenizer=tokenizer, text_encoder_2=te2,
+                                    tokenizer_2=demo_tokenizer(), text_encoder_3=text_encoder_3,
+                                    tokenizer_3=tokenizer_3)
+
+
+TEACHER_PARTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def parameter_counts(pipe) -> dict[str, int]:
-    counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters())
-              for name in ("unet", "vae", "text_encoder")}
+    counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in TEACHER_PARTS}
     counts["total"] = sum(counts.values())
     return counts
 

@@ -1,38 +1,36 @@
 """Train the built-in demo teacher from scratch on procedural shapes: `dmad demo make-teacher`.
 
-Two stages, both seeded and deterministic on a CPU (same torch build and thread count):
-  1. the VAE (AutoencoderKL, 64x64x3 <-> 16x16x8 latents) as an autoencoder on its posterior
-     mean, plus a small KL term. Captioned images are ~90% background, and an autoencoder trained
-     on them plainly learns shape colours last (after 500 steps its reconstructions still had the
-     wrong colour 70% of the time): so three quarters of each batch are dense "mosaics" of random
-     shapes and colours (dmad.demo.shapes.render_mosaic), and on captioned images the shape and
-     the background each carry half of the loss. The latent scaling factor is then set to
-     1 / std of the latents of captioned images, as for SD.
-  2. the UNet and the CLIP text encoder together (word-level tokens, dmad.demo.demo_vocab), with
-     the v-prediction DDPM loss (SD 2.x) on the VAE's latents, captions dropped to ""
-     10% of the time so classifier-free guidance works at sampling time, and offset noise (0.1
-     per sample and channel). Offset noise matters here: with SD's schedule a 16x16 latent keeps
-     its mean visible through the noise even at t = 999 (signal 0.068 against noise 1/16 for the
-     mean), so a model trained without it reads the background from the noise instead of the
-     caption and, sampling from pure noise, picks it at random (measured: background and every
-     other attribute at chance after 500 steps). Offset noise hides that mean.
-     v-prediction matters too: with epsilon prediction, at high noise predicting eps ~ x_t is
-     nearly free whatever the caption says, so the caption gets almost no gradient; v asks for
-     the clean image there. (With epsilon prediction, offset noise and word tokens, adherence was
-     still at chance after 500 steps.)
-Captioned images are rendered on the fly from an index range of their own (no image of the
-shipped dataset or of the evaluator's held-out set is trained on), so there is no epoch and
-nothing to overfit. Every `eval_every` UNet steps the log gets the prompt adherence of a quick
-sample (DDIM 20 steps + CFG, measured by the shipped evaluator); at the end the 50-step + CFG
-adherence is measured on fresh captions and written to training_config.json.
+One seeded command, resumable: `dmad demo make-teacher --out DIR` keeps its progress in
+DIR's work folder (`.DIR.partial`, beside it) and, run again with the same settings after an
+interruption, goes on from the last saved step with the same numbers as an uninterrupted run.
+The finished teacher (a standard diffusers StableDiffusion3Pipeline folder, fp32 safetensors,
+training_config.json and training_log.jsonl beside the weights) is renamed into place, so DIR is
+either complete or absent.
 
-The output is a standard diffusers StableDiffusionPipeline folder (fp16 safetensors) with
-training_config.json and training_log.jsonl beside the weights. It is assembled in a temp
-folder beside --out and renamed into place, so --out is either complete or absent.
+Stages (dmad/demo/teacher_stages.py has the pieces and their shapes):
+  1. VAE (AutoencoderKL, 64x64x3 <-> 32x32x4), an autoencoder on its posterior mean plus a small KL
+     term. Captioned images are ~90% background and an autoencoder trained on them alone learns
+     shape colours last, so part of each batch is dense "mosaics" of random shapes
+     (dmad.demo.shapes.render_mosaic), and on captioned images the shape and the background each
+     carry half the loss. Then scaling and shift factors make the latents of captioned images
+     zero-mean, unit-variance, as SD3's VAE config does.
+  2. A pool of `pool_size` captioned training renders is encoded once (their latents are a pure
+     function of the VAE and the index), instead of encoding every batch again.
+  3. The SD3 transformer and both CLIP text encoders, from scratch, with SD3's flow-matching loss
+     and logit-normal noise levels; captions dropped to "" 10% of the time for CFG; an EMA of the
+     transformer is what ships. SD3 without T5 appends 256 zero tokens to the caption: the
+     teacher is trained with exactly that context (collapsed to one token that stands for 256,
+     dmad.models.repeated_tokens: the same numbers, ~5x cheaper), so a plain pipeline call is what
+     it learned. Every `eval_every` steps the log gets the word-swap diagnostic (how much the loss
+     rises when one caption word is swapped, per attribute) and the prompt adherence of quick
+     samples (Euler 20 steps + CFG, read by the shipped evaluator).
+  4. The VAE decoder alone, on captioned renders, with the encoder (so the latent space) frozen.
+The final check samples fresh captions through StableDiffusion3Pipeline itself (50 steps + CFG).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -41,327 +39,356 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-TRAIN_INDEX_OFFSET = 10_000_000  # training renders use indices from here on (disjoint from shipped/held-out data)
-EVAL_CAPTION_SEED = 5_000_001    # captions of the adherence checks: attributes_for(i, EVAL_CAPTION_SEED)
+from dmad.demo.teacher_stages import EVAL_CAPTION_SEED
+
+LogFn = Callable[[dict], None]
+STATE_FILE, STATE_JSON = "state.safetensors", "state.json"
 
 
 @dataclass
 class TeacherTraining:
     seed: int = 0
-    vae_steps: int = 800
+    vae_steps: int = 1200
     vae_batch: int = 16
     vae_lr: float = 2e-3
     vae_kl_weight: float = 1e-6
-    vae_mosaic_fraction: float = 0.75
-    unet_steps: int = 1500
-    decoder_steps: int = 800
-    decoder_batch: int = 16
-    decoder_lr: float = 5e-4
-    unet_batch: int = 32
-    unet_lr: float = 5e-4
-    text_lr: float = 5e-4
+    vae_mosaic_fraction: float = 0.5
+    pool_size: int = 32768
+    steps: int = 8000
+    batch: int = 32
+    lr: float = 2e-3
+    text_lr: float = 2e-3
+    weight_decay: float = 0.01
+    lr_floor: float = 0.1
+    ema_decay: float = 0.999
     caption_dropout: float = 0.1
-    offset_noise: float = 0.1
-    warmup_steps: int = 50
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    warmup_steps: int = 300
     image_size: int = 64
+    layers: int = 6
     eval_every: int = 500
     eval_prompts: int = 64
-    final_eval_prompts: int = 128
-    guidance_scale: float = 3.0
+    swap_images: int = 64
+    save_every: int = 500
+    decoder_steps: int = 0   # off in the shipped recipe; see finetune_decoder
+    decoder_batch: int = 16
+    decoder_lr: float = 5e-4
+    final_eval_prompts: int = 256
+    final_steps: int = 50
+    guidance_scale: float = 4.0
 
 
-def render_batch(start: int, n: int, seed: int, size: int):
-    """(n, 3, size, size) float32 in [-1, 1] and the n captions of training indices start .. start+n-1."""
-    import numpy as np
+# ------------------------------------------------------------------------------------- state on disk
+
+def save_state(work: Path, tensors: dict, meta: dict) -> None:
+    """Both files written to temp names and renamed; state.json last, so it never names weights
+    that are not there."""
+    from safetensors.torch import save_file
+
+    tmp = work / f".{STATE_FILE}.tmp"
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, work / STATE_FILE)
+    tmp_json = work / f".{STATE_JSON}.tmp"
+    tmp_json.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp_json, work / STATE_JSON)
+
+
+def module_tensors(prefix: str, module) -> dict:
+    return {f"{prefix}.{k}": v for k, v in module.state_dict().items()}
+
+
+def load_module(module, prefix: str, tensors: dict) -> None:
+    n = len(prefix) + 1
+    module.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
+
+
+def optimizer_tensors(opt) -> tuple[dict, list]:
+    sd = opt.state_dict()
+    flat = {f"opt.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+    return flat, sd["param_groups"]
+
+
+def load_optimizer(opt, tensors: dict, groups: list) -> None:
+    state: dict = {}
+    for key, v in tensors.items():
+        if key.startswith("opt."):
+            _, i, name = key.split(".", 2)
+            state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+# ------------------------------------------------------------------------------------- stages
+
+def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) -> None:
     import torch
 
-    from dmad.demo.shapes import attributes_for, caption, render
+    from dmad.demo.teacher_stages import encode_latents, reconstruction_adherence, render_batch, vae_step
 
-    imgs, caps = [], []
-    for i in range(start, start + n):
-        a = attributes_for(TRAIN_INDEX_OFFSET + i, seed)
-        imgs.append(np.asarray(render(a, size), dtype=np.float32) / 127.5 - 1.0)
-        caps.append(caption(a))
-    if not imgs:
-        return torch.empty((0, 3, size, size)), caps
-    return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).contiguous(), caps
-
-
-def render_mosaics(start: int, n: int, seed: int, size: int):
-    import numpy as np
-    import torch
-
-    from dmad.demo.shapes import render_mosaic
-
-    imgs = [np.asarray(render_mosaic(i, seed, size), dtype=np.float32) / 127.5 - 1.0 for i in range(start, start + n)]
-    return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).contiguous()
-
-
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup, then cosine to zero."""
-    import math
-
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-
-def _balanced_weights(x, n_mosaic: int):
-    """Per-pixel loss weights (B, 1, H, W): on a captioned image the shape (pixels unlike the
-    top-left corner, which is always background) and the background each get half the weight,
-    so a shape covering 5% of the image counts as much as its background; mosaics weigh 1."""
-    fg = ((x - x[:, :, :1, :1]).abs().amax(1, keepdim=True) > 0.05).float()
-    frac = fg.mean((1, 2, 3), keepdim=True).clamp(1e-3, 1 - 1e-3)
-    w = fg * 0.5 / frac + (1 - fg) * 0.5 / (1 - frac)
-    w[:n_mosaic] = 1.0
-    return w
-
-
-def _reconstruction_loss(rec, x, n_mosaic: int):
-    """L1 + L2 per pixel, weighted by _balanced_weights, averaged."""
-    err = (rec - x).abs() + (rec - x) ** 2
-    return (err * _balanced_weights(x, n_mosaic)).mean()
-
-
-def train_vae(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> float:
-    """Returns the latent scaling factor (1 / std of the latents of fresh captioned images)."""
-    import torch
-
+    vae = pipe.vae
+    if resume.get("stage_done", 0) >= 1:
+        load_module(vae, "vae", resume["tensors"])
+        vae.register_to_config(scaling_factor=resume["meta"]["scaling_factor"], shift_factor=resume["meta"]["shift_factor"])
+        vae.eval().requires_grad_(False)
+        return
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
-    n_mosaic = round(cfg.vae_batch * cfg.vae_mosaic_fraction)
     vae.train()
-    for step in range(cfg.vae_steps):
-        for g in opt.param_groups:
-            g["lr"] = cfg.vae_lr * _lr_factor(step, cfg.vae_steps, cfg.warmup_steps)
-        x, _ = render_batch(step * cfg.vae_batch, cfg.vae_batch - n_mosaic, cfg.seed, cfg.image_size)
-        if n_mosaic:
-            x = torch.cat([render_mosaics(step * cfg.vae_batch, n_mosaic, cfg.seed, cfg.image_size), x])
-        post = vae.encode(x).latent_dist
-        rec = vae.decode(post.mode()).sample
-        loss_rec = _reconstruction_loss(rec, x, n_mosaic)
-        loss = loss_rec + cfg.vae_kl_weight * post.kl().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 50 == 0 or step == cfg.vae_steps - 1:
-            log({"stage": "vae", "step": step, "loss_rec": round(loss_rec.item(), 5)})
-    vae.eval()
-    with torch.no_grad():
-        x, _ = render_batch(10**6, 256, cfg.seed, cfg.image_size)
-        z = vae.encode(x).latent_dist.mean
-        rec = vae.decode(z).sample.clamp(-1, 1)
-    log({"stage": "vae", "reconstruction_adherence": _adherence_of(rec, render_batch(10**6, 256, cfg.seed,
-                                                                                      cfg.image_size)[1])})
-    return float(1.0 / z.std())
-
-
-def _adherence_of(images, captions) -> dict:
-    from dmad.demo.evaluator import load_evaluator
-    from dmad.demo.metrics import evaluate_images
-
-    res = evaluate_images(load_evaluator(), images, captions)["adherence"]
-    return {"all": round(res["all"], 4), **{k: round(v, 4) for k, v in res["per_attribute"].items()}}
-
-
-def measure_adherence(pipe, n: int, steps: int, guidance: float, size: int, seed: int = 0) -> dict:
-    """Sample n fresh captions with DDIM `steps` + CFG and score them with the shipped evaluator."""
-    import torch
-    from diffusers import DDIMScheduler
-
-    from dmad.demo.shapes import attributes_for, caption
-    from dmad.sampling import sd_pipeline
-
-    caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
-    sampler = sd_pipeline(pipe, DDIMScheduler.from_config(pipe.scheduler.config))
-    was = pipe.unet.training, pipe.text_encoder.training
-    pipe.unet.eval()
-    pipe.text_encoder.eval()
-    try:
-        with torch.no_grad():
-            images = [sampler(caps[a:a + 64], num_inference_steps=steps, guidance_scale=guidance, height=size,
-                              width=size, generator=torch.Generator().manual_seed(seed + a), output_type="pt").images
-                      for a in range(0, n, 64)]
-    finally:
-        pipe.unet.train(was[0])
-        pipe.text_encoder.train(was[1])
-    return _adherence_of(torch.cat(images) * 2 - 1, caps)
-
-
-def train_unet(pipe, cfg: TeacherTraining, log: Callable[[dict], None]) -> None:
-    import torch
-    import torch.nn.functional as F
-
-    from dmad.models.teacher import encode_prompts
-
-    unet, te, vae, sched = pipe.unet, pipe.text_encoder, pipe.vae, pipe.scheduler
-    vae.requires_grad_(False)
-    opt = torch.optim.AdamW([{"params": unet.parameters(), "lr": cfg.unet_lr},
-                             {"params": te.parameters(), "lr": cfg.text_lr}], weight_decay=0.01)
-    base = [g["lr"] for g in opt.param_groups]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    alphas = sched.alphas_cumprod
-    unet.train()
-    te.train()
     t0 = time.time()
-    for step in range(cfg.unet_steps):
-        for g, lr in zip(opt.param_groups, base):
-            g["lr"] = lr * _lr_factor(step, cfg.unet_steps, cfg.warmup_steps)
-        x, caps = render_batch(2**24 + step * cfg.unet_batch, cfg.unet_batch, cfg.seed, cfg.image_size)
-        drop = torch.rand(len(caps), generator=gen) < cfg.caption_dropout
-        caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
-        with torch.no_grad():
-            z = vae.encode(x).latent_dist.mean * vae.config.scaling_factor
-        noise = torch.randn(z.shape, generator=gen)
-        noise = noise + cfg.offset_noise * torch.randn((*z.shape[:2], 1, 1), generator=gen)
-        t = torch.randint(0, sched.config.num_train_timesteps, (len(caps),), generator=gen)
-        a = alphas[t].view(-1, 1, 1, 1)
-        z_t = a.sqrt() * z + (1 - a).sqrt() * noise
-        emb = encode_prompts(pipe.tokenizer, te, caps, "cpu")
-        target = a.sqrt() * noise - (1 - a).sqrt() * z  # v-prediction (SD 2.x)
-        loss = F.mse_loss(unet(z_t, t, emb).sample, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(unet.parameters()) + list(te.parameters()), 1.0)
-        opt.step()
-        if step % 50 == 0 or step == cfg.unet_steps - 1:
-            log({"stage": "unet", "step": step, "loss": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)})
-        if cfg.eval_every and step and step % cfg.eval_every == 0:
-            log({"stage": "unet", "step": step, "check": "ddim 20 + cfg",
-                 "adherence": measure_adherence(pipe, cfg.eval_prompts, 20, cfg.guidance_scale, cfg.image_size)})
-    unet.eval()
-    te.eval()
+    for step in range(cfg.vae_steps):
+        loss = vae_step(vae, opt, step, cfg)
+        if step % 100 == 0 or step == cfg.vae_steps - 1:
+            log({"stage": "vae", "step": step, "loss_rec": round(loss, 5), "elapsed_s": round(time.time() - t0, 1)})
+    vae.eval().requires_grad_(False)
+    z = encode_latents(vae, render_batch(10**6, 512, cfg.seed, cfg.image_size)[0])
+    shift, scale = float(z.mean()), float(1.0 / z.std())
+    vae.register_to_config(scaling_factor=scale, shift_factor=shift)
+    log({"stage": "vae", "scaling_factor": scale, "shift_factor": shift,
+         "reconstruction_adherence": reconstruction_adherence(vae, 512, cfg.image_size)})
+    save_state(work, module_tensors("vae", vae), {"stage_done": 1, "scaling_factor": scale, "shift_factor": shift,
+                                                  "recipe": asdict(cfg)})
 
 
-def finetune_decoder(vae, cfg: TeacherTraining, log: Callable[[dict], None]) -> None:
-    """Stage 3: sharpen the VAE decoder on captioned images with the encoder frozen. The latent
-    space the UNet learned stays exactly as it was (as Stable Diffusion's ft-MSE decoder did);
-    only the drawing of shapes from latents improves."""
+def latent_pool(vae, cfg: TeacherTraining, log: LogFn):
+    """(pool_size, 4, 32, 32) scaled latents and their captions."""
     import torch
 
-    for module in (vae.encoder, vae.quant_conv):
-        if module is not None:
-            module.requires_grad_(False)
+    from dmad.demo.teacher_stages import encode_latents, render_batch
+
+    t0 = time.time()
+    lat, caps = [], []
+    for a in range(0, cfg.pool_size, 1024):
+        x, c = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size)
+        lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+        caps += c
+    log({"stage": "pool", "images": cfg.pool_size, "elapsed_s": round(time.time() - t0, 1)})
+    return torch.cat(lat), caps
+
+
+def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict):
+    """Returns the EMA transformer (what ships)."""
+    import torch
+
+    from dmad.demo import teacher_stages as ts
+    from dmad.models.repeated_tokens import install
+
+    tr, vae = pipe.transformer, pipe.vae
+    install(tr)  # before the EMA copy, so both carry the processor
+    ema = copy.deepcopy(tr).requires_grad_(False)
+    text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
+    params = [{"params": list(tr.parameters()), "lr": cfg.lr},
+              {"params": list(pipe.text_encoder.parameters()) + list(pipe.text_encoder_2.parameters()), "lr": cfg.text_lr}]
+    opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
+    base = [g["lr"] for g in opt.param_groups]
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    start, cpu_before, wall_before = 0, 0.0, 0.0
+    if resume.get("stage_done", 0) >= 2:
+        for name, m in (("transformer", tr), ("ema", ema), ("te1", pipe.text_encoder), ("te2", pipe.text_encoder_2)):
+            load_module(m, name, resume["tensors"])
+        load_optimizer(opt, resume["tensors"], resume["meta"]["param_groups"])
+        gen.set_state(resume["tensors"]["generator"])
+        start = resume["meta"]["step"]
+        cpu_before, wall_before = resume["meta"]["cpu_s"], resume["meta"]["wall_s"]
+        log({"stage": "resume", "step": start})
+    if start < cfg.steps:
+        pool, caps = latent_pool(vae, cfg, log)
+        ids = text.ids(caps)
+        empty = text.ids([""])[0]
+    tr.train()
+    t0, c0 = time.time(), time.process_time()
+
+    def clocks() -> tuple[float, float]:
+        return round(wall_before + time.time() - t0, 1), round(cpu_before + time.process_time() - c0, 1)
+
+    for step in range(start, cfg.steps):
+        for g, lr in zip(opt.param_groups, base):
+            g["lr"] = lr * ts.lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
+        idx = torch.randint(0, len(pool), (cfg.batch,), generator=gen)
+        drop = torch.rand(cfg.batch, generator=gen) < cfg.caption_dropout
+        batch_ids = torch.where(drop[:, None], empty[None], ids[idx])
+        sigma = ts.logit_normal_sigmas(cfg.batch, gen, cfg.logit_mean, cfg.logit_std)
+        noise = torch.randn(pool[idx].shape, generator=gen)
+        emb, pooled = text.encode_ids(batch_ids)
+        loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], 1.0)
+        opt.step()
+        ts.ema_update(ema, tr, cfg.ema_decay if step >= cfg.warmup_steps else 0.0)
+        if ts.log_every(step, cfg.steps, 50):
+            wall, cpu = clocks()
+            log({"stage": "transformer", "step": step, "loss": round(loss.item(), 5),
+                 "lr": round(opt.param_groups[0]["lr"], 6), "elapsed_s": wall, "cpu_s": cpu})
+        done = step + 1
+        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            log({"stage": "transformer", "step": done, "check": "ema; euler 20 + cfg", **diagnostics(ema, text, pipe, cfg)})
+        if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
+            wall, cpu = clocks()
+            flat, groups = optimizer_tensors(opt)
+            tensors = {**module_tensors("vae", vae), **module_tensors("transformer", tr), **module_tensors("ema", ema),
+                       **module_tensors("te1", pipe.text_encoder), **module_tensors("te2", pipe.text_encoder_2),
+                       **flat, "generator": gen.get_state()}
+            save_state(work, tensors, {"stage_done": 2, "step": done, "scaling_factor": vae.config.scaling_factor,
+                                       "shift_factor": vae.config.shift_factor, "param_groups": groups,
+                                       "cpu_s": cpu, "wall_s": wall, "recipe": asdict(cfg)})
+    tr.eval()
+    ema.eval()
+    wall, cpu = clocks()
+    log({"stage": "transformer", "step": cfg.steps, "done": True, "elapsed_s": wall, "cpu_s": cpu})
+    return ema
+
+
+def finetune_decoder(vae, cfg: TeacherTraining, log: LogFn) -> None:
+    """Stage 4: sharpen the VAE decoder on captioned renders with the encoder frozen, so the latent
+    space the transformer learned stays exactly as it was (as Stable Diffusion's ft-MSE decoder
+    did); only the drawing of shapes from latents improves. Data: a pure function of the step."""
+    import torch
+
+    from dmad.demo.teacher_stages import lr_factor, reconstruction_adherence, reconstruction_loss, render_batch
+
     params = [p for m in (vae.post_quant_conv, vae.decoder) if m is not None for p in m.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.decoder_lr, weight_decay=0.0)
-    captions_eval = render_batch(10**6, 256, cfg.seed, cfg.image_size)
-
-    def recon_adherence() -> dict:
-        vae.eval()
-        with torch.no_grad():
-            rec = vae.decode(vae.encode(captions_eval[0]).latent_dist.mean).sample.clamp(-1, 1)
-        vae.train()
-        return _adherence_of(rec, captions_eval[1])
-
-    log({"stage": "decoder", "step": 0, "reconstruction_adherence": recon_adherence()})
     vae.train()
+    t0 = time.time()
     for step in range(cfg.decoder_steps):
         for g in opt.param_groups:
-            g["lr"] = cfg.decoder_lr * _lr_factor(step, cfg.decoder_steps, cfg.warmup_steps)
+            g["lr"] = cfg.decoder_lr * lr_factor(step, cfg.decoder_steps, min(cfg.warmup_steps, cfg.decoder_steps // 4 + 1))
         x, _ = render_batch(3 * 2**24 + step * cfg.decoder_batch, cfg.decoder_batch, cfg.seed, cfg.image_size)
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mean
-        rec = vae.decode(z).sample
-        loss = _reconstruction_loss(rec, x, 0)
+        loss = reconstruction_loss(vae.decode(z).sample, x, 0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % 50 == 0 or step == cfg.decoder_steps - 1:
-            log({"stage": "decoder", "step": step, "loss_rec": round(loss.item(), 5)})
-    vae.eval()
-    vae.requires_grad_(False)
-    log({"stage": "decoder", "step": cfg.decoder_steps, "reconstruction_adherence": recon_adherence()})
+        if step % 100 == 0 or step == cfg.decoder_steps - 1:
+            log({"stage": "decoder", "step": step, "loss_rec": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)})
+    vae.eval().requires_grad_(False)
+    log({"stage": "decoder", "step": cfg.decoder_steps,
+         "reconstruction_adherence": reconstruction_adherence(vae, 512, cfg.image_size)})
 
 
-def make_teacher(out_dir: str | Path, cfg: TeacherTraining, log: Callable[[dict], None] = print,
-                 continue_from: Path | None = None) -> dict:
-    """Train the demo teacher and save it into `out_dir` (an existing empty folder): a diffusers
-    folder with fp16 weights and training_config.json. Returns the final measurements.
+def diagnostics(transformer, text, pipe, cfg: TeacherTraining) -> dict:
+    from dmad.demo import teacher_stages as ts
 
-    Stages: VAE, UNet + text encoder, decoder fine-tune. Between the UNet and the decoder stage the
-    weights are rounded to fp16 (what is saved), so `continue_from` a folder written with
-    decoder_steps 0 (stages 1-2) gives exactly the weights of one run of all three stages."""
+    modes = [m.training for m in (transformer, text.te1, text.te2)]
+    for m in (transformer, text.te1, text.te2):
+        m.eval()
+    try:
+        swap = ts.word_swap_rise(transformer, text, pipe.vae, cfg.swap_images, cfg.image_size)
+        adh = ts.quick_adherence(transformer, text, pipe.vae, pipe.scheduler.config, cfg.eval_prompts, 20,
+                                 cfg.guidance_scale)
+    finally:
+        for m, was in zip((transformer, text.te1, text.te2), modes):
+            m.train(was)
+    return {"adherence": adh, "swap_rise": swap}
+
+
+def measure_pipeline_adherence(pipe, n: int, steps: int, guidance: float, size: int, seed: int = 1) -> dict:
+    """Fresh captions through StableDiffusion3Pipeline itself (its default 256 zero tokens), scored
+    by the shipped evaluator."""
     import torch
+
+    from dmad.demo.shapes import attributes_for, caption
+    from dmad.demo.teacher_stages import adherence_of
+
+    caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
+    images = []
+    with torch.no_grad():
+        for a in range(0, n, 64):
+            out = pipe(caps[a:a + 64], num_inference_steps=steps, guidance_scale=guidance, height=size, width=size,
+                       generator=torch.Generator().manual_seed(seed + a), output_type="pt").images
+            images.append(out.float() * 2 - 1)
+    return adherence_of(torch.cat(images), caps)
+
+
+def make_teacher(out_dir: Path, work: Path, cfg: TeacherTraining, log: LogFn, resume: dict) -> dict:
+    """Train (or go on training) the demo teacher and save it into `out_dir` (an existing empty
+    folder). Returns training_config.json's content."""
+    import torch
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     from dmad.demo import build_teacher, parameter_counts
 
-    t0 = time.time()
-    if continue_from is None:
-        torch.manual_seed(cfg.seed)
-        pipe = build_teacher(cfg.seed)
-        scaling = train_vae(pipe.vae, cfg, log)
-        pipe.vae.register_to_config(scaling_factor=scaling)
-        log({"stage": "vae", "scaling_factor": scaling, "elapsed_s": round(time.time() - t0, 1)})
-        train_unet(pipe, cfg, log)
-        pipe.to(torch.float16).to(torch.float32)
-    else:
-        from diffusers import StableDiffusionPipeline
+    torch.manual_seed(cfg.seed)
+    pipe = build_teacher(cfg.seed, layers=cfg.layers)
+    train_vae(pipe, cfg, log, work, resume)
+    ema = train_transformer(pipe, cfg, log, work, resume)
+    finetune_decoder(pipe.vae, cfg, log)
+    pipe.transformer.load_state_dict(ema.state_dict())
+    pipe.transformer.set_attn_processor(JointAttnProcessor2_0())  # the plain pipeline's own attention
+    del pipe.transformer._dmad_repeated_last
+    # fp32 on disk (19 MB): an fp16 folder loads with the text encoders in fp16 (transformers keeps
+    # the stored dtype) and the transformer in fp32 (diffusers' default), and a plain call then fails
+    pipe.save_pretrained(str(out_dir), safe_serialization=True)
+    final = measure_pipeline_adherence(pipe, cfg.final_eval_prompts, cfg.final_steps, cfg.guidance_scale,
+                                       cfg.image_size)
+    log({"stage": "final", "check": f"StableDiffusion3Pipeline {cfg.final_steps} steps + cfg {cfg.guidance_scale}",
+         "adherence": final})
+    rows = [json.loads(x) for x in (work / "training_log.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    done = next((r for r in reversed(rows) if r.get("done")), {})
+    return {**asdict(cfg), "parameters": parameter_counts(pipe), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "train_wall_s": done.get("elapsed_s"), "train_cpu_s": done.get("cpu_s"),
+            "vae_reconstruction": [r["reconstruction_adherence"] for r in rows if "reconstruction_adherence" in r],
+            "final_adherence": final, "eval_caption_seed": EVAL_CAPTION_SEED,
+            "resumed_at_steps": [r["step"] for r in rows if r.get("stage") == "resume"]}
 
-        pipe = StableDiffusionPipeline.from_pretrained(str(continue_from), local_files_only=True, safety_checker=None,
-                                                       requires_safety_checker=False, torch_dtype=torch.float32)
-        pipe.unet.eval()
-        pipe.text_encoder.eval()
-    if cfg.decoder_steps:
-        torch.manual_seed(cfg.seed + 3)
-        finetune_decoder(pipe.vae, cfg, log)
-    train_s = time.time() - t0
-    pipe.to(torch.float16)
-    out = Path(out_dir)
-    pipe.save_pretrained(str(out), safe_serialization=True)
-    pipe.to(torch.float32)  # measure what ships: fp16 weights, run in fp32 as on a CPU
-    final = measure_adherence(pipe, cfg.final_eval_prompts, 50, cfg.guidance_scale, cfg.image_size, seed=1)
-    log({"stage": "final", "check": "ddim 50 + cfg", "adherence": final})
-    doc = {**asdict(cfg), "parameters": parameter_counts(pipe), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "train_time_s": round(train_s, 1),
-           "final_adherence_ddim50_cfg": final, "eval_caption_seed": EVAL_CAPTION_SEED}
-    if continue_from is not None:
-        earlier = json.loads((continue_from / "training_config.json").read_text(encoding="utf-8"))
-        doc["continued_from"] = {k: earlier.get(k) for k in ("train_time_s", "final_adherence_ddim50_cfg",
-                                                               "vae_steps", "unet_steps", "decoder_steps")}
-        doc["train_time_s"] = round(train_s + float(earlier.get("train_time_s", 0.0)), 1)
-    (out / "training_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return doc
+
+# ------------------------------------------------------------------------------------- command line
+
+def read_resume(work: Path, cfg: TeacherTraining) -> dict:
+    """{} for a fresh start; else the saved tensors and meta of an interrupted run of the same recipe."""
+    from safetensors.torch import load_file
+
+    from dmad.errors import UserInputError
+
+    if not (work / STATE_JSON).is_file():
+        return {}
+    meta = json.loads((work / STATE_JSON).read_text(encoding="utf-8"))
+    if meta.get("recipe") != asdict(cfg):
+        changed = sorted(k for k, v in asdict(cfg).items() if (meta.get("recipe") or {}).get(k) != v)
+        raise UserInputError(f"{work}: an interrupted make-teacher with other settings ({', '.join(changed)}) is "
+                             f"there; run it again with its settings or remove that folder to start over")
+    return {"meta": meta, "tensors": load_file(str(work / STATE_FILE)), "stage_done": meta["stage_done"]}
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--continue-from", metavar="DIR",
-                   help="skip stages 1-2: start from a teacher written by make-teacher with --decoder-steps 0")
     for f in fields(TeacherTraining):
         default = f.default
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default, metavar=type(default).__name__.upper(),
-                       help=f"(default {default})")
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default,
+                       metavar=type(default).__name__.upper(), help=f"(default {default})")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    """`dmad demo make-teacher --out DIR [...]`: DIR must not exist; it appears complete or not at all."""
+    """`dmad demo make-teacher --out DIR [...]`: DIR must not exist; it appears complete or not at all.
+    Progress lives in .DIR.partial beside it; the same command resumes from there."""
     from dmad.errors import UserInputError
 
     cfg = TeacherTraining(**{f.name: getattr(args, f.name) for f in fields(TeacherTraining)})
-    continue_from = getattr(args, "continue_from", None)
-    if continue_from is not None:
-        continue_from = Path(continue_from).expanduser().resolve()
-        if not (continue_from / "training_config.json").is_file():
-            raise UserInputError(f"--continue-from {continue_from}: not a make-teacher folder (no training_config.json)")
     out = Path(args.out).expanduser().resolve()
     if out.exists():
         raise UserInputError(f"--out {out}: already exists; choose a new folder (the teacher is written whole)")
     if not out.parent.is_dir():
         raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
+    work = out.with_name(f".{out.name}.partial")
+    work.mkdir(exist_ok=True)
+    resume = read_resume(work, cfg)
+    if resume:
+        print(f"resuming {work} at stage {resume['stage_done']}, step {resume['meta'].get('step', 0)}", flush=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.mkdir()
     try:
-        with open(tmp / "training_log.jsonl", "w", encoding="utf-8") as f:
-            if continue_from is not None:  # the earlier stages' log first: one log for the whole recipe
-                f.write((continue_from / "training_log.jsonl").read_text(encoding="utf-8"))
-
+        with open(work / "training_log.jsonl", "a", encoding="utf-8") as f:
             def log(row: dict) -> None:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(json.dumps(row), flush=True)
 
-            make_teacher(tmp, cfg, log, continue_from)
+            doc = make_teacher(tmp, work, cfg, log, resume)
+        shutil.copyfile(work / "training_log.jsonl", tmp / "training_log.jsonl")
+        (tmp / "training_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out)
+        shutil.rmtree(work, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -100,6 +100,19 @@ def frechet_distance(feats_a, feats_b) -> float:
     return frechet_distance_from_stats(*feature_stats(feats_a), *feature_stats(feats_b))
 
 
+def fd_interval(feats, ref_mu, ref_cov, n_boot: int = 200, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of FD(feats, reference): the sample set (N, D) resampled with replacement
+    `n_boot` times against fixed reference statistics; the central `level` of those FDs. It says
+    how much the FD of this row moves with which N images happened to be drawn: two rows whose
+    intervals overlap are not told apart at this N. Cost: n_boot FDs, ~5 ms each at D = 128."""
+    a = _as_numpy(feats)
+    rng = np.random.default_rng(seed)
+    fds = [frechet_distance_from_stats(*feature_stats(a[rng.integers(0, len(a), len(a))]), ref_mu, ref_cov)
+           for _ in range(n_boot)]
+    lo, hi = np.quantile(fds, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def diversity(features_by_prompt: dict[str, torch.Tensor]) -> float:
     """Mean pairwise L2 distance between one prompt's sample features, averaged over prompts."""
     if not features_by_prompt:

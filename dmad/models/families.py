@@ -295,6 +295,10 @@ class Family:
         """The pipeline-call arguments that apply the prompt set's guidance scale."""
         return {"guidance_scale": scale}
 
+    def pipe_prompt_kwargs(self, modules: dict, prompts: list[str], negative: Optional[str] = None) -> dict:
+        """The pipeline-call arguments that give it its prompts (and negative prompt)."""
+        return {"prompt": prompts, **({"negative_prompt": negative} if negative else {})}
+
 
 class SD2Family(Family):
     name = "sd2"
@@ -377,10 +381,34 @@ class SD3Family(Family):
         return Cond(emb=emb, pooled=pooled)
 
     def _call(self, net, x, t, cond, schedule, guidance):
+        from dmad.models import repeated_tokens
+
         # SD3 takes the scheduler's timestep value: sigma * num_train_timesteps
         ts = schedule.sigma_of(t).to(x.dtype) * schedule.num_train_timesteps
-        return net(hidden_states=x, timestep=ts, encoder_hidden_states=cond["emb"],
-                   pooled_projections=cond["pooled"]).sample
+        emb, kw = cond["emb"], {}
+        n = self.max_sequence_length
+        if repeated_tokens.trailing_zero_tokens(emb, n):
+            # no T5: its n zero tokens computed as one (exact; dmad/models/repeated_tokens.py)
+            repeated_tokens.install(bare(net))
+            emb, kw = repeated_tokens.collapse_zero_tokens(emb, n), {"joint_attention_kwargs": {"repeated_last": n}}
+        return net(hidden_states=x, timestep=ts, encoder_hidden_states=emb, pooled_projections=cond["pooled"],
+                   **kw).sample
+
+    def pipe_prompt_kwargs(self, modules: dict, prompts: list[str], negative: Optional[str] = None) -> dict:
+        """The prompts encoded here, as the pipeline would; where the T5 part is all zeros (no T5,
+        or a null one) with those zero tokens collapsed to one (exact, ~5x cheaper at 64 image tokens)."""
+        from dmad.models import repeated_tokens
+
+        n = self.max_sequence_length
+        c, u = self.encode(modules, prompts, None), self.encode(modules, [negative or ""] * len(prompts), None)
+        kw = {"prompt_embeds": c["emb"], "pooled_prompt_embeds": c["pooled"],
+              "negative_prompt_embeds": u["emb"], "negative_pooled_prompt_embeds": u["pooled"]}
+        if repeated_tokens.trailing_zero_tokens(torch.cat([c["emb"], u["emb"]]), n):
+            repeated_tokens.install(modules[self.denoiser_name])
+            kw.update(prompt_embeds=repeated_tokens.collapse_zero_tokens(c["emb"], n),
+                      negative_prompt_embeds=repeated_tokens.collapse_zero_tokens(u["emb"], n),
+                      joint_attention_kwargs={"repeated_last": n})
+        return kw
 
     def tap(self, net: nn.Module) -> FeatureTap:
         blocks = bare(net).transformer_blocks
@@ -408,6 +436,7 @@ class FluxFamily(SD3Family):
     tokenizers = ("tokenizer", "tokenizer_2")
     optional_components = ()
     max_sequence_length = 512
+    pipe_prompt_kwargs = Family.pipe_prompt_kwargs  # T5 is always there: prompts as text
 
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
         p = list(prompts)

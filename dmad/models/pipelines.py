@@ -164,6 +164,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
     lora = sum(m.in_features + m.out_features for n, m in models[family.denoiser_name].named_modules()
                if isinstance(m, torch.nn.Linear) and n.endswith(targets))
     cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(den).items() if not k.startswith("_")}
+    text_tokens = sd3_text_tokens(cdir, files, "text_encoder_3" in comps) if family_name == "sd3" else None
     return TeacherInfo(
         path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family_name,
         prediction_type=prediction,
@@ -175,7 +176,28 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
         vae_scale_factor=2 ** (len(vae.block_out_channels) - 1), latent_channels=int(vae.latent_channels),
         unet_block_out_channels=blocks, bottleneck_channels=feature, text_hidden_size=text_hidden,
         unet_lora_params_per_rank=lora, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
-        components=tuple(comps), lora_targets=targets if targets != LORA_TARGETS else LORA_TARGETS)
+        components=tuple(comps), lora_targets=targets if targets != LORA_TARGETS else LORA_TARGETS,
+        text_tokens=text_tokens)
+
+
+def sd3_text_tokens(cdir: Path, files: dict, has_t5: bool) -> int:
+    """Context tokens an SD3 transformer block computes per sample: the CLIP tokenizer's length, plus
+    256 T5 tokens, or 1 where T5's part is exact zeros (no T5, or one whose final norm weight is all
+    zero: T5's output is that weight times a normalised vector), which the engine computes as one
+    token standing for 256 (dmad/models/repeated_tokens.py). Reads one small tensor, never T5 itself."""
+    from safetensors import safe_open
+
+    from dmad.models.teacher import _read_json
+
+    tok = cdir / "tokenizer" / "tokenizer_config.json"
+    length = _read_json(tok).get("model_max_length") if tok.is_file() else None
+    clip = int(length) if isinstance(length, (int, float)) and 0 < length <= 77 else 77  # none, or 1e30: CLIP's 77
+    t5_files = [f for f in files.get("text_encoder_3", ()) if str(f).endswith(".safetensors")]
+    for f in t5_files:
+        with safe_open(str(f), framework="pt") as h:
+            if "encoder.final_layer_norm.weight" in h.keys():
+                return clip + (1 if not bool(h.get_tensor("encoder.final_layer_norm.weight").any()) else 256)
+    return clip + (256 if has_t5 else 1)  # a T5 whose weights are not here (configs only): assume a real one
 
 
 def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[str, ...]],

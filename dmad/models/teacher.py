@@ -71,6 +71,7 @@ class TeacherInfo:
     denoiser_config: dict = field(default_factory=dict)  # its resolved config (transformer widths for the ledger)
     components: tuple[str, ...] = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    text_tokens: Optional[int] = None  # context tokens per transformer block (SD3: CLIP + 256 T5 or 1); None: the family's
 
     @property
     def has_weights(self) -> bool:

@@ -13,39 +13,39 @@ from dmad.paths import resource  # noqa: E402
 TEACHER = resource("demo", "teacher")
 
 
-def test_the_shipped_teacher_is_small_fp16_safetensors_with_its_training_record():
+def test_the_shipped_teacher_is_small_safetensors_with_its_training_record():
     files = list(TEACHER.rglob("*"))
     assert not [f for f in files if f.suffix in (".bin", ".pt", ".ckpt", ".pkl")]  # never pickle
     weights = [f for f in files if f.suffix == ".safetensors"]
-    assert {f.parent.name for f in weights} == {"unet", "vae", "text_encoder"}
+    assert {f.parent.name for f in weights} == {"transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"}
     assert sum(f.stat().st_size for f in files if f.is_file()) <= 25 * 2**20
     record = json.loads((TEACHER / "training_config.json").read_text())
-    measured = record["final_adherence_ddim50_cfg"]  # by make-teacher at the end: 50-step DDIM + CFG
-    # What this teacher has learned from its captions (shape and position not yet: see its README)
-    assert min(measured["colour"], measured["background"], measured["size"]) >= 0.9, measured
-    assert (TEACHER / "training_log.jsonl").stat().st_size > 0
+    measured = record["final_adherence"]  # by make-teacher at the end: the plain pipeline, 50 steps + CFG
+    assert set(measured) == {"all", "shape", "colour", "size", "position", "background"}
+    log = [json.loads(line) for line in (TEACHER / "training_log.jsonl").read_text().splitlines()]
+    checks = [r for r in log if r.get("check")]  # the learning curve: adherence and word-swap rise per check
+    assert len(checks) >= 10 and all(set(r["swap_rise"]) == set(measured) - {"all"} for r in checks)
 
 
 @pytest.mark.slow
-def test_plain_diffusers_loads_the_shipped_teacher_and_it_follows_prompts():
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
+def test_plain_diffusers_loads_the_shipped_teacher_with_no_arguments_and_it_follows_prompts():
+    from diffusers import StableDiffusion3Pipeline
 
     from dmad.demo.evaluator import load_evaluator
     from dmad.demo.metrics import evaluate_images
     from dmad.demo.shapes import attributes_for, caption
 
-    pipe = StableDiffusionPipeline.from_pretrained(str(TEACHER), local_files_only=True, safety_checker=None,
-                                                   torch_dtype=torch.float32)
-    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(TEACHER))  # no dtype, no extra argument
     pipe.set_progress_bar_config(disable=True)
     captions = [caption(attributes_for(i, 77)) for i in range(16)]
-    images = pipe(captions, num_inference_steps=25, guidance_scale=3.0, height=64, width=64,
-                  generator=torch.Generator().manual_seed(0), output_type="pt").images
+    images = pipe(captions, num_inference_steps=20, generator=torch.Generator().manual_seed(0),
+                  output_type="pt").images
     assert images.shape == (16, 3, 64, 64) and torch.isfinite(images).all()
     result = evaluate_images(load_evaluator(), images * 2 - 1, captions)
     per = result["adherence"]["per_attribute"]
-    # 16 images, 25 steps: the attributes the teacher follows (the 50-step rates are in training_config.json)
-    assert per["colour"] >= 0.75 and per["background"] >= 0.75, per
+    # 16 images, 20 steps, the pipeline's default CFG: every attribute well above chance (1/2 - 1/6);
+    # the 50-step rates on 256 captions are in training_config.json
+    assert min(per.values()) >= 0.75, per
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from dmad.demo import shapes
 from dmad.demo.evaluator import (ATTRIBUTES, HELDOUT_DATA_SEED, TRAIN_DATA_SEED, ShapesClassifier, default_path,
                                  load_evaluator, render_real, to_unit, train_evaluator, vocabulary)
-from dmad.demo.metrics import adherence, diversity, evaluate_images, frechet_distance, parse_caption
+from dmad.demo.metrics import (adherence, diversity, evaluate_images, feature_stats, frechet_distance,
+                               frechet_distance_from_stats, parse_caption)
 from dmad.errors import UserInputError
 
 FRESH_SEED = 31337  # neither the shipped dataset's (0) nor the evaluator's training or held-out seeds
@@ -93,6 +94,20 @@ def test_frechet_distance_matches_the_1d_formula():
     b = np.array([3.0, -1.0, 4.0, 10.0, 7.0])[:, None]
     m1, m2, s1, s2 = a.mean(), b.mean(), a.std(ddof=1), b.std(ddof=1)
     assert frechet_distance(a, b) == pytest.approx((m1 - m2) ** 2 + (s1 - s2) ** 2, rel=1e-10)
+
+
+def test_the_bootstrap_interval_brackets_the_fd_and_separates_a_real_gap():
+    from dmad.demo.metrics import fd_interval
+
+    g = torch.Generator().manual_seed(2)
+    ref = feature_stats(torch.randn(4000, 8, generator=g))
+    same, shifted = torch.randn(500, 8, generator=g), torch.randn(500, 8, generator=g) + 0.5
+    lo, hi = fd_interval(same, *ref, n_boot=100)
+    lo_s, hi_s = fd_interval(shifted, *ref, n_boot=100)
+    fd_same = frechet_distance_from_stats(*feature_stats(same), *ref)
+    assert 0 <= lo < hi and lo <= fd_same * 1.5 and hi >= fd_same * 0.5  # finite-N FD sits in (or near) its interval
+    assert hi < lo_s and lo_s <= 8 * 0.25 <= hi_s * 1.5  # the shift's true FD (|0.5 * ones(8)|^2 = 2) is told apart
+    assert fd_interval(same, *ref, n_boot=100) == (lo, hi)  # seeded: the same interval every time
 
 
 def test_frechet_distance_grows_with_a_mean_shift():

@@ -1,5 +1,5 @@
-"""`python -m dmad.demo.make_teacher`: a few steps of each stage give a loadable pipeline folder
-with its training config and log beside fp16 weights (the full run is the built-in-default issue)."""
+"""`dmad demo make-teacher`: a few steps of each stage give a pipeline folder that plain diffusers
+loads and runs, a log with the diagnostics, and an interrupted run resumes to the same weights."""
 from __future__ import annotations
 
 import json
@@ -8,29 +8,83 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+TINY = ["--vae-steps", "2", "--vae-batch", "4", "--pool-size", "16", "--steps", "4", "--batch", "4",
+        "--warmup-steps", "1", "--eval-every", "4", "--eval-prompts", "2", "--swap-images", "2",
+        "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2",
+        "--decoder-steps", "2", "--decoder-batch", "4"]
 
-@pytest.mark.slow
-def test_a_short_run_writes_a_loadable_pipeline(tmp_path):
-    from diffusers import StableDiffusionPipeline
 
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
     from dmad.demo.make_teacher import main
 
-    out = tmp_path / "teacher"
-    assert main(["--out", str(out), "--vae-steps", "2", "--unet-steps", "2", "--warmup-steps", "1",
-                 "--vae-batch", "4", "--unet-batch", "4", "--eval-every", "0",
-                 "--final-eval-prompts", "2", "--decoder-steps", "2", "--decoder-batch", "4"]) == 0
-    assert not list(tmp_path.glob(".teacher.*"))  # the temp folder was renamed into place
-    cfg = json.loads((out / "training_config.json").read_text())
-    assert cfg["unet_steps"] == 2 and cfg["parameters"]["total"] > 0
-    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
-    assert {row["stage"] for row in log} == {"vae", "unet", "decoder", "final"}
-    assert set(cfg["final_adherence_ddim50_cfg"]) == {"all", "shape", "colour", "size", "position", "background"}
-    from safetensors import safe_open
+    out = tmp_path_factory.mktemp("mt") / "teacher"
+    assert main(["--out", str(out), *TINY]) == 0
+    return out
 
-    with safe_open(str(out / "unet" / "diffusion_pytorch_model.safetensors"), framework="pt") as f:
-        assert f.get_tensor(next(iter(f.keys()))).dtype == torch.float16  # stored fp16: ~21 MB in all
-    pipe = StableDiffusionPipeline.from_pretrained(str(out), local_files_only=True, safety_checker=None)
+
+@pytest.mark.slow
+def test_a_short_run_writes_a_pipeline_plain_diffusers_runs(short_run):
+    from diffusers import StableDiffusion3Pipeline
+
+    out = short_run
+    assert not list(out.parent.glob(".teacher.*"))  # temp and work folders gone once renamed into place
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert cfg["steps"] == 4 and cfg["parameters"]["total"] > 0
+    assert set(cfg["final_adherence"]) == {"all", "shape", "colour", "size", "position", "background"}
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert {row["stage"] for row in log} == {"vae", "pool", "transformer", "decoder", "final"}
+    check = next(r for r in log if r.get("check"))
+    assert set(check["swap_rise"]) == {"shape", "colour", "size", "position", "background"}
+    assert all(set(v) == {"0.5", "0.8", "0.95"} for v in check["swap_rise"].values())
+    assert "cpu_s" in next(r for r in log if r["stage"] == "transformer")
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(out), local_files_only=True)  # no dtype argument
+    pipe.set_progress_bar_config(disable=True)
+    img = pipe("a large red circle in the center on a black background", num_inference_steps=2,
+               output_type="pt").images
+    assert img.shape == (1, 3, 64, 64) and torch.isfinite(img).all()
     assert pipe.vae.config.scaling_factor == pytest.approx(next(r["scaling_factor"] for r in log if "scaling_factor" in r))
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_weights_of_one_whole_run(short_run, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from dmad.demo import teacher_stages
+    from dmad.demo.make_teacher import main
+
+    calls = {"n": 0}
+    original = teacher_stages.ema_update
+
+    def stop_after_three(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # step 3 of 4: after the save at step 2
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(teacher_stages, "ema_update", stop_after_three)
+    out = tmp_path / "teacher"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--out", str(out), *TINY])
+    assert not out.exists() and (tmp_path / ".teacher.partial" / "state.json").is_file()
+    monkeypatch.setattr(teacher_stages, "ema_update", original)
+    assert main(["--out", str(out), *TINY]) == 0
+    for part, name in (("transformer", "diffusion_pytorch_model"), ("vae", "diffusion_pytorch_model"),
+                       ("text_encoder", "model"), ("text_encoder_2", "model")):
+        a = load_file(str(short_run / part / f"{name}.safetensors"))
+        b = load_file(str(out / part / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert {"stage": "resume", "step": 2} in log
+    assert json.loads((out / "training_config.json").read_text())["resumed_at_steps"] == [2]
+
+
+def test_a_partial_run_with_other_settings_is_refused_in_one_line(tmp_path, dmad_cli):
+    work = tmp_path / ".t.partial"
+    work.mkdir()
+    (work / "state.json").write_text(json.dumps({"stage_done": 1, "recipe": {"steps": 1}}))
+    r = dmad_cli("demo", "make-teacher", "--out", str(tmp_path / "t"))
+    assert r.returncode == 2 and "other settings" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_make_teacher_refuses_an_existing_folder(tmp_path, dmad_cli):
@@ -40,13 +94,10 @@ def test_make_teacher_refuses_an_existing_folder(tmp_path, dmad_cli):
 
 
 def test_every_demo_word_is_one_token_and_other_text_still_tokenizes():
-    from transformers import CLIPTokenizer
-
-    from dmad.demo import TEACHER_MAX_LENGTH, demo_vocab, demo_words
+    from dmad.demo import demo_tokenizer, demo_words
     from dmad.demo.shapes import attributes_for, caption
 
-    vocab, merges = demo_vocab()
-    tok = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TEACHER_MAX_LENGTH)
+    tok = demo_tokenizer()
     for word in demo_words():
         assert tok.convert_ids_to_tokens(tok(word).input_ids)[1:-1] == [word + "</w>"], word
     longest = max((caption(attributes_for(i, 0)) for i in range(500)), key=lambda c: len(tok(c).input_ids))
@@ -54,30 +105,16 @@ def test_every_demo_word_is_one_token_and_other_text_still_tokenizes():
     assert len(tok("a reddish thing").input_ids) > 5  # unknown words fall back to byte tokens
 
 
-TINY = ["--vae-steps", "2", "--unet-steps", "2", "--warmup-steps", "1", "--vae-batch", "4", "--unet-batch", "4",
-        "--eval-every", "0", "--final-eval-prompts", "2", "--decoder-batch", "4"]
+def test_the_word_swap_diagnostic_changes_exactly_one_attribute():
+    import random
 
+    from dmad.demo.metrics import ATTRIBUTES, parse_caption
+    from dmad.demo.shapes import attributes_for, caption
+    from dmad.demo.teacher_stages import swap_attribute
 
-@pytest.mark.slow
-def test_continuing_after_stage_two_gives_the_weights_of_one_whole_run(tmp_path):
-    """The shipped teacher's stages 1-2 and 3 ran as two commands; that must equal one command."""
-    from safetensors.torch import load_file
-
-    from dmad.demo.make_teacher import main
-
-    assert main(["--out", str(tmp_path / "whole"), *TINY, "--decoder-steps", "3"]) == 0
-    assert main(["--out", str(tmp_path / "first"), *TINY, "--decoder-steps", "0"]) == 0
-    assert main(["--out", str(tmp_path / "then"), *TINY, "--decoder-steps", "3",
-                 "--continue-from", str(tmp_path / "first")]) == 0
-    for part in ("unet", "vae", "text_encoder"):
-        name = "model.safetensors" if part == "text_encoder" else "diffusion_pytorch_model.safetensors"
-        a, b = load_file(str(tmp_path / "whole" / part / name)), load_file(str(tmp_path / "then" / part / name))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
-    vae_file = "vae/diffusion_pytorch_model.safetensors"
-    first_vae, then_vae = load_file(str(tmp_path / "first" / vae_file)), load_file(str(tmp_path / "then" / vae_file))
-    assert any(not torch.equal(first_vae[k], then_vae[k]) for k in first_vae if k.startswith("decoder."))  # stage 3 ran
-    assert all(torch.equal(first_vae[k], then_vae[k]) for k in first_vae if k.startswith("encoder."))  # latents kept
-    doc = json.loads((tmp_path / "then" / "training_config.json").read_text())
-    assert doc["continued_from"]["decoder_steps"] == 0
-    log = (tmp_path / "then" / "training_log.jsonl").read_text().splitlines()
-    assert json.loads(log[0])["stage"] == "vae"  # the earlier stages' log comes first
+    rng = random.Random(0)
+    for i in range(50):
+        a = attributes_for(i, 3)
+        for attribute in ATTRIBUTES:
+            before, after = parse_caption(caption(a)), parse_caption(caption(swap_attribute(a, attribute, rng)))
+            assert [k for k in ATTRIBUTES if before[k] != after[k]] == [attribute]

@@ -1,0 +1,254 @@
+"""The pieces of `dmad demo make-teacher`: data, the VAE stage, the text + transformer step, exact
+sampling and the diagnostics that make the learning curve visible.
+
+Shapes and units: images (B, 3, 64, 64) in [-1, 1]; latents (B, 4, 32, 32), scaled as the
+pipeline scales them ((z - shift) * scale, unit variance); token ids (B, 32); context
+(B, 33, 128): the two CLIP encoders' penultimate states side by side plus one token standing
+for SD3's 256 zero tokens (dmad.models.repeated_tokens); pooled (B, 128). Flow matching as SD3:
+x_sigma = (1 - sigma) x0 + sigma eps, the transformer predicts v = eps - x0 at timestep
+sigma * 1000.
+"""
+from __future__ import annotations
+
+import math
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dmad.demo import SD3_ZERO_TOKENS
+
+TRAIN_INDEX_OFFSET = 10_000_000  # training renders use indices from here on (disjoint from shipped/held-out data)
+EVAL_CAPTION_SEED = 5_000_001    # captions of the adherence checks: attributes_for(i, EVAL_CAPTION_SEED)
+SWAP_SIGMAS = (0.5, 0.8, 0.95)   # noise levels of the word-swap diagnostic
+
+
+# ------------------------------------------------------------------------------------- data
+
+def render_attrs(attrs: list[dict], size: int) -> torch.Tensor:
+    from dmad.demo.shapes import render
+
+    if not attrs:
+        return torch.empty((0, 3, size, size))
+    arr = np.stack([np.asarray(render(a, size), dtype=np.float32) for a in attrs]) / 127.5 - 1.0
+    return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
+
+
+def render_batch(start: int, n: int, seed: int, size: int) -> tuple[torch.Tensor, list[str]]:
+    """(n, 3, size, size) in [-1, 1] and the captions of training indices start .. start+n-1."""
+    from dmad.demo.shapes import attributes_for, caption
+
+    attrs = [attributes_for(TRAIN_INDEX_OFFSET + i, seed) for i in range(start, start + n)]
+    return render_attrs(attrs, size), [caption(a) for a in attrs]
+
+
+def render_mosaics(start: int, n: int, seed: int, size: int) -> torch.Tensor:
+    from dmad.demo.shapes import render_mosaic
+
+    arr = np.stack([np.asarray(render_mosaic(i, seed, size), dtype=np.float32) for i in range(start, start + n)])
+    return torch.from_numpy(arr / 127.5 - 1.0).permute(0, 3, 1, 2).contiguous()
+
+
+def lr_factor(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
+    """Linear warmup, then cosine down to `floor` x the base rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+# ------------------------------------------------------------------------------------- VAE
+
+def _balanced_weights(x: torch.Tensor, n_mosaic: int) -> torch.Tensor:
+    """Per-pixel loss weights (B, 1, H, W): on a captioned image the shape (pixels unlike the
+    top-left corner, which is always background) and the background each get half the weight,
+    so a shape covering 5% of the image counts as much as its background; mosaics weigh 1."""
+    fg = ((x - x[:, :, :1, :1]).abs().amax(1, keepdim=True) > 0.05).float()
+    frac = fg.mean((1, 2, 3), keepdim=True).clamp(1e-3, 1 - 1e-3)
+    w = fg * 0.5 / frac + (1 - fg) * 0.5 / (1 - frac)
+    w[:n_mosaic] = 1.0
+    return w
+
+
+def reconstruction_loss(rec: torch.Tensor, x: torch.Tensor, n_mosaic: int) -> torch.Tensor:
+    """L1 + L2 per pixel, weighted by _balanced_weights, averaged."""
+    err = (rec - x).abs() + (rec - x) ** 2
+    return (err * _balanced_weights(x, n_mosaic)).mean()
+
+
+def vae_step(vae, opt, step: int, cfg) -> float:
+    """One VAE step on a batch of mosaics + captioned renders (both pure functions of step)."""
+    n_mosaic = round(cfg.vae_batch * cfg.vae_mosaic_fraction)
+    for g in opt.param_groups:
+        g["lr"] = cfg.vae_lr * lr_factor(step, cfg.vae_steps, cfg.warmup_steps)
+    x, _ = render_batch(step * cfg.vae_batch, cfg.vae_batch - n_mosaic, cfg.seed, cfg.image_size)
+    if n_mosaic:
+        x = torch.cat([render_mosaics(step * cfg.vae_batch, n_mosaic, cfg.seed, cfg.image_size), x])
+    post = vae.encode(x).latent_dist
+    loss_rec = reconstruction_loss(vae.decode(post.mode()).sample, x, n_mosaic)
+    loss = loss_rec + cfg.vae_kl_weight * post.kl().mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss_rec.item()
+
+
+def heldout_renders(n: int, size: int) -> tuple[torch.Tensor, list[str]]:
+    """Held-out real renders (the evaluator's held-out seed), never trained on."""
+    from dmad.demo.evaluator import HELDOUT_DATA_SEED
+    from dmad.demo.shapes import attributes_for, caption
+
+    attrs = [attributes_for(i, HELDOUT_DATA_SEED) for i in range(n)]
+    return render_attrs(attrs, size), [caption(a) for a in attrs]
+
+
+@torch.no_grad()
+def encode_latents(vae, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """Posterior means, unscaled."""
+    return torch.cat([vae.encode(images[a:a + batch]).latent_dist.mean for a in range(0, len(images), batch)])
+
+
+@torch.no_grad()
+def reconstruction_adherence(vae, n: int, size: int) -> dict:
+    x, caps = heldout_renders(n, size)
+    rec = torch.cat([vae.decode(z).sample for z in encode_latents(vae, x).split(256)])
+    return adherence_of(rec.clamp(-1, 1), caps)
+
+
+def adherence_of(images: torch.Tensor, captions: list[str]) -> dict:
+    from dmad.demo.evaluator import load_evaluator
+    from dmad.demo.metrics import evaluate_images
+
+    res = evaluate_images(load_evaluator(), images, captions)["adherence"]
+    return {"all": round(res["all"], 4), **{k: round(v, 4) for k, v in res["per_attribute"].items()}}
+
+
+# ------------------------------------------------------------------------------------- text + transformer
+
+class TextSide:
+    """The two CLIP encoders as SD3's pipeline uses them (penultimate hidden states side by side,
+    text_embeds concatenated), with SD3's zero tokens collapsed to one."""
+
+    def __init__(self, tokenizer, te1, te2):
+        self.tokenizer, self.te1, self.te2 = tokenizer, te1, te2
+
+    def ids(self, captions: list[str]) -> torch.Tensor:
+        return self.tokenizer(captions, padding="max_length", max_length=self.tokenizer.model_max_length,
+                              truncation=True, return_tensors="pt").input_ids
+
+    def encode_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o1 = self.te1(ids, output_hidden_states=True)
+        o2 = self.te2(ids, output_hidden_states=True)
+        emb = torch.cat([o1.hidden_states[-2], o2.hidden_states[-2]], -1)
+        emb = torch.cat([emb, emb.new_zeros((emb.shape[0], 1, emb.shape[2]))], 1)  # the 256 zeros, as one
+        return emb, torch.cat([o1.text_embeds, o2.text_embeds], -1)
+
+    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_ids(self.ids(captions))
+
+
+def velocity(transformer, x: torch.Tensor, sigma: torch.Tensor, emb: torch.Tensor, pooled: torch.Tensor):
+    """v (B, C, h, w) for a context whose last token stands for SD3's 256 zero tokens."""
+    from dmad.models.repeated_tokens import install
+
+    install(transformer)
+    return transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=emb, pooled_projections=pooled,
+                       joint_attention_kwargs={"repeated_last": SD3_ZERO_TOKENS}).sample
+
+
+def flow_loss(transformer, z0, emb, pooled, sigma, noise) -> torch.Tensor:
+    """Per-sample MSE of the velocity (B,)."""
+    s = sigma.view(-1, 1, 1, 1)
+    pred = velocity(transformer, (1 - s) * z0 + s * noise, sigma, emb, pooled)
+    return (pred - (noise - z0)).pow(2).mean((1, 2, 3))
+
+
+@torch.no_grad()
+def sample_flow(transformer, text: TextSide, captions: list[str], noise: torch.Tensor, steps: int,
+                guidance: float, scheduler_config) -> torch.Tensor:
+    """The pipeline's own sampler (FlowMatchEulerDiscreteScheduler + CFG on "") on latents, with
+    the zero tokens collapsed: the same numbers as StableDiffusion3Pipeline, ~5x faster here."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    sched = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
+    sched.set_timesteps(steps)
+    emb, pooled = text.encode(captions)
+    uemb, upooled = text.encode([""] * len(captions))
+    x = noise.clone()
+    for t in sched.timesteps:
+        sigma = torch.full((len(x),), float(t) / 1000)
+        if guidance == 1.0:
+            v = velocity(transformer, x, sigma, emb, pooled)
+        else:
+            vv = velocity(transformer, torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([uemb, emb]),
+                          torch.cat([upooled, pooled]))
+            v = vv[: len(x)] + guidance * (vv[len(x):] - vv[: len(x)])
+        x = sched.step(v, t, x).prev_sample
+    return x
+
+
+def decode(vae, latents: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor).sample.clamp(-1, 1)
+
+
+# ------------------------------------------------------------------------------------- diagnostics
+
+def swap_attribute(attrs: dict, attribute: str, rng) -> dict:
+    """The same attributes with one changed to another value of that attribute."""
+    from dmad.demo.evaluator import vocabulary
+
+    other = [v for v in vocabulary()[attribute] if v != attrs[attribute]]
+    return {**attrs, attribute: rng.choice(other)}
+
+
+@torch.no_grad()
+def word_swap_rise(transformer, text: TextSide, vae, n: int, size: int, seed: int = 0) -> dict:
+    """How much the denoising loss rises when one caption word is swapped: {attribute: {sigma: rise}}.
+    Same images, same noise; a rise near 0 means the model ignores that word."""
+    import random
+
+    from dmad.demo.evaluator import HELDOUT_DATA_SEED
+    from dmad.demo.metrics import ATTRIBUTES
+    from dmad.demo.shapes import attributes_for, caption
+
+    attrs = [attributes_for(10**6 + i, HELDOUT_DATA_SEED) for i in range(n)]
+    z0 = (encode_latents(vae, render_attrs(attrs, size)) - vae.config.shift_factor) * vae.config.scaling_factor
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(z0.shape, generator=gen)
+    rng = random.Random(seed)
+    out = {}
+    base = {s: flow_loss(transformer, z0, *text.encode([caption(a) for a in attrs]), torch.full((n,), s), noise)
+            for s in SWAP_SIGMAS}
+    for attribute in ATTRIBUTES:
+        swapped = text.encode([caption(swap_attribute(a, attribute, rng)) for a in attrs])
+        out[attribute] = {str(s): round((flow_loss(transformer, z0, *swapped, torch.full((n,), s), noise)
+                                         - base[s]).mean().item(), 5) for s in SWAP_SIGMAS}
+    return out
+
+
+def quick_adherence(transformer, text: TextSide, vae, scheduler_config, n: int, steps: int, guidance: float,
+                    seed: int = 0) -> dict:
+    from dmad.demo.shapes import attributes_for, caption
+
+    caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
+    shape = (vae.config.latent_channels, *(s // 2 ** (len(vae.config.block_out_channels) - 1)
+                                           for s in (vae.config.sample_size,) * 2))
+    noise = torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed))
+    images = torch.cat([decode(vae, sample_flow(transformer, text, caps[a:a + 64], noise[a:a + 64], steps, guidance,
+                                                scheduler_config)) for a in range(0, n, 64)])
+    return adherence_of(images, caps)
+
+
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.lerp_(p, 1 - decay)
+
+
+def logit_normal_sigmas(n: int, gen: torch.Generator, mean: float, std: float) -> torch.Tensor:
+    """SD3's training noise levels: sigmoid of a normal, dense around the middle."""
+    return torch.sigmoid(mean + std * torch.randn(n, generator=gen))
+
+
+def log_every(step: int, total: int, every: int) -> bool:
+    return step % every == 0 or step == total - 1
+
