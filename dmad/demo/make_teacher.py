@@ -39,8 +39,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from dmad.demo.teacher_stages import EVAL_CAPTION_SEED
-
 LogFn = Callable[[dict], None]
 STATE_FILE, STATE_JSON = "state.safetensors", "state.json"
 
@@ -290,7 +288,7 @@ def measure_pipeline_adherence(pipe, n: int, steps: int, guidance: float, size: 
     import torch
 
     from dmad.demo.shapes import attributes_for, caption
-    from dmad.demo.teacher_stages import adherence_of
+    from dmad.demo.teacher_stages import EVAL_CAPTION_SEED, adherence_of
 
     caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
     images = []
@@ -309,6 +307,7 @@ def make_teacher(out_dir: Path, work: Path, cfg: TeacherTraining, log: LogFn, re
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     from dmad.demo import build_teacher, parameter_counts
+    from dmad.demo.teacher_stages import EVAL_CAPTION_SEED
 
     torch.manual_seed(cfg.seed)
     pipe = build_teacher(cfg.seed, layers=cfg.layers)
