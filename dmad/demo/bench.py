@@ -316,7 +316,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
         images, sec = timed(lambda k=k: sample_teacher(teacher, captions, noise_a, k, cfg_scale, s.batch_size,
                                                             trailing=True))
         add("teacher", f"teacher {k} step{'s' if k > 1 else ''} + CFG", k, 2 * k, images, sec, ref_stats,
-            "equal-cost baseline (DDIM, trailing)")
+            "equal-cost baseline (Euler)" if teacher.family.flow else "equal-cost baseline (DDIM, trailing)")
 
     # the scale of FD_real at this N: as many other held-out real renders as each sample row has
     more, more_attrs = render_real(range(s.real_images, s.real_images + len(items)), HELDOUT_DATA_SEED)
