@@ -25,12 +25,10 @@ SWAP_SIGMAS = (0.5, 0.8, 0.95)   # noise levels of the word-swap diagnostic
 # ------------------------------------------------------------------------------------- data
 
 def render_attrs(attrs: list[dict], size: int) -> torch.Tensor:
-    from dmad.demo.shapes import render
+    """(N, 3, size, size) in [-1, 1]: the evaluator's real renders (dmad.demo.evaluator)."""
+    from dmad.demo.evaluator import render_real_attrs, to_unit
 
-    if not attrs:
-        return torch.empty((0, 3, size, size))
-    arr = np.stack([np.asarray(render(a, size), dtype=np.float32) for a in attrs]) / 127.5 - 1.0
-    return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
+    return to_unit(render_real_attrs(attrs, size)) if attrs else torch.empty((0, 3, size, size))
 
 
 def render_batch(start: int, n: int, seed: int, size: int) -> tuple[torch.Tensor, list[str]]:
@@ -93,11 +91,11 @@ def vae_step(vae, opt, step: int, cfg) -> float:
 
 def heldout_renders(n: int, size: int) -> tuple[torch.Tensor, list[str]]:
     """Held-out real renders (the evaluator's held-out seed), never trained on."""
-    from dmad.demo.evaluator import HELDOUT_DATA_SEED
-    from dmad.demo.shapes import attributes_for, caption
+    from dmad.demo.evaluator import HELDOUT_DATA_SEED, render_real, to_unit
+    from dmad.demo.shapes import caption
 
-    attrs = [attributes_for(i, HELDOUT_DATA_SEED) for i in range(n)]
-    return render_attrs(attrs, size), [caption(a) for a in attrs]
+    images, attrs = render_real(range(n), HELDOUT_DATA_SEED, size)
+    return to_unit(images), [caption(a) for a in attrs]
 
 
 @torch.no_grad()
@@ -230,9 +228,10 @@ def quick_adherence(transformer, text: TextSide, vae, scheduler_config, n: int, 
     from dmad.demo.shapes import attributes_for, caption
 
     caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
-    shape = (vae.config.latent_channels, *(s // 2 ** (len(vae.config.block_out_channels) - 1)
-                                           for s in (vae.config.sample_size,) * 2))
-    noise = torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed))
+    from dmad.sampling import latent_shape
+
+    side = vae.config.sample_size
+    noise = torch.randn((n, *latent_shape(vae, side, side)), generator=torch.Generator().manual_seed(seed))
     images = torch.cat([decode(vae, sample_flow(transformer, text, caps[a:a + 64], noise[a:a + 64], steps, guidance,
                                                 scheduler_config)) for a in range(0, n, 64)])
     return adherence_of(images, caps)

@@ -385,30 +385,22 @@ class SD3Family(Family):
 
         # SD3 takes the scheduler's timestep value: sigma * num_train_timesteps
         ts = schedule.sigma_of(t).to(x.dtype) * schedule.num_train_timesteps
-        emb, kw = cond["emb"], {}
-        n = self.max_sequence_length
-        if repeated_tokens.trailing_zero_tokens(emb, n):
-            # no T5: its n zero tokens computed as one (exact; dmad/models/repeated_tokens.py)
-            repeated_tokens.install(bare(net))
-            emb, kw = repeated_tokens.collapse_zero_tokens(emb, n), {"joint_attention_kwargs": {"repeated_last": n}}
+        # no T5 (or a null one): its zero tokens computed as one (exact; dmad/models/repeated_tokens.py)
+        emb, joint = repeated_tokens.collapse_for(bare(net), cond["emb"], self.max_sequence_length)
         return net(hidden_states=x, timestep=ts, encoder_hidden_states=emb, pooled_projections=cond["pooled"],
-                   **kw).sample
+                   **({"joint_attention_kwargs": joint} if joint else {})).sample
 
     def pipe_prompt_kwargs(self, modules: dict, prompts: list[str], negative: Optional[str] = None) -> dict:
         """The prompts encoded here, as the pipeline would; where the T5 part is all zeros (no T5,
         or a null one) with those zero tokens collapsed to one (exact, ~5x cheaper at 64 image tokens)."""
         from dmad.models import repeated_tokens
 
-        n = self.max_sequence_length
         c, u = self.encode(modules, prompts, None), self.encode(modules, [negative or ""] * len(prompts), None)
-        kw = {"prompt_embeds": c["emb"], "pooled_prompt_embeds": c["pooled"],
-              "negative_prompt_embeds": u["emb"], "negative_pooled_prompt_embeds": u["pooled"]}
-        if repeated_tokens.trailing_zero_tokens(torch.cat([c["emb"], u["emb"]]), n):
-            repeated_tokens.install(modules[self.denoiser_name])
-            kw.update(prompt_embeds=repeated_tokens.collapse_zero_tokens(c["emb"], n),
-                      negative_prompt_embeds=repeated_tokens.collapse_zero_tokens(u["emb"], n),
-                      joint_attention_kwargs={"repeated_last": n})
-        return kw
+        both, joint = repeated_tokens.collapse_for(modules[self.denoiser_name], torch.cat([c["emb"], u["emb"]]),
+                                                   self.max_sequence_length)  # both collapsed, or neither
+        kw = {"prompt_embeds": both[:len(prompts)], "pooled_prompt_embeds": c["pooled"],
+              "negative_prompt_embeds": both[len(prompts):], "negative_pooled_prompt_embeds": u["pooled"]}
+        return {**kw, "joint_attention_kwargs": joint} if joint else kw
 
     def tap(self, net: nn.Module) -> FeatureTap:
         blocks = bare(net).transformer_blocks

@@ -6,11 +6,10 @@ per-token layers (no position embedding on text), so those copies stay identical
 the only place they meet other tokens is the joint attention, where n identical keys with
 identical values weigh exactly like one key whose logit is raised by log n. So one zero token
 standing for n, with log n added to its attention logit, gives the same image tokens as the full
-sequence (measured: max difference 1e-6 on a random transformer; tests/engine/test_demo_teacher.py).
+sequence (measured: max difference 1e-6 on a random transformer; tests/engine/test_repeated_tokens.py).
 
 Cost: with 64 image tokens (a 64 px demo image) the 256 zeros are ~80% of the transformer's work.
-`install(transformer)` sets the processor; a caller then passes the context with its zero tokens
-collapsed to one (`collapse_zero_tokens`) and `joint_attention_kwargs={"repeated_last": n}`.
+`collapse_for(transformer, emb, n)` gives the context and the joint_attention_kwargs of a call.
 """
 from __future__ import annotations
 
@@ -74,3 +73,12 @@ def trailing_zero_tokens(prompt_embeds: torch.Tensor, n: int) -> bool:
     """True when the last n tokens of every row are exactly zero: SD3's stand-in for an absent T5
     (a real T5 never outputs an exact zero vector)."""
     return prompt_embeds.shape[1] > n and not bool(prompt_embeds[:, -n:].any())
+
+
+def collapse_for(transformer, prompt_embeds: torch.Tensor, n: int) -> tuple[torch.Tensor, dict]:
+    """(context, joint_attention_kwargs) for a call of `transformer`: the n trailing zero tokens as
+    one (processor installed) when they are all exact zeros, else the context as it is and {}."""
+    if not trailing_zero_tokens(prompt_embeds, n):
+        return prompt_embeds, {}
+    install(transformer)
+    return collapse_zero_tokens(prompt_embeds, n), {"repeated_last": n}
