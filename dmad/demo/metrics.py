@@ -101,16 +101,25 @@ def frechet_distance(feats_a, feats_b) -> float:
 
 
 def fd_interval(feats, ref_mu, ref_cov, n_boot: int = 200, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Bootstrap interval of FD(feats, reference): the sample set (N, D) resampled with replacement
-    `n_boot` times against fixed reference statistics; the central `level` of those FDs. It says
-    how much the FD of this row moves with which N images happened to be drawn: two rows whose
-    intervals overlap are not told apart at this N. Cost: n_boot FDs, ~5 ms each at D = 128."""
+    """How much FD(feats, reference) moves with which N images happened to be drawn: the estimate
+    plus and minus z standard deviations of the FDs of `n_boot` bootstrap resamples of the sample
+    set (N, D) against fixed reference statistics (z = 1.96 for `level` 0.95), clipped at 0. Two
+    rows whose intervals overlap are not told apart at this N.
+
+    Why not the quantiles of the resampled FDs: FD's finite-sample bias grows as the sample
+    shrinks and a resample has only ~63% distinct images, so those FDs sit above the estimate
+    (measured at N = 512: a whole percentile interval above it), and the pivotal correction
+    (2F - quantiles) then collapsed to [0, 0] for a 3.9 noise-floor FD. The spread of the
+    resampled FDs is the part that stays trustworthy. Cost: n_boot FDs, ~5 ms each at D = 128."""
+    from statistics import NormalDist
+
     a = _as_numpy(feats)
+    fd = frechet_distance_from_stats(*feature_stats(a), ref_mu, ref_cov)
     rng = np.random.default_rng(seed)
     fds = [frechet_distance_from_stats(*feature_stats(a[rng.integers(0, len(a), len(a))]), ref_mu, ref_cov)
            for _ in range(n_boot)]
-    lo, hi = np.quantile(fds, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    half = NormalDist().inv_cdf((1 + level) / 2) * float(np.std(fds, ddof=1))
+    return max(0.0, float(fd - half)), float(fd + half)
 
 
 def diversity(features_by_prompt: dict[str, torch.Tensor]) -> float:
