@@ -38,6 +38,11 @@ def test_a_short_run_writes_a_pipeline_plain_diffusers_runs(short_run):
     assert set(check["swap_rise"]) == {"shape", "colour", "size", "position", "background"}
     assert all(set(v) == {"0.5", "0.8", "0.95"} for v in check["swap_rise"].values())
     assert "cpu_s" in next(r for r in log if r["stage"] == "transformer")
+    from dmad.demo.make_teacher import learning_curve_markdown
+
+    table = learning_curve_markdown(log).splitlines()  # the README's learning curve, one row per check
+    assert table[0].startswith("| step | all | shape |") and len(table) == 2 + sum(1 for r in log if r["stage"] == "transformer" and r.get("check"))
+    assert table[2].startswith(f"| {check['step']} | {check['adherence']['all']:.0%} |")
     pipe = StableDiffusion3Pipeline.from_pretrained(str(out), local_files_only=True)  # no dtype argument
     pipe.set_progress_bar_config(disable=True)
     img = pipe("a large red circle in the center on a black background", num_inference_steps=2,
