@@ -26,6 +26,15 @@ from dmad.launch import accelerate_command, launched, run_launched
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
+# OpenMP (libgomp, torch's CPU threads) spins a waiting thread 300,000 rounds before it sleeps. With
+# another busy process on the same cores, spinning threads take the cores the working ones need;
+# 10,000 rounds was faster both alone (37.5 vs 32.5 passes/s) and beside a second busy process
+# (10.7 vs 7.9) in bench/contention.py. Set before torch is imported (libgomp reads it when it
+# loads); a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (PASSIVE: 19.4 beside a busy process,
+# 23.3 alone). Child processes (accelerate's ranks) inherit it.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors become one line on stderr and exit 2 (via UserInputError)."""
