@@ -286,7 +286,11 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     real_eval = evaluate_images(classifier, to_unit(real), [caption_of(a) for a in real_attrs])
     real_stats = feature_stats(real_eval["features"])
 
+    grid: list[tuple[str, object]] = []  # (column label, the first seed's image of the first GRID_PROMPTS prompts)
+
     def add(model: str, label: str, steps, nfe, images, seconds, teacher_stats, notes="") -> dict:
+        if label in grid_labels:
+            grid.append((label.replace(" + CFG", "+CFG"), images[:: s.seeds_per_prompt][:GRID_PROMPTS]))
         ev = _evaluate(classifier, images, items, real_stats, teacher_stats)
         result.rows.append(Row(model, label, steps, nfe, ev["fd_real"], ev["fd_teacher"], ev["adherence"],
                                ev["per_attribute"], ev["diversity"],
@@ -305,6 +309,8 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     log(f"bench distill: {len(items)} images per model ({s.prompts} prompts x {s.seeds_per_prompt} seeds), "
         f"teacher CFG {cfg_scale}")
     ref_label = f"teacher {s.teacher_steps} steps + CFG"
+    grid_labels = {ref_label, f"teacher {max(s.baseline_steps)} steps + CFG",
+                   *(f"student {k} step{'s' if k > 1 else ''}" for k in s.student_steps)}
     images, sec = timed(lambda: sample_teacher(teacher, captions, noise_a, s.teacher_steps, cfg_scale, s.batch_size))
     ref = add("teacher", ref_label, s.teacher_steps, 2 * s.teacher_steps, images, sec, None, "reference (seed set A)")
     ref_stats = ref["stats"]
@@ -351,11 +357,46 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
         add("student", f"student {top} steps @ iter {it}", top, top, images, sec, ref_stats, "earlier checkpoint")
 
     result.targets = check_targets(result, s)
+    write_grid(out / "grid.png", grid, captions[:: s.seeds_per_prompt][:GRID_PROMPTS])
+    log(f"grid: {out / 'grid.png'}")
     result.wall_time_s = round(time.perf_counter() - t_start, 1)
     return result
 
 
 # ------------------------------------------------------------------------------- targets and report
+
+GRID_PROMPTS = 8
+SHEET = (185, 185, 185)  # unlike every demo background (black, gray 100, white)
+
+
+def write_grid(path: Path, columns: list[tuple[str, object]], captions: list[str], scale: int = 2) -> None:
+    """A picture of the bench: one row per prompt (its first seed), one column per model in the
+    order sampled (teacher first), a label above each column and the caption left of each row.
+    Images (N, 3, H, W) in [-1, 1], drawn `scale` times larger; written to a temp name and renamed."""
+    from PIL import Image, ImageDraw
+
+    if not columns:
+        return
+    n, side = len(captions), columns[0][1].shape[-1] * scale
+    label_w, head_h, pad = 250, 18, 4
+    sheet = Image.new("RGB", (label_w + len(columns) * (side + pad), head_h + n * (side + pad)), SHEET)
+    draw = ImageDraw.Draw(sheet)
+    for c, (label, images) in enumerate(columns):
+        x = label_w + c * (side + pad)
+        draw.text((x, 3), label, fill=(0, 0, 0))
+        arr = ((images[:n].clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+        for r in range(len(arr)):
+            tile = Image.fromarray(arr[r]).resize((side, side), Image.NEAREST)
+            sheet.paste(tile, (x, head_h + r * (side + pad)))
+    for r, cap in enumerate(captions):
+        words, lines = cap.split(), [""]
+        for w in words:  # wrap at ~38 characters
+            lines[-1:] = [lines[-1] + " " + w] if len(lines[-1]) + len(w) < 38 else [lines[-1], w]
+        draw.multiline_text((4, head_h + r * (side + pad) + 4), "\n".join(x.strip() for x in lines), fill=(0, 0, 0))
+    tmp = path.with_name(f".{path.name}.tmp")
+    sheet.save(tmp, format="PNG")
+    os.replace(tmp, path)
+
 
 def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
     """The demo issue's targets, each with its measured numbers; absent rows are skipped."""
