@@ -372,8 +372,13 @@ SHEET = (185, 185, 185)  # unlike every demo background (black, gray 100, white)
 def write_grid(path: Path, columns: list[tuple[str, object]], captions: list[str], scale: int = 2) -> None:
     """A picture of the bench: one row per prompt (its first seed), one column per model in the
     order sampled (teacher first), a label above each column and the caption left of each row.
-    Images (N, 3, H, W) in [-1, 1], drawn `scale` times larger; written to a temp name and renamed."""
+    Images (N, 3, H, W) in [-1, 1], drawn `scale` times larger; written atomically."""
+    import textwrap
+
     from PIL import Image, ImageDraw
+
+    from dmad.demo.shapes import png_bytes
+    from dmad.runs import atomic_write_bytes
 
     if not columns:
         return
@@ -389,13 +394,8 @@ def write_grid(path: Path, columns: list[tuple[str, object]], captions: list[str
             tile = Image.fromarray(arr[r]).resize((side, side), Image.NEAREST)
             sheet.paste(tile, (x, head_h + r * (side + pad)))
     for r, cap in enumerate(captions):
-        words, lines = cap.split(), [""]
-        for w in words:  # wrap at ~38 characters
-            lines[-1:] = [lines[-1] + " " + w] if len(lines[-1]) + len(w) < 38 else [lines[-1], w]
-        draw.multiline_text((4, head_h + r * (side + pad) + 4), "\n".join(x.strip() for x in lines), fill=(0, 0, 0))
-    tmp = path.with_name(f".{path.name}.tmp")
-    sheet.save(tmp, format="PNG")
-    os.replace(tmp, path)
+        draw.multiline_text((4, head_h + r * (side + pad) + 4), "\n".join(textwrap.wrap(cap, 38)), fill=(0, 0, 0))
+    atomic_write_bytes(path, png_bytes(sheet))
 
 
 def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
