@@ -3,10 +3,12 @@ position word above all) sooner. The recipe's transformer stage, cut down: the s
 of 8,192 encoded renders (cached in /tmp/probe), raw weights (no EMA), the word-swap diagnostic
 every 400 steps (dmad.demo.teacher_stages.word_swap_rise; rows to /tmp/probe/NAME.jsonl).
 
-    python bench/teacher_probe.py NAME STEPS [lr=2e-3] [layers=6] [sink=1] [lmean=0] [lstd=1] [zero=0]
+    python bench/teacher_probe.py NAME STEPS [lr=2e-3] [layers=6] [sink=1] [lmean=0] [lstd=1] [zero=0] [share=0]
 
 sink=0 drops SD3's 256 zero tokens from the context; lmean/lstd set the logit-normal noise levels;
-zero=1 starts the adaLN modulations and the output projection at zero (DiT's adaLN-Zero). ~10
+zero=1 starts the adaLN modulations and the output projection at zero (DiT's adaLN-Zero); share=S
+gives the shape's latent pixels S of each image's loss (teacher_stages.shape_weights; the plain
+mean gives them ~16%). ~10
 minutes per 1,600 steps on 2 idle cores; run one at a time. The results that set the shipped
 recipe's noise levels are in resources/demo/teacher/README.md."""
 import json, sys, time, os
@@ -22,16 +24,19 @@ variant = sys.argv[1]; steps = int(sys.argv[2])
 opts = dict(x.split("=") for x in sys.argv[3:])
 lr = float(opts.get("lr", 2e-3)); layers = int(opts.get("layers", 6))
 sink = opts.get("sink", "1") == "1"; lmean = float(opts.get("lmean", 0.0)); lstd = float(opts.get("lstd", 1.0)); zero = opts.get("zero", "0") == "1"
+share = float(opts.get("share", 0))
 os.makedirs("/tmp/probe", exist_ok=True)
 POOL = "/tmp/probe/pool.pt"
-vae = AutoencoderKL.from_pretrained(str(Path(__file__).resolve().parent.parent / "resources/demo/teacher/vae")).eval().requires_grad_(False)
-if not os.path.exists(POOL):
+VAE = Path(__file__).resolve().parent.parent / "resources/demo/teacher/vae"
+vae = AutoencoderKL.from_pretrained(str(VAE)).eval().requires_grad_(False)
+if not os.path.exists(POOL) or os.path.getmtime(POOL) < (VAE / "diffusion_pytorch_model.safetensors").stat().st_mtime:
     lat, caps = [], []
     for a in range(0, 8192, 1024):
         x, c = ts.render_batch(2**24 + a, 1024, 0, 64)
         lat.append((ts.encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor); caps += c
     torch.save({"lat": torch.cat(lat), "caps": caps}, POOL)
 d = torch.load(POOL, weights_only=True); pool, caps = d["lat"], d["caps"]
+masks = torch.cat([ts.shape_masks(ts.render_batch(2**24 + a, 1024, 0, 64)[0], pool.shape[-2:]) for a in range(0, len(pool), 1024)])
 pipe = build_teacher(0, layers=layers)
 tr = pipe.transformer
 if zero:  # DiT adaLN-Zero: modulations and the output projection start at zero
@@ -66,7 +71,7 @@ for step in range(steps):
     sigma = ts.logit_normal_sigmas(32, gen, lmean, lstd)
     noise = torch.randn(pool[idx].shape, generator=gen)
     emb, pooled = text.encode_ids(bid)
-    loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
+    loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise, ts.shape_weights(masks[idx], share) if share else None).mean()
     opt.zero_grad(set_to_none=True); loss.backward()
     torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], 1.0); opt.step()
     if (step + 1) % 400 == 0:

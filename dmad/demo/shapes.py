@@ -25,7 +25,8 @@ COLOURS = {  # far apart in RGB so each name is unambiguous at a glance
     "yellow": (245, 220, 40), "white": (245, 245, 245), "purple": (160, 70, 210),
 }
 BACKGROUNDS = {"black": (0, 0, 0), "gray": (100, 100, 100), "white": (255, 255, 255)}
-SIZES = {"small": 0.25, "large": 0.45}  # shape extent as a fraction of the image side
+SIZES = {"small": 0.32, "large": 0.45}  # shape extent as a fraction of the image side (small was 0.25:
+# 16 px shapes, which the 2x latent VAE and a patch-4 transformer drew as blobs)
 POSITIONS = {  # shape centre as fractions of the side; corners are quadrant centres
     "top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75),
     "bottom right": (0.75, 0.75), "center": (0.5, 0.5),

@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 
 TINY = ["--vae-steps", "2", "--vae-batch", "4", "--pool-size", "16", "--steps", "4", "--batch", "4",
         "--warmup-steps", "1", "--eval-every", "4", "--eval-prompts", "2", "--swap-images", "2",
-        "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2",
-        "--decoder-steps", "2", "--decoder-batch", "4"]
+        "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def test_a_short_run_writes_a_pipeline_plain_diffusers_runs(short_run):
     assert cfg["steps"] == 4 and cfg["parameters"]["total"] > 0
     assert set(cfg["final_adherence"]) == {"all", "shape", "colour", "size", "position", "background"}
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
-    assert {row["stage"] for row in log} == {"vae", "pool", "transformer", "decoder", "final"}
+    assert {row["stage"] for row in log} == {"vae", "pool", "transformer", "final"}
     check = next(r for r in log if r.get("check"))
     assert set(check["swap_rise"]) == {"shape", "colour", "size", "position", "background"}
     assert all(set(v) == {"0.5", "0.8", "0.95"} for v in check["swap_rise"].values())
@@ -123,3 +122,23 @@ def test_the_word_swap_diagnostic_changes_exactly_one_attribute():
         for attribute in ATTRIBUTES:
             before, after = parse_caption(caption(a)), parse_caption(caption(swap_attribute(a, attribute, rng)))
             assert [k for k in ATTRIBUTES if before[k] != after[k]] == [attribute]
+
+
+def test_shape_weights_give_the_shape_its_share_of_each_images_loss():
+    from dmad.demo.teacher_stages import render_batch, shape_masks, shape_weights
+
+    x, caps = render_batch(0, 6, 0, 64)
+    masks = shape_masks(x, (32, 32))
+    plain = ((x - x[..., :1, :1]).abs().amax(1, keepdim=True) > 0)
+    assert masks.shape == (6, 1, 32, 32)
+    for i in range(6):  # every shape pixel's latent pixel is marked, and the mark is at most 2 latent px wider
+        ys, xs = plain[i, 0].nonzero(as_tuple=True)
+        assert masks[i, 0, ys // 2, xs // 2].all(), caps[i]
+        my, mx = masks[i, 0].nonzero(as_tuple=True)
+        assert my.min() >= ys.min() // 2 - 1 and mx.max() <= xs.max() // 2 + 1
+    w = shape_weights(masks, 0.5)
+    assert torch.allclose(w.mean((1, 2, 3)), torch.ones(6))
+    share = (w * masks).sum((1, 2, 3)) / w.sum((1, 2, 3))
+    assert torch.allclose(share, torch.full((6,), 0.5))
+    small = masks.float().mean((1, 2, 3))  # the plain mean's share, for comparison
+    assert (small < 0.5).all()
