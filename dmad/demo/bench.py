@@ -2,8 +2,10 @@
 
 1. The shipped demo teacher samples a fixed set of prompts x seeds with its own 50-step DDIM
    sampler and CFG (seed set A), again with other seeds (set B: the noise floor of every FD), and
-   at 1, 2 and 4 DDIM steps with CFG: the equal-cost baseline. Few-step DDIM uses "trailing"
-   timestep spacing (999, 499, ... rather than 1, 501, ...), its best setting at so few steps.
+   at 1, 2 and 4 steps with CFG: the equal-cost baseline. Few-step DDIM uses "trailing"
+   timestep spacing (999, 499, ... rather than 1, 501, ...), its best setting at so few steps; a
+   flow teacher's Euler sampler gets sigmas 1, ..., 1/k (SD3's default spacing ends at 0.001, which
+   makes 2 steps one step and a tiny one).
 2. The default demo config (resources/configs/demo.json) distils a 4-step student through the
    real command line (`dmad train`, a subprocess, timed wall to wall).
 3. The student samples the same prompts and seeds at 1, 2 and 4 steps: its own timesteps
@@ -133,8 +135,12 @@ def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, 
     from dmad.sampling import sd_pipeline
 
     family, den = teacher.family, teacher.denoiser
-    if family.flow:  # a flow teacher's own Euler sampler: its timesteps already end at 1/steps
+    few = {}
+    if family.flow:  # a flow teacher's own Euler sampler
         sched = FlowMatchEulerDiscreteScheduler.from_config(teacher.scheduler.config)
+        if trailing:  # SD3's default spacing ends at sigma 0.001, so 2 steps are 1 step and a tiny one;
+            # sigmas 1, ..., 1/steps (the scheduler shifts them as usual, then appends 0) use every step
+            few = {"sigmas": [1.0 - i / steps for i in range(steps)]}
     else:  # the teacher's own DDIM config for the reference; trailing spacing for the few-step baselines
         spacing = {"timestep_spacing": "trailing"} if trailing else {}
         sched = DDIMScheduler.from_config(teacher.scheduler.config, **spacing)
@@ -145,7 +151,7 @@ def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, 
     with torch.no_grad(), quiet_pipeline_logs():
         for a in range(0, len(captions), batch):
             lat = family.pipe_latents(noise[a:a + batch]).to(next(den.parameters()).dtype)
-            kw = dict(latents=lat, num_inference_steps=steps, height=h * f, width=w * f, **family.pipe_call_kwargs(cfg, den),
+            kw = dict(latents=lat, num_inference_steps=steps, height=h * f, width=w * f, **few, **family.pipe_call_kwargs(cfg, den),
                       **family.pipe_prompt_kwargs(teacher.modules, captions[a:a + batch]))
             if family.decode_in_pipeline:
                 out.append(pipe(output_type="pt", **kw).images.float() * 2 - 1)
@@ -322,7 +328,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
         images, sec = timed(lambda k=k: sample_teacher(teacher, captions, noise_a, k, cfg_scale, s.batch_size,
                                                             trailing=True))
         add("teacher", f"teacher {k} step{'s' if k > 1 else ''} + CFG", k, 2 * k, images, sec, ref_stats,
-            "equal-cost baseline (Euler)" if teacher.family.flow else "equal-cost baseline (DDIM, trailing)")
+            "equal-cost baseline (Euler, sigmas 1 .. 1/k)" if teacher.family.flow else "equal-cost baseline (DDIM, trailing)")
 
     # the scale of FD_real at this N: as many other held-out real renders as each sample row has
     more, more_attrs = render_real(range(s.real_images, s.real_images + len(items)), HELDOUT_DATA_SEED)
