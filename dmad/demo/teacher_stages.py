@@ -59,9 +59,7 @@ def _balanced_weights(x: torch.Tensor, n_mosaic: int) -> torch.Tensor:
     """Per-pixel loss weights (B, 1, H, W): on a captioned image the shape (pixels unlike the
     top-left corner, which is always background) and the background each get half the weight,
     so a shape covering 5% of the image counts as much as its background; mosaics weigh 1."""
-    fg = ((x - x[:, :, :1, :1]).abs().amax(1, keepdim=True) > 0.05).float()
-    frac = fg.mean((1, 2, 3), keepdim=True).clamp(1e-3, 1 - 1e-3)
-    w = fg * 0.5 / frac + (1 - fg) * 0.5 / (1 - frac)
+    w = shape_weights((x - x[:, :, :1, :1]).abs().amax(1, keepdim=True) > 0.05, 0.5)
     w[:n_mosaic] = 1.0
     return w
 
@@ -180,7 +178,7 @@ def shape_weights(masks: torch.Tensor, shape_share: float) -> torch.Tensor:
     shape ~5-10%). A captioned render is ~90% background, which the caption fixes with one word;
     the shape's outline is what the teacher learns last."""
     m = masks.float()
-    frac = m.mean((2, 3), keepdim=True).clamp(1e-6, 1 - 1e-6)
+    frac = m.mean((2, 3), keepdim=True).clamp(1e-3, 1 - 1e-3)
     return shape_share * m / frac + (1 - shape_share) * (1 - m) / (1 - frac)
 
 
