@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _check_run_dir(path: Path) -> Path:
     from dmad.errors import UserInputError
-    from dmad.runs import RunFolder
+    from dmad.contract.runs import RunFolder
 
     try:
         return RunFolder.open(path.resolve()).path

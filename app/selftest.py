@@ -12,13 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.engine import engine_command
+from app.engine.process import engine_command
 
 ENGINE_TIMEOUT_S = 600
 
 
 def check_engine() -> tuple[bool, str]:
-    from dmad.paths import resource
+    from dmad.contract.paths import resource
 
     config = resource("configs", "demo.json")
     if not config.is_file():

@@ -15,15 +15,15 @@ from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QMainWindow, QMessageBox, QTabWidget, QWidget
 
-from app import close_dialog
-from app.config_panel import ConfigPanel
-from app.data_panel import DataPanel
-from app.engine import EngineProcess
-from app.gpu_status import GpuStatusLabel, _import_pynvml
-from app.memory_tab import MemoryTab
-from app.runs_panel import RunsPanel
-from app.samples_panel import SamplesPanel
-from app.training_panel import TrainingPanel
+from app.dialogs import close as close_dialog
+from app.panels.config import ConfigPanel
+from app.panels.data import DataPanel
+from app.engine.process import EngineProcess
+from app.widgets.gpu_status import GpuStatusLabel, _import_pynvml
+from app.panels.memory import MemoryTab
+from app.panels.runs import RunsPanel
+from app.panels.samples import SamplesPanel
+from app.panels.training import TrainingPanel
 
 PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Memory")
 REPLACEABLE = ("Data", "Samples", "Memory")

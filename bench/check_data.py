@@ -1,6 +1,6 @@
 """`dmad check-data` speed vs a naive loop (issue 6, part 5): on one generated folder of N captioned
 images (128-512 px, mixed PNG/JPEG, 6% with problems), time (a) a loop that fully decodes every
-image with PIL (Image.open().convert("RGB")) and reads every caption, (b) dmad.checkdata.check_source
+image with PIL (Image.open().convert("RGB")) and reads every caption, (b) dmad.data.check.check_source
 with the default workers and an empty fingerprint cache (cold: every file read and decoded, as a
 first check), (c) the same again (warm: the files unchanged, results from the cache, as a re-check),
 (d) check_source(fast=True) (`dmad check-data --fast`: header and file structure only, no pixel
@@ -27,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dmad.checkdata import check_source  # noqa: E402
+from dmad.data.check import check_source  # noqa: E402
 
 
 def make_folder(root: Path, n: int, seed: int = 0, px: tuple[int, int] = (128, 512)) -> None:

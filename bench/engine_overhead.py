@@ -2,7 +2,7 @@
 
     python bench/engine_overhead.py [--quick] [--json OUT]
 
-Both sides train the same tiny SD-layout teacher (dmad.tiny) on the same captioned folder with
+Both sides train the same tiny SD-layout teacher (dmad.testing.tiny) on the same captioned folder with
 the same update: student_steps 1, K = 5 critic updates per generator update (so one 5-iteration
 cycle = 1 generator step + 5 critic steps), batch, resolution, AdamW, grad-norm clipping, DM +
 GAN losses (dmad.methods.dmd2, the math both share), GAN head on the fake score's bottleneck.
@@ -53,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # Model size. What matters for an overhead ratio is how long the compute of one iteration takes
-# next to the engine's fixed per-iteration Python work. dmad.tiny's test default (UNet (32, 64),
+# next to the engine's fixed per-iteration Python work. dmad.testing.tiny's test default (UNet (32, 64),
 # 0.8 M parameters) is mostly op-dispatch time; UNet (64, 128) channels (3.2 M parameters), text
 # width 64, 32 px images (16x16x4 latents) and batch 4 take ~0.25-0.3 s per iteration on a
 # 2-core CPU, the order of a real teacher's iteration on a GPU (SD 1.5 at 512 px: hundreds of
@@ -73,7 +73,7 @@ HYPER = dict(generator_lr=1e-5, critic_lr=1e-5, adam_beta1=0.0, adam_beta2=0.999
 # --------------------------------------------------------------------------- setup (parent process)
 
 def make_fixtures(root: Path) -> dict:
-    from dmad.tiny import make_caption_folder, make_tiny_sd_pipeline
+    from dmad.testing.tiny import make_caption_folder, make_tiny_sd_pipeline
 
     teacher = root / "teacher"
     make_tiny_sd_pipeline(teacher, unet_channels=UNET_CHANNELS, text_dim=TEXT_DIM)
@@ -261,7 +261,7 @@ def _trainable_copy(unet):
 # --------------------------------------------------------------------------- one round: A and B in lockstep
 
 def _iteration_metric(ev: dict) -> bool:
-    """An iteration's metric event, not a memory-sampler reading (dmad.events.is_iteration_metric,
+    """An iteration's metric event, not a memory-sampler reading (dmad.contract.events.is_iteration_metric,
     on the parsed JSON)."""
     return ev["kind"] == "metric" and ev["data"].get("source") != "sampler"
 
@@ -375,7 +375,7 @@ def round_stats(r: dict, warmup_cycles: int) -> dict:
 def machine() -> dict:
     import torch
 
-    from dmad.env import cpu_name
+    from dmad.train.env import cpu_name
 
     cpu = cpu_name()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None

@@ -43,9 +43,9 @@ import numpy as np  # noqa: E402
 from PySide6.QtCore import QEventLoop, Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.training_panel import TrainingPanel  # noqa: E402
-from dmad.events import make_event  # noqa: E402
-from dmad.runs import RunFolder, atomic_write_json  # noqa: E402
+from app.panels.training import TrainingPanel  # noqa: E402
+from dmad.contract.events import make_event  # noqa: E402
+from dmad.contract.runs import RunFolder, atomic_write_json  # noqa: E402
 
 RATE_HZ = 50
 TARGETS = {"latency_p95_ms": 100.0, "stall_p99_ms": 50.0, "frame_ms": 33.0, "start_s": 2.0}
@@ -85,7 +85,7 @@ def _writer(path: Path, seconds: float, written: dict, stop: threading.Event) ->
                 return
             line = _metric_line(it)
             written[it] = json.loads(line)["t"]
-            f.write(line)  # one write() per line, as dmad.events.EventWriter does
+            f.write(line)  # one write() per line, as dmad.contract.events.EventWriter does
 
 
 def bench_live(app: QApplication, seconds: float) -> dict:
@@ -182,7 +182,7 @@ if {what!r} == "window":
     from app.window import MainWindow
     w = MainWindow(QSettings(str(tmp / "s.ini"), QSettings.IniFormat), runs_root=tmp / "runs")
 else:
-    from app.training_panel import TrainingPanel
+    from app.panels.training import TrainingPanel
     w = TrainingPanel()
 w.resize(1280, 800)
 w.show()
@@ -212,7 +212,7 @@ def bench_start(what: str, repeats: int) -> dict:
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        from dmad.env import cpu_name  # torch-free? fall back quietly when not
+        from dmad.train.env import cpu_name  # torch-free? fall back quietly when not
         cpu = cpu_name()
     except Exception:
         pass

@@ -65,8 +65,8 @@ def build_run(root: Path, prompts: int, checkpoints: int, px: int) -> Path:
 
 def open_once(run: Path, cache_dir: Path) -> tuple[float, int, int]:
     """(seconds to a filled and painted grid, source decodes, cache hits)."""
-    from app.samples_panel import SamplesPanel
-    from app.thumbs import ThumbCache
+    from app.panels.samples import SamplesPanel
+    from app.models.thumbs import ThumbCache
 
     panel = SamplesPanel(cache=ThumbCache(cache_dir))
     panel.resize(1280, 760)

@@ -5,7 +5,7 @@ memory; 130 interrupted. Every error is one line on stderr, never a traceback: t
 unexpected errors go to the run's logs/engine.log (or a temp file before a run folder exists).
 
 Config errors are found before torch is imported, so `dmad train --config bad.json` answers in
-a fraction of a second: dmad.train and the model code are imported only after preflight.
+a fraction of a second: dmad.train.loop and the model code are imported only after preflight.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from dmad import __version__
 from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
-from dmad.launch import accelerate_command, launched, run_launched
+from dmad.train.launch import accelerate_command, launched, run_launched
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
@@ -228,26 +228,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.checkdata_report import main_check_data  # PIL and numpy only when this command runs
+    from dmad.data.check_report import main_check_data  # PIL and numpy only when this command runs
 
     return main_check_data(args)
 
 
 def _cmd_probe(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.probe import main_probe
+    from dmad.train.probe import main_probe
 
     return main_probe(args)
 
 
 def _cmd_probe_point(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.probe_point import main_probe_point
+    from dmad.train.probe_point import main_probe_point
 
     return main_probe_point(args)
 
 
 def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.config import load_config
-    from dmad.memory import config_ledger, format_ledger, ledger_json
+    from dmad.contract.config import load_config
+    from dmad.memory.ledger import config_ledger, format_ledger, ledger_json
 
     cfg = load_config(args.config, args.set)
     lines = config_ledger(cfg)
@@ -256,20 +256,20 @@ def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.cache_cmd import main_cache
+    from dmad.data.cache_command import main_cache
 
     return main_cache(args)
 
 
 def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.export import main as export_main  # torch is imported only once the request is known good
+    from dmad.sample.export import main as export_main  # torch is imported only once the request is known good
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
     return export_main(args.run, args.checkpoint, args.format, args.out)
 
 
 def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.render import main_sample
+    from dmad.sample.command import main_sample
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
     return main_sample(args)
@@ -294,8 +294,8 @@ def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.config import load_config
-    from dmad.preflight import preflight
+    from dmad.contract.config import load_config
+    from dmad.train.preflight import preflight
 
     cfg = load_config(args.config, args.set)
     resume = args.resume if args.resume is not None else cfg.observation.resume_from_checkpoint
@@ -316,7 +316,7 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
         return run_launched(accelerate_command(
             _rank_argv(args, pf), args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
             args.main_process_port, cfg.resources.mixed_precision), pf.run_dir)
-    from dmad.train import run_training  # the training stack: only now that the inputs are known good
+    from dmad.train.loop import run_training  # the training stack: only now that the inputs are known good
 
     return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf))
 
@@ -358,7 +358,7 @@ def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
 
 def dry_run_report(cfg, pf, num_processes: int = 1) -> str:
     """The human report of --dry-run (stdout; real runs keep stdout for events)."""
-    from dmad.memory import config_ledger, format_ledger
+    from dmad.memory.ledger import config_ledger, format_ledger
 
     ident = cfg.identity
     ledger = config_ledger(cfg, pf.teacher_info)

@@ -15,6 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 # Caches (latents, check-data fingerprints) never go to the user's home from a test; subprocesses
 # inherit this through dmad_env().
 os.environ["DMAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="dmad-test-cache-")
+# The suite runs in pytest-xdist workers, one per core (pyproject addopts). Each worker and the
+# engine processes it starts get one OpenMP thread: two processes with two threads each on two
+# cores spin against each other and run many times slower, not twice.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _deep_update(base: dict, extra: dict) -> dict:
@@ -43,7 +48,7 @@ def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
 @pytest.fixture(scope="session")
 def tiny_teacher(tmp_path_factory) -> Path:
     """A tiny random SD-layout diffusers pipeline folder, built once per session (~1 s + torch import)."""
-    from dmad.tiny import make_tiny_sd_pipeline
+    from dmad.testing.tiny import make_tiny_sd_pipeline
 
     path = tmp_path_factory.mktemp("tiny_teacher") / "tiny-sd"
     make_tiny_sd_pipeline(path)
@@ -53,7 +58,7 @@ def tiny_teacher(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """8 captioned 32 px images (coloured squares)."""
-    from dmad.tiny import make_caption_folder
+    from dmad.testing.tiny import make_caption_folder
 
     return make_caption_folder(tmp_path_factory.mktemp("tiny_data") / "squares", n=8, size=32)
 

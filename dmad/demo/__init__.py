@@ -61,7 +61,7 @@ def demo_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     trained from scratch on a CPU learn the captions in minutes rather than hours: with one token
     per byte it first has to learn to spell.
     """
-    from dmad.tiny import byte_level_vocab
+    from dmad.models.tokenizers import byte_level_vocab
 
     vocab = byte_level_vocab()
     specials = ("<|startoftext|>", "<|endoftext|>")  # re-added after the words, as the last ids
@@ -118,7 +118,7 @@ def null_t5():
     must load with no arguments. One layer, 128 wide: ~0.1 M zeros."""
     from transformers import T5Config, T5EncoderModel
 
-    from dmad.tiny import tiny_t5_tokenizer
+    from dmad.models.tokenizers import tiny_t5_tokenizer
 
     tokenizer = tiny_t5_tokenizer(model_max_length=SD3_ZERO_TOKENS)
     encoder = T5EncoderModel(T5Config(

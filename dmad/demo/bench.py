@@ -94,7 +94,7 @@ class BenchResult:
 def machine_info() -> dict:
     import torch
 
-    from dmad.env import cpu_name
+    from dmad.train.env import cpu_name
 
     cpu = cpu_name()
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -132,7 +132,7 @@ def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, 
     from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 
     from dmad.models.families import quiet_pipeline_logs
-    from dmad.sampling import sd_pipeline
+    from dmad.sample.render import sd_pipeline
 
     family, den = teacher.family, teacher.denoiser
     few = {}
@@ -197,10 +197,10 @@ def sample_student_images(student, teacher, captions: list[str], noise, timestep
 def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
     """The student of a checkpoint of the run (default: its latest), full or LoRA, as a UNet in
     eval mode; with the checkpoint's training state and iteration."""
-    from dmad.checkpoint import load_student as load_checkpoint_student
-    from dmad.checkpoint import read_training_state
-    from dmad.config import load_config
-    from dmad.runs import RunFolder
+    from dmad.models.checkpoint import load_student as load_checkpoint_student
+    from dmad.models.checkpoint import read_training_state
+    from dmad.contract.config import load_config
+    from dmad.contract.runs import RunFolder
 
     folder = RunFolder(run_dir)
     if checkpoint is None:
@@ -259,15 +259,15 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> BenchResult:
     import torch
 
-    from dmad.config import load_config
+    from dmad.contract.config import load_config
     from dmad.demo.evaluator import HELDOUT_DATA_SEED, load_evaluator, render_real, to_unit
     from dmad.demo.metrics import evaluate_images, feature_stats, frechet_distance_from_stats
     from dmad.demo.shapes import caption as caption_of
     from dmad.models.teacher import load_teacher
-    from dmad.paths import resource
-    from dmad.prompts import load_prompt_set
-    from dmad.runs import RunFolder
-    from dmad.sampling import latent_shape
+    from dmad.contract.paths import resource
+    from dmad.contract.prompts import load_prompt_set
+    from dmad.contract.runs import RunFolder
+    from dmad.sample.render import latent_shape
 
     t_start = time.perf_counter()
     config = Path(config) if config else resource("configs", "demo.json")
@@ -384,7 +384,7 @@ def write_grid(path: Path, columns: list[tuple[str, object]], captions: list[str
     from PIL import Image, ImageDraw
 
     from dmad.demo.shapes import png_bytes
-    from dmad.runs import atomic_write_bytes
+    from dmad.contract.runs import atomic_write_bytes
 
     if not columns:
         return
@@ -477,7 +477,7 @@ def to_json(r: BenchResult) -> dict:
 
 def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str]) -> int:
     """The `dmad bench distill` command: prints the table on stdout, progress on stderr."""
-    from dmad.runs import atomic_write_json
+    from dmad.contract.runs import atomic_write_json
 
     s = QUICK if quick else FULL
     if out_dir:

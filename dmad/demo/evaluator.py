@@ -38,8 +38,8 @@ from torch import nn
 from dmad.demo import shapes
 from dmad.demo.metrics import ATTRIBUTES, adherence, evaluate_images, frechet_distance
 from dmad.errors import UserInputError
-from dmad.paths import resource
-from dmad.runs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from dmad.contract.paths import resource
+from dmad.contract.runs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 FORMAT = "dmad-shapes-evaluator"
 FORMAT_VERSION = 1

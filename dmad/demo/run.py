@@ -66,7 +66,7 @@ def ensure_dataset(shipped: Path) -> Optional[Path]:
 
 
 def _progress(line: str, state: dict) -> None:
-    from dmad.events import is_iteration_metric, parse_line
+    from dmad.contract.events import is_iteration_metric, parse_line
 
     ev = parse_line(line)
     if ev is None:
@@ -91,9 +91,9 @@ def _progress(line: str, state: dict) -> None:
 
 
 def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
-    from dmad.config import load_config
-    from dmad.paths import resource
-    from dmad.preflight import preflight
+    from dmad.contract.config import load_config
+    from dmad.contract.paths import resource
+    from dmad.train.preflight import preflight
 
     config = resource("configs", "demo.json")
     overrides = list(overrides)
@@ -144,8 +144,8 @@ def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
 def render_demo_outputs(run_dir: Path) -> Path:
     """The comparison grid of what the run rendered (the engine writes samples/teacher/ itself,
     once per run). Returns the grid path."""
-    from dmad.prompts import load_prompt_set
-    from dmad.runs import RunFolder
+    from dmad.contract.prompts import load_prompt_set
+    from dmad.contract.runs import RunFolder
 
     folder = RunFolder(run_dir)
     ps = load_prompt_set(folder.prompt_set_json)
@@ -158,7 +158,7 @@ def write_grid(samples: Path, ids: list[str], scale: int = 2) -> Path:
 
     from PIL import Image
 
-    from dmad.runs import atomic_write_bytes
+    from dmad.contract.runs import atomic_write_bytes
 
     cols = (["teacher"] if (samples / "teacher").is_dir() else []) + [
         p.name for p in sorted((d for d in samples.iterdir() if re.fullmatch(r"iter_\d+", d.name)),

@@ -251,7 +251,7 @@ def quick_adherence(transformer, text: TextSide, vae, scheduler_config, n: int, 
     from dmad.demo.shapes import attributes_for, caption
 
     caps = [caption(attributes_for(i, EVAL_CAPTION_SEED)) for i in range(n)]
-    from dmad.sampling import latent_shape
+    from dmad.sample.render import latent_shape
 
     side = vae.config.sample_size
     noise = torch.randn((n, *latent_shape(vae, side, side)), generator=torch.Generator().manual_seed(seed))

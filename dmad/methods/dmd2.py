@@ -117,7 +117,7 @@ def sample_timesteps(batch: int, min_timestep: int, max_timestep: int, device: t
     """Uniform integer timesteps in [min_timestep, max_timestep] (both inclusive), LongTensor (B,)."""
     if not 0 <= min_timestep <= max_timestep:
         raise ValueError(f"need 0 <= min_timestep <= max_timestep, got {min_timestep}, {max_timestep}")
-    if hasattr(generator, "randint"):  # dmad.noise.SampleRNG: one draw per sample from its own generator
+    if hasattr(generator, "randint"):  # dmad.methods.noise.SampleRNG: one draw per sample from its own generator
         return generator.randint(min_timestep, max_timestep + 1).to(device)
     gen_device = generator.device if generator is not None else "cpu"
     t = torch.randint(min_timestep, max_timestep + 1, (batch,), generator=generator, device=gen_device)
@@ -142,7 +142,7 @@ def _fresh_noise(like: torch.Tensor, generator: Optional[torch.Generator]) -> to
     the same numbers whichever device trains), then moved."""
     if generator is None:
         return torch.randn_like(like)
-    if hasattr(generator, "randn_like"):  # dmad.noise.SampleRNG
+    if hasattr(generator, "randn_like"):  # dmad.methods.noise.SampleRNG
         return generator.randn_like(like)
     n = torch.randn(like.shape, generator=generator, device=generator.device, dtype=torch.float32)
     return n.to(device=like.device, dtype=like.dtype)

@@ -40,8 +40,10 @@ CONFIG_FILES = {"unet": "config.json", "vae": "config.json", "text_encoder": "co
                 "scheduler": "scheduler_config.json"}
 WEIGHT_NAMES = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model", "text_encoder": "model"}
 LDM_PREFIXES = {"unet": "model.diffusion_model.", "vae": "first_stage_model.", "text_encoder": "cond_stage_model."}
-# The layers a LoRA adapts (dmad.networks.add_lora, diffusers' LoRA scripts, DMD2).
+# The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+# The compute dtype of each resources.mixed_precision.
+DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 

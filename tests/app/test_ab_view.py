@@ -5,7 +5,7 @@ from pathlib import Path
 
 from PySide6.QtGui import QColor, QImage
 
-from app.ab_view import ABView, image_difference
+from app.dialogs.ab_view import ABView, image_difference
 
 
 def _img(px: int, colour: QColor) -> QImage:

@@ -1,12 +1,12 @@
-"""Field-level config diff (app.config_diff) and its dialog. No torch."""
+"""Field-level config diff (app.models.config_diff) and its dialog. No torch."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 
-from app.config_diff import ABSENT, diff_configs, flatten, format_value, same_value
-from app.config_diff_dialog import ConfigDiffDialog
+from app.models.config_diff import ABSENT, diff_configs, flatten, format_value, same_value
+from app.dialogs.config_diff import ConfigDiffDialog
 
 BASE = {
     "config_version": 1,

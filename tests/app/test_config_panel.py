@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit
 
-from app.config_doc import PATH_FIELDS, get_field, rebase_paths
-from app.config_form import BoolEditor, EnumEditor, NullableEditor, TextEditor
-from app.config_panel import ConfigInvalid, ConfigPanel
-from app.presets import index_path, presets
-from dmad.config import TrainConfig, json_schema, load_config, resolve_paths, validate_config
+from app.models.config_doc import PATH_FIELDS, get_field, rebase_paths
+from app.widgets.config_form import BoolEditor, EnumEditor, NullableEditor, TextEditor
+from app.panels.config import ConfigInvalid, ConfigPanel
+from app.models.presets import index_path, presets
+from dmad.contract.config import TrainConfig, json_schema, load_config, resolve_paths, validate_config
 from dmad.errors import UserInputError
-from dmad.jsonfile import read_json_file
-from dmad.paths import resource
+from dmad.contract.jsonfile import read_json_file
+from dmad.contract.paths import resource
 
 DEMO = resource("configs", "demo.json")
 

@@ -17,11 +17,11 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QMessageBox
 
-from app import data_panel as data_panel_module
+from app.panels import data as data_panel_module
 from app import window as window_module
-from app.data_panel import DataPanel, data_dir_of
-from app.data_report import COLUMNS, PATH_COLUMN, load_report
-from app.thumbs import ThumbCache
+from app.panels.data import DataPanel, data_dir_of
+from app.models.data_report import COLUMNS, PATH_COLUMN, load_report
+from app.models.thumbs import ThumbCache
 from app.window import MainWindow
 
 CATEGORIES = {  # the engine's ids and severities (docs/check-data.md)

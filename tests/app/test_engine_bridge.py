@@ -1,6 +1,6 @@
 """The engine bridge: EngineProcess (QProcess around `dmad train`), EventFollower (tail of
 events.jsonl) and the metric series. The engine is replaced by small scripts that print what the
-real one prints (dmad.events lines, "dmad: error:" lines, exit codes); one test runs the real CLI
+real one prints (dmad.contract.events lines, "dmad: error:" lines, exit codes); one test runs the real CLI
 on a missing config (answered before torch is imported). No torch here."""
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine import EngineProcess, LineBuffer, engine_command
-from app.follow import EventFollower
-from app.series import Series, SeriesStore
-from dmad.events import make_event
-from dmad.runlog import append_control
-from dmad.runs import RunFolder
+from app.engine.process import EngineProcess, LineBuffer, engine_command
+from app.engine.follow import EventFollower
+from app.models.series import Series, SeriesStore
+from dmad.contract.events import make_event
+from dmad.contract.runlog import append_control
+from dmad.contract.runs import RunFolder
 
 WAIT_MS = 30_000  # generous: the machine is shared; nothing here is a timing test
 
 FAKE_ENGINE = textwrap.dedent(r'''
     import json, os, signal, sys, time
     from pathlib import Path
-    from dmad.events import make_event
+    from dmad.contract.events import make_event
 
     scenario, argv = sys.argv[1], sys.argv[2:]
     Path(__file__).with_name("argv.json").write_text(json.dumps(argv))
@@ -60,7 +60,7 @@ FAKE_ENGINE = textwrap.dedent(r'''
         echo, it = True, 0
         while not ((run / "control.jsonl").exists() and "stop" in (run / "control.jsonl").read_text()):
             it += 1
-            try:  # what dmad.events.EventWriter does when the reader is gone
+            try:  # what dmad.contract.events.EventWriter does when the reader is gone
                 if echo:
                     out.write(b"x" * 4096 + b"\n")
                     out.flush()
@@ -351,8 +351,8 @@ def test_start_with_several_processes_asks_the_engine_to_launch_them(qtbot, tmp_
 
 
 def test_start_over_several_machines_passes_the_launch_options(qtbot, tmp_path, fake):
-    from app.engine import LaunchMachines
-    from app.launch_dialog import LaunchDialog, problem
+    from app.engine.process import LaunchMachines
+    from app.dialogs.launch import LaunchDialog, problem
 
     machines = LaunchMachines(count=2, rank=1, main_ip="10.0.0.1", port=29511)
     assert problem(machines, 8) == ""

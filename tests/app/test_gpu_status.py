@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.gpu_status import GIB, GpuStatusLabel, NvmlProbe
+from app.widgets.gpu_status import GIB, GpuStatusLabel, NvmlProbe
 
 
 class FakeNvml:

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
-from app.config_panel import ConfigPanel
-from app.engine import failure_report
-from app.probe_panel import COLUMNS, SCOPE_AXIS, ProbePanel
-from app.probe_result import load_probe, parse_int_list
-from app.training_panel import TrainingPanel
+from app.panels.config import ConfigPanel
+from app.engine.process import failure_report
+from app.panels.probe import COLUMNS, SCOPE_AXIS, ProbePanel
+from app.models.probe_result import load_probe, parse_int_list
+from app.panels.training import TrainingPanel
 from app.window import MainWindow
 from tests.app.test_training_panel import _event, write_run
 
@@ -388,7 +388,7 @@ def test_apply_in_the_memory_tab_edits_the_config_form(qtbot, window):
 
 
 def test_the_gpu_total_reaches_the_memory_estimate(window):
-    from app.gpu_status import GpuReading
+    from app.widgets.gpu_status import GpuReading
 
     window.gpu.readings_received.emit([GpuReading(0, "NVIDIA H200", 1.0, 139.8, 0)])
     window.config.ledger_view._ledger = load_ledger_fixture()
@@ -397,13 +397,13 @@ def test_the_gpu_total_reaches_the_memory_estimate(window):
 
 
 def load_ledger_fixture():
-    from app.probe_result import parse_ledger
+    from app.models.probe_result import parse_ledger
 
     return parse_ledger((FIXTURES / "ledger.json").read_text())
 
 
 def test_parse_ledger_keeps_scopes_and_family():
-    from app.probe_result import parse_ledger
+    from app.models.probe_result import parse_ledger
 
     sd3 = parse_ledger((FIXTURES / "ledger_sd3_offload.json").read_text())
     assert sd3.family == "sd3" and [x.name for x in sd3.cpu_lines] == ["teacher transformer + text encoders (CPU RAM)"]
@@ -420,7 +420,7 @@ def test_parse_ledger_keeps_scopes_and_family():
 def assert_sd3_offload_shown(panel: ConfigPanel, ledger) -> None:
     """The family in the status; GPU lines, then the CPU RAM heading and its line; the total is the
     engine's GPU total, with the CPU RAM stated apart."""
-    from app.ledger_view import CPU_HEADING
+    from app.widgets.ledger_view import CPU_HEADING
 
     view, t = panel.ledger_view, panel.ledger_view.table
     assert "SD3 (sd3)" in view.status.text() and "host RAM is listed apart" in view.status.text()
@@ -503,7 +503,7 @@ def test_the_real_ledger_fills_the_memory_estimate(qtbot, tmp_path):
 def test_the_real_ledger_of_an_offloaded_sd3_teacher(qtbot, tmp_path):
     """The real `dmad ledger` on a configs-only SD3-medium folder (the SD3-medium 24 GB preset's
     settings): the family and the CPU RAM line reach the view, apart from the GPU total."""
-    from app.presets import presets
+    from app.models.presets import presets
     from tests.engine.real_configs import write_real_config_folder
 
     teacher = write_real_config_folder(tmp_path / "sd3-medium", "sd3-medium")

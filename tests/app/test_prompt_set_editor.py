@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QTableWidgetItem
 
-from app.prompt_set_editor import ITEM_COLUMNS, PromptSetEditor, save_edited
-from app.samples_panel import SamplesPanel
+from app.dialogs.prompt_set_editor import ITEM_COLUMNS, PromptSetEditor, save_edited
+from app.panels.samples import SamplesPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
-from app.thumbs import ThumbCache
+from app.models.thumbs import ThumbCache
 from dmad.errors import UserInputError
-from dmad.prompts import validate_prompt_set
+from dmad.contract.prompts import validate_prompt_set
 from tests.conftest import REPO
 
 DEMO = REPO / "resources" / "prompt_sets" / "demo_v1.json"

@@ -13,12 +13,12 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QDesktopServices
 
-from app.config_diff_dialog import ConfigDiffDialog
-from app.run_scan import NOT_A_RUN, TAIL_BYTES, ScanCache
-from app.runs_panel import COLUMNS, RunsPanel
-from dmad.config import TrainConfig
-from dmad.events import Event, make_event
-from dmad.runs import CsvAppender, atomic_write_json
+from app.dialogs.config_diff import ConfigDiffDialog
+from app.models.run_scan import NOT_A_RUN, TAIL_BYTES, ScanCache
+from app.panels.runs import COLUMNS, RunsPanel
+from dmad.contract.config import TrainConfig
+from dmad.contract.events import Event, make_event
+from dmad.contract.runs import CsvAppender, atomic_write_json
 
 METRIC_COLUMNS = ["iter", "loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_c", "step_time_s",
                   "mem_peak_alloc_gb", "mem_device_used_gb", "lr_generator", "lr_critic"]
@@ -274,7 +274,7 @@ def test_the_timer_picks_up_a_new_run_while_visible(qtbot, tmp_path):
 
 
 def test_the_last_iteration_is_not_a_memory_sampler_reading(tmp_path):
-    from app.run_scan import events_tail
+    from app.models.run_scan import events_tail
 
     path = tmp_path / "events.jsonl"
     path.write_text(make_event("metric", 7, loss_dm=0.5, step_time_s=0.2).to_line() + "\n"

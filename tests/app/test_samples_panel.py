@@ -13,11 +13,11 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QImage
 
-from app.sample_index import checkpoint_of, checkpoint_order, is_checkpoint_folder, scan_samples
-from app.samples_grid import STATE_ROLE
-from app.samples_panel import SamplesPanel
+from app.models.sample_index import checkpoint_of, checkpoint_order, is_checkpoint_folder, scan_samples
+from app.widgets.samples_grid import STATE_ROLE
+from app.panels.samples import SamplesPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
-from app.thumbs import ThumbCache
+from app.models.thumbs import ThumbCache
 
 COLUMNS = ["teacher", "iter_60", "iter_120"]
 

@@ -1,4 +1,4 @@
-"""The Training panel on recorded run folders (events in the engine's own format, dmad.events) and
+"""The Training panel on recorded run folders (events in the engine's own format, dmad.contract.events) and
 on engines replaced by small scripts. No torch."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from app.plots import DEVICE_USED, FRAMEWORK_PEAK, ema
-from app.training_panel import TrainingPanel
-from dmad.events import make_event
-from dmad.runs import RunFolder, atomic_write_json
+from app.widgets.plots import DEVICE_USED, FRAMEWORK_PEAK, ema
+from app.panels.training import TrainingPanel
+from dmad.contract.events import make_event
+from dmad.contract.runs import RunFolder, atomic_write_json
 
 WAIT_MS = 30_000  # generous: the machine is shared; nothing here is a timing test
 LOSSES = ("loss_dm", "loss_g", "loss_c")
@@ -218,7 +218,7 @@ def test_start_can_be_disabled_with_a_reason(qtbot, panel):
 ENGINE = textwrap.dedent(r'''
     import json, sys, time
     from pathlib import Path
-    from dmad.events import make_event
+    from dmad.contract.events import make_event
 
     scenario, argv = sys.argv[1], sys.argv[2:]
     key, _, value = argv[argv.index("--set") + 1].partition("=")

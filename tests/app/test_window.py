@@ -17,13 +17,13 @@ from PySide6.QtCore import QObject, QSettings, Signal
 from PySide6.QtGui import QFontInfo, QImage
 from PySide6.QtWidgets import QMessageBox
 
-from app import close_dialog
+from app.dialogs import close as close_dialog
 from app.main import _BadInput, main, parse_args
-from app.memory_tab import MemoryTab, ledger_part, read_gpu_mem
-from app.samples_panel import SamplesPanel
+from app.panels.memory import MemoryTab, ledger_part, read_gpu_mem
+from app.panels.samples import SamplesPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
 from app.window import PANELS, ROOT_KEY, MainWindow
-from dmad.config import TrainConfig, format_validation_error
+from dmad.contract.config import TrainConfig, format_validation_error
 from tests.conftest import REPO, dmad_env
 
 

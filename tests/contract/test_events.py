@@ -1,4 +1,4 @@
-"""The event protocol (dmad.events): what the engine prints is what the app and users' scripts read."""
+"""The event protocol (dmad.contract.events): what the engine prints is what the app and users' scripts read."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dmad.events import EVENT_VERSION, KINDS, Event, EventWriter, make_event, parse_line, read_events
+from dmad.contract.events import EVENT_VERSION, KINDS, Event, EventWriter, make_event, parse_line, read_events
 
 # A plausible payload per kind; the round trip must not care what is in data.
 PAYLOADS = {

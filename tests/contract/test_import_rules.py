@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TORCH_FREE = ["dmad.config", "dmad.events", "dmad.runs", "dmad.prompts"]  # what the app may import
-# The CLI must answer config errors without torch (dmad.train is imported lazily).
-FAST = TORCH_FREE + ["dmad.cli", "dmad.preflight", "dmad.errors", "dmad.paths"]
+# What the app may import: every module of dmad.contract.
+TORCH_FREE = sorted(f"dmad.contract.{p.stem}" for p in (REPO / "dmad" / "contract").glob("*.py") if p.stem != "__init__")
+# The CLI must answer config errors without torch (dmad.train.loop is imported lazily).
+FAST = TORCH_FREE + ["dmad.cli", "dmad.train.preflight", "dmad.errors", "dmad.contract.paths"]
 HEAVY = ["torch", "diffusers", "transformers", "accelerate", "peft", "PySide6", "pyqtgraph"]
 
 
@@ -41,3 +42,23 @@ def test_app_facing_modules_do_not_import_heavy_packages():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"importing {FAST} pulled in: {proc.stdout.strip()}"
+
+
+def test_the_engine_top_level_holds_only_the_command_line_and_the_layers():
+    """The folder names are the architecture: a module at dmad/'s top level would sit outside every
+    layer of the import-linter contract, so only the entry points and the error types live there."""
+    top = sorted(p.name for p in (REPO / "dmad").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "cli.py", "errors.py"], top
+    packages = sorted(p.name for p in (REPO / "dmad").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert packages == ["contract", "data", "demo", "memory", "methods", "models", "sample", "testing", "train"]
+    for name in packages:
+        assert (REPO / "dmad" / name / "__init__.py").is_file(), f"dmad/{name}/__init__.py is missing"
+
+
+def test_the_app_top_level_holds_only_the_entry_points_and_the_window():
+    top = sorted(p.name for p in (REPO / "app").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "main.py", "screenshots.py", "selftest.py", "window.py"], top
+    packages = sorted(p.name for p in (REPO / "app").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert packages == ["dialogs", "engine", "models", "panels", "widgets"]
+    for name in packages:
+        assert (REPO / "app" / name / "__init__.py").is_file(), f"app/{name}/__init__.py is missing"

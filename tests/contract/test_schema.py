@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from dmad.config import SCHEMA_PATH, json_schema
+from dmad.contract.config import SCHEMA_PATH, json_schema
 
-REGENERATE = "resources/config.schema.json is out of date: run `python -m dmad.config` and commit the result"
+REGENERATE = "resources/config.schema.json is out of date: run `python -m dmad.contract.config` and commit the result"
 
 
 def _leaves(schema: dict):

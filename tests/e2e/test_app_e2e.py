@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings, Qt
 
-from dmad.runs import RunFolder, effective_state
+from dmad.contract.runs import RunFolder, effective_state
 from tests.conftest import REPO, dmad_env
 
 pytest.importorskip("torch")  # the engine trains; the app itself never imports torch

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import read_events  # noqa: E402
+from dmad.contract.events import read_events  # noqa: E402
 
 
 def _noise_png(path: Path, size: int = 32, seed: int = 0) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.paths import resource  # noqa: E402
+from dmad.contract.paths import resource  # noqa: E402
 
 TEACHER = resource("demo", "teacher")
 
@@ -129,7 +129,7 @@ def test_the_few_step_flow_baseline_uses_every_step():
     1, ..., 1/k instead (0.06 per pixel apart here)."""
     from dmad.demo.bench import initial_noise, sample_teacher
     from dmad.models.teacher import load_teacher
-    from dmad.sampling import latent_shape
+    from dmad.sample.render import latent_shape
 
     teacher = load_teacher(str(TEACHER), "auto", None, dtype=torch.float32)
     items = [("a large red circle in the center on a black background", 0, 0),

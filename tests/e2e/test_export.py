@@ -13,7 +13,7 @@ from tests.conftest import _deep_update, run_dmad, tiny_config_dict
 
 torch = pytest.importorskip("torch")
 
-from dmad.prompts import load_prompt_set, item_seed  # noqa: E402
+from dmad.contract.prompts import load_prompt_set, item_seed  # noqa: E402
 
 FULL = {"distillation": {"student_steps": 2, "ema_decay": 0.5}}
 # lora_alpha != rank: the file must carry the scale alpha / r = 2. A high generator_lr moves the
@@ -117,8 +117,7 @@ def test_lora_student_exports_as_lora_and_as_fused_pipeline(lora_run, tiny_teach
                                                              tmp_path):
     from diffusers import LCMScheduler, StableDiffusionPipeline
 
-    from dmad import export
-
+    from dmad.sample import export
     attempts = []
 
     def no_network(self, address, *a, **k):
@@ -258,8 +257,8 @@ def test_lcm_scheduler_is_the_student_sampler(prediction_type):
     loop (LCMScheduler.step with the generator) equals dmad's sampler bit for bit."""
     from diffusers import DDPMScheduler
 
-    from dmad.config import Distillation
-    from dmad.export import check_scheduler_matches, student_scheduler
+    from dmad.contract.config import Distillation
+    from dmad.sample.export import check_scheduler_matches, student_scheduler
     from dmad.methods.dmd2 import sample_student
     from dmad.methods.prediction import NoiseSchedule
 

@@ -26,7 +26,7 @@ LORA = {"identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4, "l
 @pytest.fixture(scope="module")
 def teachers(tmp_path_factory) -> dict[str, Path]:
     """One tiny teacher folder per family (SD3 without T5, Flux with guidance embedding)."""
-    from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline
+    from dmad.testing.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline
 
     root = tmp_path_factory.mktemp("family_teachers")
     make_tiny_sdxl_pipeline(root / "sdxl")
@@ -43,8 +43,7 @@ def _run(tmp_path_factory, family: str, kind: str, teachers, data: Path, prompts
 
 def _export(run: Path, fmt: str) -> Path:
     """In process (saves a torch import per export); the CLI path is test_export.py's."""
-    from dmad import export
-
+    from dmad.sample import export
     assert export.main(str(run), "2", fmt, None) == 0
     out = run / "export" / f"iter_2-{fmt}"
     assert out.is_dir() and not any(p.name.startswith(".tmp-") for p in out.parent.iterdir())
@@ -181,8 +180,8 @@ def test_flow_scheduler_is_the_student_sampler(config):
     bit (without training), for a fixed shift (SD3) and Flux's dynamic shift."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from dmad.config import Distillation
-    from dmad.export import check_flow_scheduler_matches, flow_student_scheduler, student_sigmas
+    from dmad.contract.config import Distillation
+    from dmad.sample.export import check_flow_scheduler_matches, flow_student_scheduler, student_sigmas
     from dmad.methods.dmd2 import sample_student
     from dmad.models.families import make_family
 

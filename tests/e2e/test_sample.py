@@ -12,7 +12,7 @@ from tests.conftest import run_dmad, tiny_config_dict
 torch = pytest.importorskip("torch")
 
 from dmad.cli import main  # noqa: E402
-from dmad.events import parse_line  # noqa: E402
+from dmad.contract.events import parse_line  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from tests.conftest import dmad_env
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import is_iteration_metric, parse_line, read_events  # noqa: E402
-from dmad.session import METRIC_COLUMNS  # noqa: E402
+from dmad.contract.events import is_iteration_metric, parse_line, read_events  # noqa: E402
+from dmad.train.session import METRIC_COLUMNS  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
@@ -138,7 +138,7 @@ def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, accum: 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_gradient_accumulation_matches_a_big_batch(write_config, dmad_cli, tmp_path, tiny_teacher, steps):
     """Batch 4 x 1 step and batch 1 x 4 accumulation steps see the same samples and the same
-    per-sample noise (dmad.noise), so one SGD update must agree up to float rounding."""
+    per-sample noise (dmad.methods.noise), so one SGD update must agree up to float rounding."""
     a = _one_update(write_config, dmad_cli, tmp_path, "big", 4, 1, steps)
     b = _one_update(write_config, dmad_cli, tmp_path, "accum", 1, 4, steps)
     teacher = _unet_state(tiny_teacher / "unet")
@@ -209,7 +209,7 @@ def test_sigterm_stops_gracefully_with_a_checkpoint(write_config, tmp_path):
 
 
 def test_control_file_pauses_resumes_and_stops(write_config, tmp_path):
-    from dmad.runs import append_control
+    from dmad.contract.runs import append_control
 
     cfg = write_config({"optimization": {"max_train_steps": 100000}, "observation": {"checkpointing_steps": 100000}})
     run = tmp_path / "run"

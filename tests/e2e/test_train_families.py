@@ -15,8 +15,8 @@ from tests.conftest import run_dmad
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import read_events  # noqa: E402
-from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
+from dmad.contract.events import read_events  # noqa: E402
+from dmad.testing.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
 
 FAMILIES = {
     "sdxl": lambda p: make_tiny_sdxl_pipeline(p),

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.events import is_iteration_metric, read_events  # noqa: E402
+from dmad.contract.events import is_iteration_metric, read_events  # noqa: E402
 
 
 def _train(dmad_cli, cfg: Path, run: Path, *extra: str) -> None:
@@ -60,7 +60,7 @@ def test_variant_trains_and_checkpoints(name, write_config, dmad_cli, tmp_path):
 
 
 def test_v_prediction_teacher_trains(tmp_path, write_config, dmad_cli):
-    from dmad.tiny import make_tiny_sd_pipeline
+    from dmad.testing.tiny import make_tiny_sd_pipeline
 
     teacher = tmp_path / "v_teacher"
     make_tiny_sd_pipeline(teacher, prediction_type="v_prediction")
@@ -92,7 +92,7 @@ def test_lora_resume_continues_exactly(write_config, dmad_cli, tmp_path):
 def _seed_with_rollout(steps: int) -> int:
     """A seed whose first iteration trains a later student step (so backward simulation runs)."""
     from dmad.methods.dmd2 import sample_stop_index
-    from dmad.noise import iteration_generator
+    from dmad.methods.noise import iteration_generator
 
     return next(s for s in range(100) if sample_stop_index(steps, iteration_generator(s, 0)) >= 2)
 

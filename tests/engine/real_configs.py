@@ -205,7 +205,7 @@ def _column(name: str) -> str:
 def ledger_table(root: Path) -> str:
     """The markdown table of docs/memory.md: estimate_ledger on configs-only folders of the
     published models (written under `root`), batch 1, bf16, AdamW, LoRA rank 64."""
-    from dmad.memory import estimate_ledger, ledger_total
+    from dmad.memory.ledger import estimate_ledger, ledger_total
     from dmad.models.teacher import inspect_teacher
 
     infos = {m: inspect_teacher(str(write_real_config_folder(Path(root) / m, m))) for m, *_ in TABLE_RUNS}

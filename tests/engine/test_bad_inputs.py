@@ -169,9 +169,9 @@ def test_unexpected_error_is_one_line_with_a_log(write_config, run_python):
     """A bug is not the user's fault: exit 1, one line naming the log that holds the traceback."""
     cfg = write_config()
     proc = run_python(
-        "import sys, dmad.preflight\n"
+        "import sys, dmad.train.preflight\n"
         "def boom(*a, **k): raise RuntimeError('kaboom')\n"
-        "dmad.preflight.preflight = boom\n"
+        "dmad.train.preflight.preflight = boom\n"
         "from dmad.cli import main\n"
         f"sys.exit(main(['train', '--config', {str(cfg)!r}]))\n")
     lines = proc.stderr.splitlines()
@@ -187,9 +187,9 @@ def test_unexpected_error_is_one_line_with_a_log(write_config, run_python):
 def test_interrupt_exits_130_quietly(write_config, run_python):
     cfg = write_config()
     proc = run_python(
-        "import sys, dmad.preflight\n"
+        "import sys, dmad.train.preflight\n"
         "def stop(*a, **k): raise KeyboardInterrupt\n"
-        "dmad.preflight.preflight = stop\n"
+        "dmad.train.preflight.preflight = stop\n"
         "from dmad.cli import main\n"
         f"sys.exit(main(['train', '--config', {str(cfg)!r}]))\n")
     assert proc.returncode == 130 and proc.stderr == "", proc.stderr
@@ -220,8 +220,8 @@ def test_dry_run_prints_resolved_config_and_ledger(tmp_path, write_config, dmad_
 # ------------------------------------------------------------ what preflight accepts (in-process: fast)
 
 def _preflight(config: Path, **kwargs):
-    from dmad.config import load_config
-    from dmad.preflight import preflight
+    from dmad.contract.config import load_config
+    from dmad.train.preflight import preflight
 
     return preflight(load_config(config), **kwargs)
 
@@ -263,7 +263,7 @@ def test_run_folder_names(tmp_path, write_config):
 
 def test_data_summary_counts_images_and_captions(tmp_path):
     from dmad.errors import UserInputError
-    from dmad.preflight import summarize_data
+    from dmad.train.preflight import summarize_data
 
     folder = tmp_path / "data"
     folder.mkdir()

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dmad.buckets import bucket_for
-import dmad.checkdata as checkdata
-from dmad.checkdata import CATEGORIES, cache_file, check_item, check_source
-from dmad.checkdata_report import format_summary, main_check_data
-from dmad.checkdata_items import check_caption_bytes
-from dmad.datasets import load_dataset_list
+from dmad.data.buckets import bucket_for
+import dmad.data.check as checkdata
+from dmad.data.check import CATEGORIES, cache_file, check_item, check_source
+from dmad.data.check_report import format_summary, main_check_data
+from dmad.data.check_items import check_caption_bytes
+from dmad.contract.datasets import load_dataset_list
 from dmad.errors import UserInputError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -238,7 +238,7 @@ def test_image_too_small_and_dataset_minimum(tmp_path):
 
 
 def test_check_data_modules_are_torch_free(run_python):
-    r = run_python("import sys, dmad.checkdata, dmad.checkdata_report, dmad.buckets, dmad.datasets\n"
+    r = run_python("import sys, dmad.data.check, dmad.data.check_report, dmad.data.buckets, dmad.contract.datasets\n"
                    "print([m for m in ('torch', 'diffusers', 'PySide6') if m in sys.modules])")
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
 
@@ -444,7 +444,7 @@ def _forked_report(root: Path, **kwargs) -> dict:
 
     from tests.conftest import REPO, dmad_env
 
-    code = ("import json, sys; from pathlib import Path; from dmad import checkdata; "
+    code = ("import json, sys; from pathlib import Path; from dmad.data import check as checkdata; "
             "checkdata.PROCESS_POOL_MIN = 1; "
             "assert checkdata._can_fork() or sys.platform != 'linux', 'cannot fork'; "
             f"r = checkdata.check_source(Path({str(root)!r}), **{kwargs!r}); print(json.dumps(r))")

@@ -1,4 +1,4 @@
-"""`dmad check-data --fast` (dmad.checkdata_fast): no pixel decoding; truncation and corruption found
+"""`dmad check-data --fast` (dmad.data.check_fast): no pixel decoding; truncation and corruption found
 from the file structure. A corpus of structurally damaged PNG / JPEG / WebP / BMP files next to
 clean ones of each format: exactly the damaged ones are reported, with their paths; the report and
 the summary say which checks were skipped; fast results never reach the full check's cache."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import dmad.checkdata as checkdata
-from dmad.checkdata import CATEGORIES, cache_file, check_source
-from dmad.checkdata_fast import SKIPPED_CHECKS, bmp_problem, check_image_fast, jpeg_problem, png_problem, webp_problem
-from dmad.checkdata_report import format_summary, main_check_data
+import dmad.data.check as checkdata
+from dmad.data.check import CATEGORIES, cache_file, check_source
+from dmad.data.check_fast import SKIPPED_CHECKS, bmp_problem, check_image_fast, jpeg_problem, png_problem, webp_problem
+from dmad.data.check_report import format_summary, main_check_data
 from dmad.errors import UserInputError
 
 sys.path.insert(0, str(Path(__file__).parent))

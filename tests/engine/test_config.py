@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmad.config import (CONFIG_VERSION, Distillation, TrainConfig, apply_overrides, load_config, migrate,
+from dmad.contract.config import (CONFIG_VERSION, Distillation, TrainConfig, apply_overrides, load_config, migrate,
                          parse_override, validate_config)
 from dmad.errors import UserInputError
 

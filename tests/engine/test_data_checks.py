@@ -1,4 +1,4 @@
-"""Training's data checks (dmad.data_checks, dmad.data): the header scan, the one-line refusal of
+"""Training's data checks (dmad.data.scan, dmad.data.loading): the header scan, the one-line refusal of
 too few usable images, and the deterministic replacement of items that fail on load."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dmad.data_checks import TRAIN_MIN_SIZE, check_pair, require_batch, scan_folder
+from dmad.data.scan import TRAIN_MIN_SIZE, check_pair, require_batch, scan_folder
 from dmad.errors import UserInputError
 
 
@@ -76,8 +76,8 @@ def test_usable_images_in_buckets_smaller_than_a_batch_are_named(tmp_path):
 
         Image.new("RGB", (64, 32), (i, 50, 90)).save(img)
         (folder / f"wide_{i}.txt").write_text("a wide one")
-    from dmad.data_checks import scan_entry
-    from dmad.datasets import DatasetEntry
+    from dmad.data.scan import scan_entry
+    from dmad.contract.datasets import DatasetEntry
 
     data = scan_entry(DatasetEntry(id="d", instance_data_dir=str(folder), bucket_step=8), 32, train_batch=3)
     assert [it.image.name for it in data.items] == ["square_0.png", "square_1.png", "square_2.png"]
@@ -109,7 +109,7 @@ torch = pytest.importorskip("torch")
 
 
 def _dataset(corpus: Path, batch: int = 1):
-    from dmad.data import MixedImages, load_datasets
+    from dmad.data.loading import MixedImages, load_datasets
 
     sets, groups = load_datasets(corpus, resolution=32, train_batch=batch, effective_batch=batch)
     return MixedImages(sets, groups, seed=0, source=corpus), groups
@@ -141,8 +141,8 @@ def test_files_that_break_after_the_scan_are_skipped_with_their_category(corpus)
 
 
 def test_worker_processes_carry_the_skips(corpus):
-    from dmad.data import make_loader
-    from dmad.mixing import MixtureBatches
+    from dmad.data.loading import make_loader
+    from dmad.data.mixing import MixtureBatches
 
     ds, groups = _dataset(corpus, batch=3)
     runs = []
@@ -155,9 +155,9 @@ def test_worker_processes_carry_the_skips(corpus):
 
 
 def test_training_refuses_too_few_usable_images_before_loading_models(write_config, tmp_path, corpus):
-    from dmad.config import load_config
-    from dmad.events import read_events
-    from dmad.train import run_training
+    from dmad.contract.config import load_config
+    from dmad.contract.events import read_events
+    from dmad.train.loop import run_training
 
     cfg = load_config(write_config({"identity": {"train_data_dir": str(corpus)},
                                     "resources": {"train_batch_size": 4}}))
@@ -170,8 +170,8 @@ def test_training_refuses_too_few_usable_images_before_loading_models(write_conf
 
 
 def test_the_second_scan_of_a_run_reuses_the_first_unless_the_folder_changed(corpus, monkeypatch):
-    from dmad import data_checks
-    from dmad.datasets import load_dataset_list
+    from dmad.data import scan as data_checks
+    from dmad.contract.datasets import load_dataset_list
 
     calls = []
     real = data_checks.scan_entry

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dmad.buckets import crop_box, training_bucket
-from dmad.datafiles import normalize_caption
+from dmad.data.buckets import crop_box, training_bucket
+from dmad.contract.datafiles import normalize_caption
 from dmad.errors import UserInputError
-from dmad.mixing import Group, MixtureBatches, make_groups
+from dmad.data.mixing import Group, MixtureBatches, make_groups
 
 torch = pytest.importorskip("torch")
 
@@ -144,14 +144,14 @@ def _list(path: Path, entries: list[dict]) -> Path:
 
 
 def _open(source: Path, batch: int, resolution: int = 32):
-    from dmad.data import MixedImages, load_datasets
+    from dmad.data.loading import MixedImages, load_datasets
 
     sets, groups = load_datasets(source, resolution, batch, batch)
     return MixedImages(sets, groups, seed=0, source=source), groups, sets
 
 
 def test_a_dataset_list_trains_in_buckets(tmp_path):
-    from dmad.data import make_loader
+    from dmad.data.loading import make_loader
 
     wide = _folder(tmp_path / "wide", [(64, 32)] * 6 + [(40, 40)] * 4)
     tall = _folder(tmp_path / "tall", [(32, 64)] * 5, prefix="t")
@@ -207,7 +207,7 @@ def test_caption_strategies_and_lines(tmp_path):
 
 
 def test_images_load_upright_and_transparent_pixels_are_white(tmp_path):
-    from dmad.data import load_image
+    from dmad.data.loading import load_image
 
     folder = tmp_path / "x"
     folder.mkdir()
@@ -230,7 +230,7 @@ def test_images_load_upright_and_transparent_pixels_are_white(tmp_path):
 
 
 def test_bad_dataset_lists_are_one_line(tmp_path):
-    from dmad.datasets import load_dataset_list
+    from dmad.contract.datasets import load_dataset_list
 
     (tmp_path / "d").mkdir()
     cases = [

@@ -9,7 +9,7 @@ from PIL import Image
 
 from dmad.demo import run as demo_run
 from dmad.demo.shapes import write_dataset
-from dmad.paths import resource
+from dmad.contract.paths import resource
 
 
 def test_the_shipped_dataset_is_complete():

@@ -14,7 +14,7 @@ from dmad.methods.dmd2 import GanHead  # noqa: E402
 from dmad.methods.prediction import FlowSchedule  # noqa: E402
 from dmad.models.families import FAMILIES, Cond, make_family  # noqa: E402
 from dmad.models.teacher import inspect_teacher, load_teacher  # noqa: E402
-from dmad.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
+from dmad.testing.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
 
 BUILDERS = {
     "sdxl": lambda p: make_tiny_sdxl_pipeline(p),
@@ -172,7 +172,7 @@ def test_cond_helpers():
 def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
     """Under mixed precision a LoRA student / fake score keeps only its adapter in fp32 (master
     weights); the frozen base copy is bf16, half the memory, and still runs under autocast."""
-    from dmad.networks import build_networks, trainable_parameters
+    from dmad.models.networks import build_networks, trainable_parameters
 
     t = load_teacher(str(teachers[name]))
     nets = build_networks(t.denoiser, student="lora", fake_score="lora", lora_rank=4, lora_alpha=None,
@@ -273,7 +273,7 @@ def test_single_file_of_a_transformer_family_is_refused(teachers, tmp_path):
 def test_offload_moves_a_network_up_for_its_call_and_back(monkeypatch):
     """teacher_cpu_offload: forward hooks put the network on the device for its own call only.
     (A CPU machine has one device, so the moves are recorded rather than observed.)"""
-    from dmad.build import offload_between_calls
+    from dmad.train.build import offload_between_calls
 
     net = torch.nn.Linear(4, 4)
     moves: list = []

@@ -22,8 +22,8 @@ def cache_home(tmp_path, monkeypatch) -> Path:
 
 
 def _warm(config: Path, *sets: str) -> dict:
-    from dmad.cache_cmd import warm_cache
-    from dmad.config import load_config
+    from dmad.data.cache_command import warm_cache
+    from dmad.contract.config import load_config
 
     return warm_cache(load_config(config, list(sets)))
 
@@ -89,8 +89,8 @@ def _losses(run: Path) -> list[dict]:
 
 
 def test_training_with_the_cache_computes_what_training_without_it_does(write_config, tmp_path, cache_home):
-    from dmad.config import load_config
-    from dmad.train import run_training
+    from dmad.contract.config import load_config
+    from dmad.train.loop import run_training
 
     base = {"optimization": {"max_train_steps": 3}, "observation": {"log_every_steps": 1, "checkpointing_steps": 100},
             "resources": {"train_batch_size": 2}}

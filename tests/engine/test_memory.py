@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dmad import memory
-from dmad.memory import LedgerLine, estimate_ledger, format_ledger
+from dmad.memory import readings as memory
+from dmad.memory.ledger import LedgerLine, estimate_ledger, format_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = dict(student="full", fake_score="full", lora_rank=64, mixed_precision="bf16", gradient_checkpointing=False,
@@ -19,7 +19,7 @@ BASE = dict(student="full", fake_score="full", lora_rank=64, mixed_precision="bf
 @pytest.fixture(scope="module")
 def tiny_info(tmp_path_factory):
     from dmad.models.teacher import inspect_teacher
-    from dmad.tiny import make_tiny_sd_pipeline
+    from dmad.testing.tiny import make_tiny_sd_pipeline
 
     path = tmp_path_factory.mktemp("ledger") / "tiny"
     make_tiny_sd_pipeline(path)
@@ -123,8 +123,8 @@ def test_the_sampler_writes_gpu_mem_csv_and_hands_rows_on(tmp_path):
     import csv
     import threading
 
-    from dmad.monitor import GPU_MEM_COLUMNS, Monitor
-    from dmad.runs import RunFolder
+    from dmad.train.monitor import GPU_MEM_COLUMNS, Monitor
+    from dmad.contract.runs import RunFolder
 
     folder = RunFolder.create(tmp_path / "run")
     got, seen = [], threading.Event()
@@ -146,8 +146,8 @@ def test_the_sampler_writes_gpu_mem_csv_and_hands_rows_on(tmp_path):
 
 
 def test_a_gpu_mem_csv_of_an_older_run_keeps_its_columns(tmp_path):
-    from dmad.monitor import Monitor
-    from dmad.runs import RunFolder
+    from dmad.train.monitor import Monitor
+    from dmad.contract.runs import RunFolder
 
     folder = RunFolder.create(tmp_path / "run")
     folder.gpu_mem_csv.write_text("t,scope,mem_used_gb,mem_total_gb\n1.0,process_rss,0.5,\n")
@@ -159,7 +159,7 @@ def test_a_gpu_mem_csv_of_an_older_run_keeps_its_columns(tmp_path):
 
 
 def test_import_is_light():
-    code = "import sys, dmad.memory; print(sorted(m for m in ('torch', 'psutil', 'pynvml') if m in sys.modules))"
+    code = "import sys, dmad.memory.ledger; print(sorted(m for m in ('torch', 'psutil', 'pynvml') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -176,7 +176,7 @@ def test_the_ledger_matches_the_measured_peak_on_cpu(tmp_path):
     import json
 
     from tests.conftest import run_dmad
-    from dmad.paths import resource
+    from dmad.contract.paths import resource
 
     config = resource("configs", "demo.json")
     out = tmp_path / "probe"
@@ -223,7 +223,7 @@ def test_real_configs_match_the_published_parameter_counts(real_infos):
 @pytest.mark.parametrize("model", REAL)
 @pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "fp16", "int8", "fp8"])
 def test_teacher_line_is_params_times_bytes_per_param(real_infos, model, precision):
-    from dmad.memory import LINEAR_SHARE
+    from dmad.memory.ledger import LINEAR_SHARE
 
     info = real_infos[model]
     word = "UNet" if info.denoiser == "unet" else "transformer"
@@ -239,7 +239,7 @@ def test_int8_share_is_measured_per_family(real_infos):
     """LINEAR_SHARE's constants are what the meta models of the published configs give."""
     import torch
 
-    from dmad.memory import LINEAR_SHARE
+    from dmad.memory.ledger import LINEAR_SHARE
     from dmad.models.pipelines import meta_model
     from tests.engine.real_configs import MODELS
 
@@ -253,7 +253,7 @@ def test_int8_share_is_measured_per_family(real_infos):
 
 @pytest.mark.parametrize("model", REAL)
 def test_offload_moves_the_teacher_and_text_encoders_to_cpu_ram(real_infos, model):
-    from dmad.memory import ledger_total
+    from dmad.memory.ledger import ledger_total
 
     info = real_infos[model]
     kw = dict(student="lora", fake_score="lora", teacher_precision="int8")
@@ -332,7 +332,7 @@ def test_text_encoders_line_counts_every_encoder(real_infos):
 def test_format_and_json_name_the_family(real_infos, model):
     from types import SimpleNamespace
 
-    from dmad.memory import ledger_json
+    from dmad.memory.ledger import ledger_json
 
     info = real_infos[model]
     lines = estimate_ledger(info, **{**BASE, "student": "lora", "fake_score": "lora", "teacher_cpu_offload": True})

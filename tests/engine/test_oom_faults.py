@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from dmad.errors import UserInputError
-from dmad.oom import Phase, advice, parse_fault
+from dmad.train.oom import Phase, advice, parse_fault
 
 torch = pytest.importorskip("torch")
 
 
 def _train(write_config, run: Path, extra: dict | None = None, resume: str | None = None) -> int:
-    from dmad.config import load_config
-    from dmad.train import run_training
+    from dmad.contract.config import load_config
+    from dmad.train.loop import run_training
 
     base = {"optimization": {"max_train_steps": 4}, "observation": {"checkpointing_steps": 2, "log_every_steps": 1},
             "resources": {"train_batch_size": 2, "gradient_accumulation_steps": 1}}
@@ -25,7 +25,7 @@ def _train(write_config, run: Path, extra: dict | None = None, resume: str | Non
 
 
 def _events(run: Path) -> list:
-    from dmad.events import read_events
+    from dmad.contract.events import read_events
 
     return list(read_events(run / "events.jsonl"))
 
@@ -65,7 +65,7 @@ def test_a_run_that_ran_out_resumes_from_its_last_checkpoint(write_config, tmp_p
 
 
 def test_advice_follows_the_triage_order():
-    from dmad.config import Resources
+    from dmad.contract.config import Resources
 
     r = Resources(train_batch_size=4, gradient_accumulation_steps=2, resolution=768)
     text = advice("first-backward", r)

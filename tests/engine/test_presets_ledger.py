@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from dmad.config import load_config
-from dmad.jsonfile import read_json_file
-from dmad.memory import config_ledger, ledger_total
+from dmad.contract.config import load_config
+from dmad.contract.jsonfile import read_json_file
+from dmad.memory.ledger import config_ledger, ledger_total
 from dmad.models.teacher import inspect_teacher
-from dmad.paths import resource
+from dmad.contract.paths import resource
 from tests.engine.real_configs import write_real_config_folder
 
 INDEX = resource("configs", "presets", "index.json")

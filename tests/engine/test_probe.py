@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from dmad.config import TrainConfig
-from dmad.probe import COLUMNS, fits, markdown, parse_ints, recommend
+from dmad.contract.config import TrainConfig
+from dmad.train.probe import COLUMNS, fits, markdown, parse_ints, recommend
 from dmad.errors import UserInputError
 
 

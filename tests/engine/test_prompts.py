@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from dmad.errors import UserInputError
-from dmad.paths import resource
-from dmad.prompts import (PromptSet, default_prompt_set_path, item_seed, load_prompt_set, safe_name_problem,
+from dmad.contract.paths import resource
+from dmad.contract.prompts import (PromptSet, default_prompt_set_path, item_seed, load_prompt_set, safe_name_problem,
                           to_json, validate_prompt_set)
 
 
@@ -131,7 +131,7 @@ def test_to_json_round_trips_and_leaves_out_unset_fields(tmp_path):
 
 
 def test_prompts_module_is_torch_free():
-    code = "import sys, dmad.prompts; sys.exit(1 if 'torch' in sys.modules or 'PIL' in sys.modules else 0)"
+    code = "import sys, dmad.contract.prompts; sys.exit(1 if 'torch' in sys.modules or 'PIL' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -143,7 +143,7 @@ def test_id_with_parent_path_is_refused(tmp_path):
 
 
 def test_editing_v1_saves_v2_as_a_new_file_and_leaves_v1_untouched(tmp_path):
-    from dmad.prompts import save_new_version, save_prompt_set
+    from dmad.contract.prompts import save_new_version, save_prompt_set
 
     lib = tmp_path / "sets"
     v1 = save_prompt_set(base(), lib)
@@ -170,7 +170,7 @@ def test_editing_v1_saves_v2_as_a_new_file_and_leaves_v1_untouched(tmp_path):
 
 
 def test_versions_are_found_by_content_and_an_invalid_edit_is_not_saved(tmp_path):
-    from dmad.prompts import find_versions, next_version, save_new_version
+    from dmad.contract.prompts import find_versions, next_version, save_new_version
 
     write(tmp_path, base(), name="renamed.json")  # demo v1 under another file name
     write(tmp_path, "{broken", name="junk.json")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dmad import runs
+from dmad.contract import runs
 from dmad.errors import EXIT_INVALID_INPUT, UserInputError
-from dmad.events import make_event
-from dmad.runs import (ControlReader, CsvAppender, RunFolder, append_control, atomic_write_json,
+from dmad.contract.events import make_event
+from dmad.contract.runs import (ControlReader, CsvAppender, RunFolder, append_control, atomic_write_json,
                        atomic_write_text, default_run_name, effective_state, list_runs, read_metrics)
 
 
@@ -328,7 +328,7 @@ def test_list_runs_newest_first(tmp_path):
 
 def test_engine_stderr_survives_its_reader_leaving():
     """The app may exit and leave a run going: the engine's stderr pipe then has no reader."""
-    from dmad.session import PipeSafeStream
+    from dmad.train.session import PipeSafeStream
 
     r, w = os.pipe()
     os.close(r)

@@ -7,8 +7,8 @@ from PIL import Image
 
 from dmad.demo.shapes import (BACKGROUNDS, COLOURS, MIN_CONTRAST, POSITIONS, SHAPES, SIZES, attributes_for, caption,
                               contrast, render, shape_box, write_dataset)
-from dmad.paths import resource
-from dmad.prompts import default_prompt_set_path, load_prompt_set
+from dmad.contract.paths import resource
+from dmad.contract.prompts import default_prompt_set_path, load_prompt_set
 
 SHIPPED = resource("demo", "shapes")
 

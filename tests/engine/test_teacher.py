@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from dmad.errors import UserInputError
 from dmad.models.teacher import encode_prompts, inspect_teacher, load_teacher
-from dmad.tiny import make_tiny_sd_pipeline
+from dmad.testing.tiny import make_tiny_sd_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ldm_keys import pipeline_to_ldm  # noqa: E402

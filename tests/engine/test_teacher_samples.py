@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.config import load_config  # noqa: E402
-from dmad.events import is_iteration_metric, read_events  # noqa: E402
-from dmad.train import run_training  # noqa: E402
+from dmad.contract.config import load_config  # noqa: E402
+from dmad.contract.events import is_iteration_metric, read_events  # noqa: E402
+from dmad.train.loop import run_training  # noqa: E402
 
 
 def _train(write_config, run: Path, steps: int, resume=None, extra: dict | None = None) -> int:
@@ -56,12 +56,12 @@ def test_teacher_samples_of_another_prompt_set_version_are_rendered_again_on_res
 
 
 def test_a_teacher_sampling_failure_is_a_warning_and_training_goes_on(write_config, tmp_path, monkeypatch):
-    import dmad.sampling
+    import dmad.sample.render
 
     def broken(*args, **kwargs):
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(dmad.sampling, "render_teacher_samples", broken)
+    monkeypatch.setattr(dmad.sample.render, "render_teacher_samples", broken)
     run = tmp_path / "run"
     assert _train(write_config, run, 3) == 0
     events = list(read_events(run / "events.jsonl"))
@@ -96,7 +96,7 @@ def test_an_unwritable_samples_folder_gives_warnings_and_training_finishes(write
     """A real filesystem error (samples/ is a regular file), not a mocked render."""
     import shutil
 
-    from dmad.runs import RunFolder
+    from dmad.contract.runs import RunFolder
 
     create = RunFolder.create
 

@@ -1,4 +1,4 @@
-"""dmad.tiny builders for the other families (SDXL, SD3, Flux): each writes a small safetensors
+"""dmad.testing.tiny builders for the other families (SDXL, SD3, Flux): each writes a small safetensors
 diffusers folder that loads back with local_files_only=True and renders a finite 32x32 image."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _only_safetensors(path):
 def test_t5_tokenizer_round_trips(tmp_path):
     from transformers import AutoTokenizer, T5TokenizerFast
 
-    from dmad.tiny import tiny_t5_tokenizer
+    from dmad.models.tokenizers import tiny_t5_tokenizer
 
     tok = tiny_t5_tokenizer(16)
     ids = tok("a red square").input_ids
@@ -44,7 +44,7 @@ def test_tiny_sdxl(tmp_path, prediction_type):
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-    from dmad.tiny import make_tiny_sdxl_pipeline
+    from dmad.testing.tiny import make_tiny_sdxl_pipeline
 
     built = make_tiny_sdxl_pipeline(tmp_path, prediction_type=prediction_type)
     assert isinstance(built, StableDiffusionXLPipeline)
@@ -71,7 +71,7 @@ def test_tiny_sd3(tmp_path, with_t5):
                            StableDiffusion3Pipeline)
     from transformers import CLIPTextModelWithProjection, T5EncoderModel, T5TokenizerFast
 
-    from dmad.tiny import make_tiny_sd3_pipeline
+    from dmad.testing.tiny import make_tiny_sd3_pipeline
 
     built = make_tiny_sd3_pipeline(tmp_path, with_t5=with_t5)
     assert isinstance(built, StableDiffusion3Pipeline)
@@ -99,7 +99,7 @@ def test_tiny_flux(tmp_path, guidance_embeds):
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel, T5TokenizerFast
 
-    from dmad.tiny import make_tiny_flux_pipeline
+    from dmad.testing.tiny import make_tiny_flux_pipeline
 
     built = make_tiny_flux_pipeline(tmp_path, guidance_embeds=guidance_embeds)
     assert isinstance(built, FluxPipeline)

@@ -10,11 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dmad.config import load_config  # noqa: E402
+from dmad.contract.config import load_config  # noqa: E402
 from dmad.errors import DmadError  # noqa: E402
-from dmad.events import is_iteration_metric, read_events  # noqa: E402
-from dmad.session import Session  # noqa: E402
-from dmad.train import run_training  # noqa: E402
+from dmad.contract.events import is_iteration_metric, read_events  # noqa: E402
+from dmad.train.session import Session  # noqa: E402
+from dmad.train.loop import run_training  # noqa: E402
 
 
 def _oom(*args, **kwargs):
@@ -84,12 +84,12 @@ def test_unexpected_exception_is_one_line_with_the_log(write_config, tmp_path, m
 
 
 def test_sampling_failure_is_a_warning_and_training_goes_on(write_config, tmp_path, monkeypatch):
-    import dmad.sampling
+    import dmad.sample.render
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(dmad.sampling, "render_student_samples", broken)
+    monkeypatch.setattr(dmad.sample.render, "render_student_samples", broken)
     code, run = _run(write_config, tmp_path, {"observation": {"validation_steps": 1, "checkpointing_steps": 4}})
     assert code == 0
     events = list(read_events(run / "events.jsonl"))

@@ -1,0 +1,236 @@
+"""A/B comparison of two sample images: side by side, blink, absolute-difference heat map, and 1:1
+zoom with the two views panned together.
+
+Both images are decoded at full size and differenced in a pool worker (a 1024 px pair is ~4 MB of
+pixels and ~20 ms of numpy); the difference is per pixel and channel on 0-255 values, reported as
+the maximum and the mean over all pixels and channels. Images of different sizes are compared
+after scaling B to A's size, and the note says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QImage, QPixmap
+from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene, QGraphicsView, QHBoxLayout,
+                               QLabel, QPushButton, QRadioButton, QVBoxLayout, QWidget)
+
+from app.engine.background import Task
+
+BLINK_MS = 500
+MODES = ("side", "blink", "diff")
+
+
+@dataclass(frozen=True)
+class Difference:
+    heat: QImage      # per pixel max over channels of |A - B|, scaled so the largest difference is white
+    max: int          # 0-255
+    mean: float       # over all pixels and channels, 0-255
+    note: str = ""
+
+
+def _rgb(img: QImage) -> np.ndarray:
+    """(h, w, 3) uint8 view of a QImage's colour channels (copied, so the QImage may go)."""
+    img = img.convertToFormat(QImage.Format_RGB32)
+    h, w, bpl = img.height(), img.width(), img.bytesPerLine()
+    buf = np.frombuffer(img.constBits(), np.uint8, count=h * bpl).reshape(h, bpl)
+    return buf[:, : w * 4].reshape(h, w, 4)[:, :, :3].copy()  # B, G, R on little-endian: order is irrelevant here
+
+
+def _heat_lut() -> np.ndarray:
+    """256 x 3 colours: black -> red -> yellow -> white (small differences stay visible)."""
+    x = np.arange(256, dtype=np.float32) / 255.0
+    r = np.clip(3 * x, 0, 1)
+    g = np.clip(3 * x - 1, 0, 1)
+    b = np.clip(3 * x - 2, 0, 1)
+    return (np.stack([r, g, b], 1) * 255).round().astype(np.uint8)
+
+
+_LUT = _heat_lut()
+
+
+def image_difference(a: QImage, b: QImage) -> Difference:
+    note = ""
+    if a.size() != b.size():
+        note = f"sizes differ ({a.width()}x{a.height()} vs {b.width()}x{b.height()}): B scaled to A's size"
+        b = b.scaled(a.size(), Qt.IgnoreAspectRatio, Qt.SmoothTransformation)
+    d = np.abs(_rgb(a).astype(np.int16) - _rgb(b).astype(np.int16)).astype(np.uint8)  # (h, w, 3)
+    peak = int(d.max()) if d.size else 0
+    per_pixel = d.max(axis=2)
+    scaled = (per_pixel.astype(np.uint32) * 255 // peak).astype(np.uint8) if peak else per_pixel
+    rgb = np.ascontiguousarray(_LUT[scaled])  # (h, w, 3) RGB
+    h, w = scaled.shape
+    heat = QImage(rgb.data, w, h, 3 * w, QImage.Format_RGB888).copy()  # copy: rgb's buffer dies here
+    return Difference(heat, peak, float(d.mean()) if d.size else 0.0, note)
+
+
+def load_and_compare(path_a: Path, path_b: Path) -> tuple[QImage, QImage, Difference]:
+    """Worker side."""
+    a, b = QImage(str(path_a)), QImage(str(path_b))
+    for img, p in ((a, path_a), (b, path_b)):
+        if img.isNull():
+            raise OSError(f"cannot decode {p}")
+    return a, b, image_difference(a, b)
+
+
+class ImageView(QGraphicsView):
+    """One image; fitted to the view, or 1:1 (one image pixel per screen pixel) with scrollbars."""
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.setScene(QGraphicsScene(self))
+        self._item = QGraphicsPixmapItem()
+        self._item.setTransformationMode(Qt.FastTransformation)  # enlarged pixels stay pixels
+        self.scene().addItem(self._item)
+        self.one_to_one = False
+        self.setDragMode(QGraphicsView.ScrollHandDrag)
+
+    def set_image(self, img: QImage) -> None:
+        same_size = self._item.pixmap().size() == img.size()
+        self._item.setPixmap(QPixmap.fromImage(img))
+        if not same_size:  # blinking between equal sizes keeps the zoom and the pan
+            self.scene().setSceneRect(self._item.boundingRect())
+            self._apply_zoom()
+
+    def set_one_to_one(self, on: bool) -> None:
+        self.one_to_one = on
+        self._apply_zoom()
+
+    def scale_factor(self) -> float:
+        return self.transform().m11()
+
+    def _apply_zoom(self) -> None:
+        self.resetTransform()
+        if not self.one_to_one and not self._item.pixmap().isNull():
+            self.fitInView(self._item, Qt.KeepAspectRatio)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if not self.one_to_one:
+            self._apply_zoom()
+
+
+def _sync_scroll(a: QGraphicsView, b: QGraphicsView) -> None:
+    # Scrollbars share scene coordinates here (same size, same zoom), so equal values = same spot.
+    for src, dst in ((a, b), (b, a)):
+        src.horizontalScrollBar().valueChanged.connect(dst.horizontalScrollBar().setValue)
+        src.verticalScrollBar().valueChanged.connect(dst.verticalScrollBar().setValue)
+
+
+class ABView(QWidget):
+    compared = Signal(object)  # Difference, once both images are loaded
+    failed = Signal(str)
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.setWindowTitle("A/B comparison")
+        self.a_img = self.b_img = QImage()
+        self.difference: Optional[Difference] = None
+        self.showing_b = False  # blink: which image is up
+        self._task = Task(self)
+        self._task.done.connect(self._on_loaded)
+        self._task.failed.connect(self._on_failed)
+        self._blink = QTimer(self)
+        self._blink.setInterval(BLINK_MS)
+        self._blink.timeout.connect(self._toggle)
+        self._build()
+
+    def _build(self) -> None:
+        self.title = QLabel()
+        self.title.setWordWrap(True)
+        self.stats = QLabel("Loading ...")
+        self.mode_buttons = QButtonGroup(self)
+        bar = QHBoxLayout()
+        for i, (mode, text) in enumerate(zip(MODES, ("Side by side", "Blink", "Difference"))):
+            button = QRadioButton(text)
+            button.setChecked(i == 0)
+            self.mode_buttons.addButton(button, i)
+            bar.addWidget(button)
+        self.mode_buttons.idToggled.connect(lambda i, on: on and self.set_mode(MODES[i]))
+        self.zoom_button = QPushButton("1:1")
+        self.zoom_button.setCheckable(True)
+        self.zoom_button.setToolTip("One image pixel per screen pixel; drag to pan both views together")
+        self.zoom_button.toggled.connect(self.set_one_to_one)
+        bar.addStretch(1)
+        bar.addWidget(self.zoom_button)
+        self.left, self.right = ImageView(), ImageView()
+        _sync_scroll(self.left, self.right)
+        self.left_label, self.right_label = QLabel("A"), QLabel("B")
+        views = QHBoxLayout()
+        for label, view in ((self.left_label, self.left), (self.right_label, self.right)):
+            col = QVBoxLayout()
+            col.addWidget(label)
+            col.addWidget(view, 1)
+            views.addLayout(col, 1)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.title)
+        lay.addLayout(bar)
+        lay.addWidget(self.stats)
+        lay.addLayout(views, 1)
+        self.mode = "side"
+
+    # ------------------------------------------------------------ public
+
+    def set_pair(self, label_a: str, path_a: Path, label_b: str, path_b: Path) -> None:
+        self.title.setText(f"A: {label_a}\nB: {label_b}")
+        self.left_label.setText(f"A: {label_a}")
+        self.right_label.setText(f"B: {label_b}")
+        self.stats.setText("Loading ...")
+        self.difference = None
+        self._task.submit(lambda: load_and_compare(Path(path_a), Path(path_b)))
+
+    def busy(self) -> bool:
+        return self._task.busy()
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        self.mode_buttons.button(MODES.index(mode)).setChecked(True)
+        self._blink.stop()
+        self.showing_b = False
+        self.right.setVisible(mode == "side")
+        self.right_label.setVisible(mode == "side")
+        if mode == "blink":
+            self._blink.start()
+        self._show()
+
+    def set_one_to_one(self, on: bool) -> None:
+        self.zoom_button.setChecked(on)
+        self.left.set_one_to_one(on)
+        self.right.set_one_to_one(on)
+
+    def blinking(self) -> bool:
+        return self._blink.isActive()
+
+    # ------------------------------------------------------------ internals
+
+    def _on_loaded(self, result: tuple[QImage, QImage, Difference]) -> None:
+        self.a_img, self.b_img, self.difference = result
+        d = self.difference
+        self.stats.setText(f"|A - B| per channel (0-255): max {d.max}, mean {d.mean:.3f}"
+                           + (" - identical pixels" if d.max == 0 else "") + (f"; {d.note}" if d.note else ""))
+        self.right.set_image(self.b_img)
+        self._show()
+        self.compared.emit(d)
+
+    def _on_failed(self, message: str) -> None:
+        self.stats.setText(f"Cannot compare: {message}")
+        self.failed.emit(message)
+
+    def _toggle(self) -> None:
+        self.showing_b = not self.showing_b
+        self._show()
+
+    def _show(self) -> None:
+        if self.difference is None:
+            return
+        if self.mode == "diff":
+            self.left_label.setText("|A - B| (white = the largest difference)")
+            self.left.set_image(self.difference.heat)
+            return
+        label = self.title.text().split("\n")
+        b_up = self.mode == "blink" and self.showing_b
+        self.left_label.setText(label[1] if b_up else label[0])
+        self.left.set_image(self.b_img if b_up else self.a_img)

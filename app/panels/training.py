@@ -1,0 +1,451 @@
+"""The Training panel: start / pause / resume / stop a run, watch its losses, memory and step time.
+
+Two sources feed the same plots: the stdout events of the engine this panel started (EngineProcess),
+or events.jsonl of a run opened from disk (EventFollower: its history, then, if the run is still
+live, everything it writes next — a reattach). Events only append to the SeriesStore; a
+rate-limited single-shot timer (<= 15 Hz) pushes changed series to their curves.
+
+A run's state: "idle" (nothing shown), "starting" (our engine, before its first event), then the
+run folder states of dmad.contract.runs (running, paused, stopping, stopped, finished, failed, created).
+For an opened run the state comes from status.json read with effective_state (a dead pid or a
+stale heartbeat means failed), then from the live events; history events never change it.
+"""
+from __future__ import annotations
+
+import html
+import json
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout,
+                               QWidget)
+
+from app.engine.process import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
+from app.engine.follow import EventFollower
+from app.widgets.plots import LossPlot, MemoryPlot, StepTimePlot
+from app.models.series import SeriesStore
+from dmad.contract.runlog import append_control
+from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
+
+REFRESH_MS = 66  # plots redraw at most ~15 times a second
+STATUS_POLL_MS = 2000  # a reattached run: is its process still alive?
+LOG_LINES = 500
+BANNER_LOG_LINES = 8
+_LIVE = ("starting",) + LIVE_STATES
+
+
+def _clock(seconds: Optional[float]) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class TrainingPanel(QWidget):
+    start_requested = Signal()
+    run_state_changed = Signal(str)
+    plots_refreshed = Signal(int)  # the newest plotted iteration, after setData ran
+
+    def __init__(self, parent: Optional[QWidget] = None, engine_command: Optional[Sequence[str]] = None):
+        super().__init__(parent)
+        self.engine = EngineProcess(self, command=engine_command)
+        self.engine.event_received.connect(self._on_engine_event)
+        self.engine.log_received.connect(self._log)
+        self.engine.run_dir_found.connect(self._on_run_dir)
+        self.engine.finished.connect(self._on_engine_finished)
+        self.store = SeriesStore()
+        self._follower: Optional[EventFollower] = None
+        self._run_dir: Optional[Path] = None
+        self._state, self._pending = "idle", ""
+        self._start_allowed, self._start_reason = True, ""
+        self._replaying = False
+        self._clear_run_facts()
+        self._refresh = QTimer(self, singleShot=True, timeout=self._refresh_plots)
+        self._last_refresh, self._refresh_gap_ms = 0.0, float(REFRESH_MS)
+        self._status_timer = QTimer(self, interval=STATUS_POLL_MS, timeout=self._poll_status)
+        self._clock_timer = QTimer(self, interval=1000, timeout=self._update_numbers)
+        self._build()
+        self._update_buttons()
+
+    # ------------------------------------------------------------ layout
+
+    def _build(self) -> None:
+        self.buttons = {}
+        row = QHBoxLayout()
+        for key, text, slot in (("start", "Start", lambda: self.start_requested.emit()),
+                                ("pause", "Pause", lambda: self._send("pause")),
+                                ("resume", "Resume", lambda: self._send("resume")), ("stop", "Stop", self.stop_run),
+                                ("sample", "Sample now", lambda: self._send("sample_now")),
+                                ("checkpoint", "Checkpoint now", lambda: self._send("checkpoint_now"))):
+            b = self.buttons[key] = QPushButton(text)
+            b.clicked.connect(slot)
+            row.addWidget(b)
+        self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
+        row.addSpacing(12)
+        row.addWidget(QLabel("Processes"))
+        self.processes = QSpinBox(minimum=1, maximum=64, value=1)
+        self.processes.setToolTip("Processes for Start, one per GPU: more than 1 runs `accelerate launch` (DDP). The "
+                                  "effective batch is batch x accumulation x processes; learning rates are not "
+                                  "rescaled. Over several machines this is the total (Machines...).")
+        row.addWidget(self.processes)
+        self.machines = LaunchMachines()
+        self.machines_button = QPushButton("Machines: 1")
+        self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
+                                        "--main-process-ip, --main-process-port)")
+        self.machines_button.clicked.connect(self._edit_machines)
+        row.addWidget(self.machines_button)
+        row.addStretch(1)
+        self.state_label = QLabel()
+        row.addWidget(self.state_label)
+        self.banner = QLabel(wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse)
+        self.banner.setStyleSheet("QLabel { background: #8b1a1a; color: white; padding: 8px; border-radius: 4px; }")
+        self.banner.hide()
+        numbers = QHBoxLayout()
+        labels = [QLabel() for _ in range(5)]
+        self.iter_label, self.rate_label, self.eta_label, self.elapsed_label, self.note_label = labels
+        for w in (self.iter_label, self.rate_label, self.eta_label, self.elapsed_label):
+            numbers.addWidget(w)
+            numbers.addSpacing(18)
+        numbers.addWidget(self.note_label, 1)
+        self.loss_plot, self.memory_plot, self.step_plot = LossPlot(), MemoryPlot(), StepTimePlot()
+        self.loss_plot.smoothing_changed.connect(lambda _: self._mark_all(self.loss_plot.loss_keys()))
+        self.log_view = QPlainTextEdit(readOnly=True)
+        self.log_view.setMaximumBlockCount(LOG_LINES)
+        self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+        lower = QSplitter(Qt.Horizontal)
+        lower.addWidget(self.memory_plot)
+        lower.addWidget(self.step_plot)
+        split = QSplitter(Qt.Vertical)
+        for w in (self.loss_plot, lower, self.log_view):
+            split.addWidget(w)
+        split.setSizes([450, 300, 130])  # proportions: the splitter scales them to the panel
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addWidget(self.banner)
+        layout.addLayout(numbers)
+        layout.addWidget(split, 1)
+
+    # ------------------------------------------------------------ public API
+
+    def run_dir(self) -> Optional[Path]:
+        return self._run_dir
+
+    def state(self) -> str:
+        return self._state
+
+    def is_live(self) -> bool:
+        return self._state in _LIVE
+
+    def set_machines(self, machines: LaunchMachines) -> None:
+        self.machines = machines
+        self.machines_button.setText(f"Machines: {machines.count}"
+                                     + (f" (rank {machines.rank})" if machines.count > 1 else ""))
+
+    def _edit_machines(self) -> None:
+        from app.dialogs.launch import LaunchDialog
+
+        dialog = LaunchDialog(self.machines, self.processes.value(), self)
+        dialog.accepted.connect(lambda: self.set_machines(dialog.value()))
+        dialog.open()
+
+    def set_start_enabled(self, enabled: bool, reason: str = "") -> None:
+        self._start_allowed, self._start_reason = enabled, reason
+        self._update_buttons()
+
+    def start(self, config_path: Path, runs_root: Path) -> bool:
+        """Start `dmad train` on config_path with its run folder under runs_root."""
+        if self.is_live():
+            self.note_label.setText("a run is already live here: stop it first")
+            return False
+        self._clear()
+        # JSON-quoted so the value is always a string, whatever the path looks like (dmad.contract.config.parse_override)
+        root = json.dumps(str(Path(runs_root).expanduser().resolve()))
+        self._set_state("starting")
+        self._started_t = time.time()
+        self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"],
+                                num_processes=self.processes.value(), machines=self.machines)
+        self._clock_timer.start()
+        return True
+
+    def open_run(self, run_dir: Path) -> bool:
+        """Show a run from its folder; if it is live, keep following it (reattach)."""
+        run_dir = Path(run_dir)
+        if self.engine.is_running():
+            if self._run_dir is not None and run_dir.resolve() == self._run_dir.resolve():
+                return True
+            self.note_label.setText("the run started here is still live: stop it before opening another")
+            return False
+        self._clear()
+        folder = RunFolder(run_dir)
+        self._run_dir, self._status = run_dir, folder.read_status() or {}
+        state = effective_state(self._status)
+        self._load_log_tail(folder.engine_log)
+        self._replaying = True
+        self._follower = EventFollower(folder.events_jsonl, self)
+        self._follower.events_received.connect(self._on_events)
+        self._follower.rewound.connect(self._on_rewound)
+        self._follower.caught_up.connect(self._on_caught_up)
+        self._follower.ended.connect(self._poll_status)
+        self._set_state(state)
+        live = state in LIVE_STATES
+        self._follower.start(live=live)
+        if live:
+            self._status_timer.start()
+            self._clock_timer.start()
+        return True
+
+    def stop_run(self) -> None:
+        """Graceful stop: the engine saves a checkpoint at the next iteration boundary."""
+        if self.engine.is_running():
+            self.engine.terminate_gracefully()
+        elif self._run_dir is not None and self._state in LIVE_STATES:
+            self._send("stop")
+            return
+        else:
+            return
+        self._set_state("stopping")
+
+    def leave_running(self) -> None:
+        """The app closes but the run goes on; this panel keeps following it through its folder."""
+        run_dir = self.engine.run_dir()
+        self.engine.detach()
+        if run_dir is not None and self._state in _LIVE:
+            self.open_run(run_dir)
+
+    # ------------------------------------------------------------ commands
+
+    def _send(self, cmd: str) -> None:
+        if self._run_dir is None:
+            return
+        try:
+            append_control(self._run_dir, cmd)
+        except OSError as e:
+            self.note_label.setText(f"could not send {cmd}: {e}")
+            return
+        self._pending = {"pause": "pausing", "resume": "resuming", "sample_now": "sampling requested",
+                         "checkpoint_now": "checkpoint requested"}.get(cmd, "")
+        if cmd == "stop":
+            self._set_state("stopping")
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        s, ctrl, b = self._state, self._run_dir is not None, self.buttons
+        b["start"].setEnabled(self._start_allowed and s not in _LIVE)
+        b["start"].setToolTip("" if self._start_allowed else self._start_reason)
+        b["pause"].setEnabled(ctrl and s == "running" and self._pending != "pausing")
+        b["resume"].setEnabled(ctrl and s == "paused" and self._pending != "resuming")
+        b["stop"].setEnabled((s in ("running", "paused") and ctrl) or (s == "starting" and self.engine.is_running()))
+        b["sample"].setEnabled(ctrl and s in ("running", "paused"))
+        b["checkpoint"].setEnabled(ctrl and s in ("running", "paused"))
+        self.state_label.setText(s + (f" ({self._pending})" if self._pending else "")
+                                 + (f" - {self._phase}" if self._phase and s == "running" else ""))
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state, self._pending = state, ""
+            if state not in _LIVE:
+                self._status_timer.stop()
+                self._clock_timer.stop()
+                if self._follower is not None and self._follower.is_active() and not self._replaying:
+                    self._follower.stop_when_caught_up()
+            self.run_state_changed.emit(state)
+        self._update_buttons()
+        self._update_numbers()
+
+    # ------------------------------------------------------------ events
+
+    def _on_engine_event(self, ev: dict) -> None:
+        self._apply(ev)
+        self._update_numbers()
+
+    def _on_events(self, events: list) -> None:
+        for ev in events:
+            self._apply(ev)
+        self._update_numbers()
+
+    def _apply(self, ev: dict) -> None:
+        kind, it, data = ev["kind"], ev["iter"], ev["data"]
+        self._last_t = ev["t"] or self._last_t
+        if kind == "metric" and data.get("source") == "sampler":
+            return  # a memory sampler reading (gpu_mem.csv; the Memory tab shows those), not an iteration
+        if kind == "metric":
+            if self.store.add_metric(it, data):
+                self._schedule_refresh()
+            self._iter, self._metric = it, data
+            self._max_steps = data.get("max_train_steps", self._max_steps)
+            if isinstance(data.get("mem_device_total_gb"), (int, float)):
+                self.memory_plot.set_total(float(data["mem_device_total_gb"]))
+            return
+        if kind == "started":
+            self._started_t = self._started_t or ev["t"]  # our own run: when we started the process
+            self._max_steps = data.get("max_train_steps", self._max_steps)
+            if data.get("effective_batch"):
+                self.note_label.setText(f"effective batch {data['effective_batch']} "
+                                        f"({data.get('num_processes', 1)} process(es))")
+        elif kind == "phase":
+            self._phase = phase_text(data)
+        elif kind == "error":
+            self._error = data
+        elif (kind, self._pending) in (("samples", "sampling requested"), ("checkpoint", "checkpoint requested")):
+            self._pending = ""
+            self._update_buttons()
+        if it is not None and kind != "phase":
+            self._iter = max(it, self._iter or 0)
+        self._log(describe_event(kind, it, data))
+        state = {"started": "running", "resumed": "running", "paused": "paused", "stopped": "stopped",
+                 "finished": "finished", "error": "failed"}.get(kind)
+        if state and not self._replaying:
+            self._set_state(state)
+            if state == "failed":
+                self._show_failure(data.get("exit_code"), str(data.get("reason", "")))
+
+    def _on_run_dir(self, path: Path) -> None:
+        self._run_dir = path
+        self._update_buttons()
+
+    def _on_engine_finished(self, code: int, summary: str) -> None:
+        self._clock_timer.stop()
+        if self._state == "stopping" and self.engine.run_dir() is None:
+            self._set_state("stopped")  # SIGTERM before the run folder existed: nothing to keep
+            self.note_label.setText("stopped before the run began")
+        elif code == 0:
+            final = effective_state(RunFolder(self._run_dir).read_status()) if self._run_dir else "finished"
+            self._set_state(self._state if self._state in ("stopped", "finished") else final)
+            self.note_label.setText(summary)
+        else:
+            self._set_state("failed")
+            self._show_failure(code, summary, self.engine.last_log_lines(BANNER_LOG_LINES))
+        self._refresh_plots()
+
+    def _on_rewound(self) -> None:
+        """events.jsonl was cut back (a resume): replay it from the start into empty plots. Its old
+        state events (a "stopped" kept before the resume) must not change the state meanwhile."""
+        self._replaying = self._follower is not None
+        self._reset_plots()
+
+    def _reset_plots(self) -> None:
+        self.store.reset()
+        self.loss_plot.reset()
+        for plot in (self.memory_plot, self.step_plot):
+            plot.clear_data()
+        self._iter = None
+
+    def _on_caught_up(self) -> None:
+        if not self._replaying:
+            return
+        self._replaying = False
+        if self._state == "failed":
+            self._show_failure(self._error_code(), "")
+        elif self._state in LIVE_STATES:
+            self._poll_status()  # a state change hidden in the replayed history
+        self._update_numbers()
+
+    def _poll_status(self) -> None:
+        """A reattached run: the process may end (or die) without us seeing a final event."""
+        if self._run_dir is None or self.engine.is_running():
+            return
+        self._status = RunFolder(self._run_dir).read_status() or {}
+        state = effective_state(self._status)
+        if state in LIVE_STATES:
+            if self._state in _LIVE:  # a final event (stopped, finished, error) is never undone
+                self._set_state(state)
+        elif self._follower is not None and self._follower.is_active():
+            self._follower.stop_when_caught_up()  # read its last events first; `ended` calls us again
+        elif state != self._state:
+            self._set_state(state)
+            if state == "failed":
+                self._show_failure(self._error_code(), "")
+
+    # ------------------------------------------------------------ display
+
+    def _show_failure(self, code: Optional[int], summary: str, log_lines: Optional[list[str]] = None) -> None:
+        title, details = failure_report(code, summary, self._error or {}, self._status)
+        lines = [f"<b>{html.escape(title)}</b>"] + [html.escape(line) for line in details]
+        tail = log_lines if log_lines is not None else self._log_lines(BANNER_LOG_LINES)
+        if tail:
+            lines.append("<pre>" + html.escape("\n".join(tail)) + "</pre>")
+        self.banner.setText("<br>".join(lines))
+        self.banner.show()
+
+    def _error_code(self) -> Optional[int]:
+        code = (self._error or {}).get("exit_code", self._status.get("exit_code"))
+        return code if isinstance(code, int) else None
+
+    def _update_numbers(self) -> None:
+        m = self._metric
+        self.iter_label.setText(f"iteration {'-' if self._iter is None else self._iter} / {self._max_steps or '-'}")
+        step = m.get("step_time_s")
+        self.rate_label.setText(f"{1.0 / step:.2f} it/s" if isinstance(step, (int, float)) and step > 0 else "- it/s")
+        self.eta_label.setText("ETA " + (_clock(m.get("eta_s")) if self.is_live() else "-"))
+        end = time.time() if self.is_live() else self._last_t
+        self.elapsed_label.setText("elapsed " + (_clock(end - self._started_t) if self._started_t and end else "-"))
+
+    def _log(self, line: str) -> None:
+        self.log_view.appendPlainText(line)
+
+    def _log_lines(self, n: int) -> list[str]:
+        doc = self.log_view.document()
+        return [doc.findBlockByNumber(i).text() for i in range(max(0, doc.blockCount() - n), doc.blockCount())]
+
+    def _load_log_tail(self, path: Path) -> None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 65536))  # the last 64 KiB hold the last few hundred lines
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return
+        self.log_view.setPlainText("\n".join(text.splitlines()[-LOG_LINES:]))
+
+    # ------------------------------------------------------------ plots
+
+    def _schedule_refresh(self) -> None:
+        if not self._refresh.isActive():
+            wait_ms = self._refresh_gap_ms - (time.monotonic() - self._last_refresh) * 1000.0
+            self._refresh.start(max(0, int(wait_ms)))
+
+    def _mark_all(self, keys: list[str]) -> None:
+        self.store.mark_dirty(keys)
+        self._schedule_refresh()
+
+    def _refresh_plots(self) -> None:
+        t0 = time.monotonic()
+        dirty = self.store.take_dirty()
+        if dirty:
+            self.loss_plot.refresh(self.store, dirty)
+            self.memory_plot.refresh(self.store, dirty)
+            self.step_plot.refresh(self.store, dirty)
+            self.plots_refreshed.emit(-1 if self._iter is None else self._iter)
+        self._last_refresh = time.monotonic()
+        # setData on million-point series costs tens of ms: keep redraws under ~1/4 of the GUI thread
+        self._refresh_gap_ms = max(REFRESH_MS, 4000.0 * (self._last_refresh - t0))
+
+    # ------------------------------------------------------------ reset
+
+    def _clear_run_facts(self) -> None:
+        self._iter: Optional[int] = None
+        self._max_steps: Optional[int] = None
+        self._metric: dict = {}
+        self._error: Optional[dict] = None
+        self._status: dict = {}
+        self._phase = ""
+        self._started_t: Optional[float] = None
+        self._last_t: Optional[float] = None
+
+    def _clear(self) -> None:
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower.deleteLater()
+            self._follower = None
+        self._status_timer.stop()
+        self._clock_timer.stop()
+        self._run_dir, self._replaying = None, False
+        self._clear_run_facts()
+        self._reset_plots()
+        self.memory_plot.set_total(None)
+        self.banner.hide()
+        self.note_label.clear()
+        self.log_view.clear()

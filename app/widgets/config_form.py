@@ -1,0 +1,297 @@
+"""The config form, generated from the engine's JSON schema (app.models.config_doc.form_spec): one group box
+per config group in schema order, one editor per field chosen by its type.
+
+Editors accept anything the JSON could hold and never clamp or reject: numbers are line edits (a
+learning rate is typed as 1e-5), so an out-of-range value reaches the engine's validation, which
+marks the field with its own message. An empty editor removes the key (the engine default applies).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QMenu, QToolButton, QVBoxLayout, QWidget)
+
+from app.models.config_doc import PATH_FIELDS, UNSET, FieldSpec, GroupSpec, Key, get_field
+
+INVALID_STYLE = "border: 1px solid #c62828;"
+ERROR_LABEL_STYLE = "color: #c62828;"
+
+
+def parse_number(text: str) -> Any:
+    """'1e-5' -> 1e-05, '8' -> 8; text that is not a finite number stays text for the engine to reject."""
+    t = text.strip()
+    if not t:
+        return UNSET
+    try:
+        value = json.loads(t)
+    except ValueError:
+        try:
+            value = float(t)  # '.5', '5.'
+        except ValueError:
+            return t
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return t
+    return value
+
+
+def show_value(value: Any) -> str:
+    if value is UNSET or value is None:
+        return ""
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return ", ".join(show_value(v) for v in value)
+    return str(value) if isinstance(value, str) else repr(value)
+
+
+class _Editor(QWidget):
+    """One field's control; `edited` carries the new JSON value, or UNSET to remove the key."""
+
+    edited = Signal(object)
+
+    def __init__(self, spec: FieldSpec):
+        super().__init__()
+        self.spec = spec
+        self._loading = False  # set_value must not look like a user edit
+        self.row = QHBoxLayout(self)
+        self.row.setContentsMargins(0, 0, 0, 0)
+
+    def set_value(self, value: Any) -> None:
+        self._loading = True
+        try:
+            self._show(value)
+        finally:
+            self._loading = False
+
+    def _emit(self, value: Any) -> None:
+        if not self._loading:
+            self.edited.emit(value)
+
+    def _show(self, value: Any) -> None:
+        raise NotImplementedError
+
+    def value(self) -> Any:
+        """What the control holds now, as a JSON value (UNSET: nothing entered)."""
+        raise NotImplementedError
+
+    def control(self) -> QWidget:
+        raise NotImplementedError
+
+
+class BoolEditor(_Editor):
+    def __init__(self, spec: FieldSpec):
+        super().__init__(spec)
+        self.box = QCheckBox()
+        self.box.toggled.connect(self._emit)
+        self.row.addWidget(self.box)
+        self.row.addStretch(1)
+
+    def _show(self, value: Any) -> None:
+        self.box.setChecked(value is True)  # a non-bool from the JSON shows unchecked and is marked invalid
+
+    def value(self) -> Any:
+        return self.box.isChecked()
+
+    def control(self) -> QWidget:
+        return self.box
+
+
+class EnumEditor(_Editor):
+    def __init__(self, spec: FieldSpec):
+        super().__init__(spec)
+        self.combo = QComboBox()
+        for option in spec.options:
+            self.combo.addItem(str(option), option)
+        self.combo.currentIndexChanged.connect(lambda i: self._emit(self.combo.itemData(i)))
+        self.row.addWidget(self.combo, 1)
+
+    def _show(self, value: Any) -> None:
+        while self.combo.count() > len(self.spec.options):  # an invalid value shown earlier
+            self.combo.removeItem(self.combo.count() - 1)
+        index = self.combo.findData(value) if value is not UNSET else -1
+        if index < 0 and value is not UNSET:  # a value the engine will reject: show it as it is
+            self.combo.addItem(json.dumps(value), value)
+            index = self.combo.count() - 1
+        self.combo.setCurrentIndex(max(index, 0))
+
+    def value(self) -> Any:
+        return self.combo.currentData()
+
+    def control(self) -> QWidget:
+        return self.combo
+
+
+class TextEditor(_Editor):
+    """str, int, float and list fields: a line edit; lists are comma-separated."""
+
+    def __init__(self, spec: FieldSpec):
+        super().__init__(spec)
+        self.line = QLineEdit()
+        if spec.default is not None:
+            self.line.setPlaceholderText(f"default: {show_value(spec.default)}")
+        self.line.textChanged.connect(lambda text: self._emit(self.parse(text)))
+        self.row.addWidget(self.line, 1)
+        if spec.key in PATH_FIELDS:
+            browse = QToolButton()
+            browse.setText("…")
+            browse.setToolTip("Choose with a file dialog")
+            if spec.name == "train_data_dir":  # a captioned folder or a dataset list JSON
+                menu = QMenu(browse)
+                menu.addAction("Image folder…", self._browse)
+                menu.addAction("Dataset list (JSON)…", self._browse_list)
+                browse.setMenu(menu)
+                browse.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+            else:
+                browse.clicked.connect(self._browse)
+            self.row.addWidget(browse)
+
+    def parse(self, text: str) -> Any:
+        kind = self.spec.kind
+        if kind == "str":
+            return text if text else UNSET
+        if kind in ("int", "float"):
+            return parse_number(text)
+        items = [t for t in (s.strip() for s in text.split(",")) if t]
+        if not items:
+            return UNSET
+        return [parse_number(t) if self.spec.item_kind != "str" else t for t in items]
+
+    def _show(self, value: Any) -> None:
+        self.line.setText(show_value(value))
+
+    def value(self) -> Any:
+        return self.parse(self.line.text())
+
+    def _browse(self) -> None:
+        if self.spec.name == "prompt_set":
+            path, _ = QFileDialog.getOpenFileName(self, "Prompt set", self.line.text(), "JSON (*.json)")
+        else:
+            path = QFileDialog.getExistingDirectory(self, self.spec.name, self.line.text())
+        if path:
+            self.line.setText(str(Path(path)))
+
+    def _browse_list(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Dataset list", self.line.text(), "JSON (*.json)")
+        if path:
+            self.line.setText(str(Path(path)))
+
+    def control(self) -> QWidget:
+        return self.line
+
+
+class NullableEditor(_Editor):
+    """An explicit "none" beside the inner editor: null is a value of its own (the field's
+    description says what none means), distinct from an empty or invalid entry."""
+
+    def __init__(self, spec: FieldSpec, inner: _Editor):
+        super().__init__(spec)
+        self.inner = inner
+        self.none = QCheckBox("none")
+        self.inner.edited.connect(self._emit)
+        self.none.toggled.connect(self._none_toggled)
+        self.row.addWidget(inner, 1)
+        self.row.addWidget(self.none)
+
+    def _none_toggled(self, on: bool) -> None:
+        self.inner.setEnabled(not on)
+        self._emit(None if on else self.inner.value())
+
+    def _show(self, value: Any) -> None:
+        self.none.setChecked(value is None)
+        self.inner.setEnabled(value is not None)
+        self.inner.set_value(UNSET if value is None else value)
+
+    def value(self) -> Any:
+        return None if self.none.isChecked() else self.inner.value()
+
+    def control(self) -> QWidget:
+        return self.inner.control()
+
+
+def make_editor(spec: FieldSpec) -> _Editor:
+    editor = {"bool": BoolEditor, "enum": EnumEditor}.get(spec.kind, TextEditor)(spec)
+    return NullableEditor(spec, editor) if spec.nullable else editor
+
+
+class FieldRow(QWidget):
+    """An editor with its error line under it."""
+
+    def __init__(self, spec: FieldSpec):
+        super().__init__()
+        self.spec = spec
+        self.editor = make_editor(spec)
+        self.error = QLabel()
+        self.error.setStyleSheet(ERROR_LABEL_STYLE)
+        self.error.setWordWrap(True)
+        self.error.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.editor)
+        layout.addWidget(self.error)
+        self.set_error("")
+
+    def base_tooltip(self) -> str:
+        s = self.spec
+        parts = [s.description, s.range_text,
+                 "required" if s.required else f"default: {json.dumps(s.default)}"]
+        return "\n".join(p for p in parts if p)
+
+    def set_error(self, message: str) -> None:
+        self.error.setText(message)
+        self.error.setVisible(bool(message))
+        self.editor.control().setStyleSheet(INVALID_STYLE if message else "")
+        tip = self.base_tooltip() + (f"\n\n{message}" if message else "")
+        self.editor.setToolTip(tip)
+        self.editor.control().setToolTip(tip)
+
+
+class ConfigForm(QWidget):
+    """The generated form. `field_edited(key, value)` is emitted for user edits only (value UNSET:
+    the key was cleared); set_values and mark_errors never emit."""
+
+    field_edited = Signal(tuple, object)
+
+    def __init__(self, spec: tuple[GroupSpec, ...], parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.rows: dict[Key, FieldRow] = {}
+        layout = QVBoxLayout(self)
+        for group in spec:
+            layout.addWidget(self._group_box(group))
+        layout.addStretch(1)
+
+    def _group_box(self, group: GroupSpec) -> QGroupBox:
+        box = QGroupBox(group.name or "config file")
+        box.setToolTip(group.description)
+        form = QFormLayout(box)
+        if group.description:
+            note = QLabel(group.description)
+            note.setWordWrap(True)
+            note.setEnabled(False)  # greyed: a caption, not a field
+            form.addRow(note)
+        for spec in group.fields:
+            row = FieldRow(spec)
+            row.editor.edited.connect(lambda value, key=spec.key: self.field_edited.emit(key, value))
+            label = QLabel(spec.name + (" *" if spec.required else ""))
+            label.setToolTip(row.base_tooltip())
+            form.addRow(label, row)
+            self.rows[spec.key] = row
+        return box
+
+    def set_values(self, raw: dict) -> None:
+        """Show `raw`; absent keys show their default (required ones stay empty)."""
+        for key, row in self.rows.items():
+            value = get_field(raw, key)
+            row.editor.set_value(row.spec.default if value is UNSET and not row.spec.required else value)
+
+    def mark_errors(self, errors: dict[Key, str]) -> None:
+        for key, row in self.rows.items():
+            row.set_error(errors.get(key, ""))
+
+    def error_of(self, key: Key) -> str:
+        return self.rows[key].error.text()

@@ -1,0 +1,260 @@
+"""The Config panel's "Memory estimate" side tab: the engine's memory ledger for what the form shows.
+
+`dmad ledger --config FILE --json` (the engine reads teacher configs, never weights, and imports
+torch: 2-3 s) runs in a QProcess DEBOUNCE_MS after the last valid change, and only while the tab is
+on screen (a hidden tab is marked stale and refreshed when shown). A newer request supersedes an
+older one: the old process is disconnected and killed, so a slow stale answer can never overwrite a
+newer one. The numbers are the engine's framework-scope estimate (torch's allocator, per device);
+the GPU's total, when NVML knows it, is device-wide, and the two are labelled as such. The status
+names the teacher family the engine sized. With teacher_cpu_offload the ledger has a host-RAM line
+(scope "cpu"): it is listed under its own heading below the GPU lines and stated apart from the GPU
+total, which is the engine's own sum of the GPU lines and never includes it.
+"""
+from __future__ import annotations
+
+import html
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from PySide6.QtCore import QProcess, Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from app.engine.process import LineBuffer, engine_command, engine_qprocess, keep_error_line
+from app.models.probe_result import Ledger, parse_ledger
+
+DEBOUNCE_MS = 800
+RED = "#c0392b"
+GRAY = "#7f8c8d"
+CPU_HEADING = "CPU RAM (host memory, not in the GPU total)"
+# how the status names the engine's model_family values
+FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "sd3": "SD3", "flux": "Flux"}
+
+
+def family_text(family: Optional[str]) -> str:
+    """"SD3 (sd3)" for the status line; "" when the engine did not say."""
+    if not family:
+        return ""
+    name = FAMILY_NAMES.get(family)
+    return f"{name} ({family})" if name else family
+
+
+class LedgerView(QWidget):
+    ledger_shown = Signal(object)   # the Ledger now in the table
+    failed = Signal(str)            # the one-line error now shown
+
+    def __init__(self, materialize: Callable[[Path], Path], command: Optional[Sequence[str]] = None,
+                 parent: Optional[QWidget] = None):
+        """`materialize(target)` writes the form's config to `target` (raises ValueError when invalid);
+        `command` replaces engine_command() (tests run a stand-in)."""
+        super().__init__(parent)
+        self._materialize = materialize
+        self._cmd = list(command) if command is not None else engine_command()
+        self._tmp = tempfile.TemporaryDirectory(prefix="dmad-ledger-")
+        self._proc: Optional[QProcess] = None
+        self._out, self._err = b"", LineBuffer()
+        self._error_line = ""
+        self._generation = 0      # bumped per request; a finished process of an older one is ignored
+        self._stale = True        # the form changed since the table was filled
+        self._valid = True
+        self._ledger: Optional[Ledger] = None
+        self._device: Optional[tuple[str, float]] = None
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self.refresh)
+        self._build()
+
+    def _build(self) -> None:
+        self.status = QLabel("The engine's memory estimate for this config appears here.")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["component", "GiB", "assumption"])
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.total = QLabel("")
+        self.total.setWordWrap(True)
+        self.total.setTextFormat(Qt.RichText)
+        self.note = QLabel("Framework scope: what torch's allocator will hold on one device at peak. The device "
+                           "also holds the CUDA context and whatever other processes use; a probe (Memory tab) "
+                           "measures both.")
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet("color: gray")
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.status)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.total)
+        lay.addWidget(self.note)
+
+    # ------------------------------------------------------------ the panel's contract
+
+    def config_changed(self, valid: bool, message: str = "") -> None:
+        """The form changed: refresh DEBOUNCE_MS after the last valid change (on screen only)."""
+        self._stale, self._valid = True, valid
+        if not valid:
+            self._timer.stop()
+            self._supersede()
+            self._set_status(f"Not estimated: the config is not valid ({message})" if message
+                             else "Not estimated: the config is not valid.", error=True)
+            return
+        if self.isVisible():
+            self._timer.start()
+
+    def set_device(self, name: str, total_gb: float) -> None:
+        """The GPU the app sees (NVML, device-wide total), shown beside the framework estimate."""
+        if self._device != (name, total_gb):
+            self._device = (name, total_gb)
+            self._show_total()
+
+    def ledger(self) -> Optional[Ledger]:
+        return self._ledger
+
+    def is_running(self) -> bool:
+        return self._proc is not None
+
+    def is_pending(self) -> bool:
+        return self._timer.isActive() or self._proc is not None
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._stale and self._valid and not self.is_pending():
+            self._timer.start()
+
+    # ------------------------------------------------------------ the engine
+
+    def refresh(self) -> None:
+        """Run `dmad ledger` now on the form's config, superseding any request still running."""
+        self._timer.stop()
+        self._supersede()
+        self._generation += 1
+        try:
+            path = self._materialize(Path(self._tmp.name) / f"config-{self._generation}.json")
+        except (ValueError, OSError) as e:
+            self._fail(f"Not estimated: {e}")
+            return
+        self._stale = False
+        proc = engine_qprocess(self, self._cmd + ["ledger", "--config", str(path), "--json"])
+        gen = self._generation
+        proc.readyReadStandardOutput.connect(lambda: self._read(proc, gen))
+        proc.readyReadStandardError.connect(lambda: self._read(proc, gen))
+        proc.finished.connect(lambda code, status: self._on_finished(proc, gen, code, status))
+        proc.errorOccurred.connect(lambda err: self._on_error(proc, gen, err))
+        self._proc, self._out, self._err, self._error_line = proc, b"", LineBuffer(), ""
+        self._set_status("Estimating (dmad ledger) ...")
+        proc.start()
+
+    def _supersede(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        self._generation += 1  # anything it still delivers is stale
+        for sig in (proc.readyReadStandardOutput, proc.readyReadStandardError, proc.finished, proc.errorOccurred):
+            sig.disconnect()
+        if proc.state() != QProcess.NotRunning:
+            proc.finished.connect(proc.deleteLater)
+            proc.kill()
+        else:
+            proc.deleteLater()
+
+    def _read(self, proc: QProcess, gen: int) -> None:
+        if gen != self._generation:
+            return
+        self._out += bytes(proc.readAllStandardOutput())
+        for line in self._err.feed(bytes(proc.readAllStandardError())):
+            self._error_line = keep_error_line(self._error_line, line)
+
+    def _on_error(self, proc: QProcess, gen: int, err: QProcess.ProcessError) -> None:
+        if gen == self._generation and err == QProcess.ProcessError.FailedToStart:
+            self._finish(proc)
+            self._fail(f"could not start dmad ledger: {proc.errorString()}")
+
+    def _on_finished(self, proc: QProcess, gen: int, code: int, status: QProcess.ExitStatus) -> None:
+        if gen != self._generation:
+            return
+        self._read(proc, gen)
+        for line in self._err.flush():
+            self._error_line = keep_error_line(self._error_line, line)
+        self._finish(proc)
+        if status == QProcess.ExitStatus.CrashExit or code != 0:
+            what = "crashed" if status == QProcess.ExitStatus.CrashExit else f"exited with code {code}"
+            self._fail(self._error_line or f"dmad ledger {what}")
+            return
+        try:
+            ledger = parse_ledger(self._out.decode("utf-8", "replace"))
+        except ValueError as e:
+            self._fail(str(e))
+            return
+        self._show(ledger)
+
+    def _finish(self, proc: QProcess) -> None:
+        if self._proc is proc:
+            self._proc = None
+        proc.deleteLater()
+
+    # ------------------------------------------------------------ display
+
+    def _fail(self, line: str) -> None:
+        line = " ".join(line.split())  # one line, whatever the engine printed
+        self._ledger = None
+        self.table.setRowCount(0)
+        self.total.setText("")
+        self._set_status(line, error=True)
+        self.failed.emit(line)
+
+    def _show(self, ledger: Ledger) -> None:
+        """GPU lines first; then, when the teacher is offloaded, a heading row and the host-RAM lines
+        (gray), so a CPU figure is never read as part of the GPU total under the table."""
+        self._ledger = ledger
+        gpu, cpu = ledger.gpu_lines, ledger.cpu_lines
+        self.table.clearSpans()
+        self.table.setRowCount(len(gpu) + (1 + len(cpu) if cpu else 0))
+        for i, line in enumerate(gpu):
+            self._set_row(i, line.name, line.gib, line.assumption)
+        if cpu:
+            heading = QTableWidgetItem(CPU_HEADING)
+            font = QFont(heading.font())
+            font.setBold(True)
+            heading.setFont(font)
+            self.table.setItem(len(gpu), 0, heading)
+            self.table.setSpan(len(gpu), 0, 1, 3)
+            for i, line in enumerate(cpu, start=len(gpu) + 1):
+                self._set_row(i, line.name, line.gib, line.assumption, color=GRAY)
+        family = family_text(ledger.family)
+        self._set_status(f"Estimate by the engine ({ledger.scope}) for the config as shown"
+                         + (f", teacher family {family}." if family else ".")
+                         + (" The teacher is offloaded: its host RAM is listed apart, under "
+                            "the GPU lines." if cpu else ""))
+        self._show_total()
+        self.ledger_shown.emit(ledger)
+
+    def _set_row(self, row: int, name: str, gib: float, assumption: str, color: Optional[str] = None) -> None:
+        for j, text in enumerate((name, f"{gib:.2f}", assumption)):
+            item = QTableWidgetItem(text)
+            if j == 1:
+                item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+            if color:
+                item.setForeground(QBrush(QColor(color)))
+            self.table.setItem(row, j, item)
+
+    def total_text(self) -> str:
+        return self.total.text()
+
+    def _show_total(self) -> None:
+        if self._ledger is None:
+            return
+        text = f"<b>{self._ledger.total_gib:.2f} GiB estimated</b> (framework scope)"
+        if self._device is not None:
+            name, total = self._device
+            text += (f" of <b>{total:.1f} GiB on {html.escape(name)}</b> (device-wide total, NVML)")
+        if self._ledger.cpu_lines:
+            text += (f"<br>GPU lines only; plus <b>{self._ledger.cpu_gib:.2f} GiB of CPU RAM</b> for the offloaded "
+                     f"teacher (host memory, not in the GPU total)")
+        self.total.setText(text)
+
+    def _set_status(self, text: str, error: bool = False) -> None:
+        self.status.setStyleSheet(f"color: {RED}" if error else "")
+        self.status.setText(text)

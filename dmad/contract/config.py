@@ -1,0 +1,322 @@
+"""The run config: typed, grouped as users think of it, every field described and bounded.
+
+Torch-free (the app imports it for form generation and validation as you type).
+Field names follow diffusers' training scripts (train_batch_size, gradient_accumulation_steps,
+checkpointing_steps, ...) and DMD2's reference code (real_guidance_scale, backward_simulation)
+where such a name exists. Unknown keys are errors (extra="forbid"), never silently ignored.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dmad.errors import UserInputError
+from dmad.contract.jsonfile import read_json_file
+from dmad.contract.paths import resources_dir
+
+CONFIG_VERSION = 1
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Identity(_Group):
+    """What run: which teacher, which data, what kind of student."""
+
+    run_name: Optional[str] = Field(
+        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="Run folder name under output_dir. Empty: dmad_<YYYYMMDD-HHMM>_<dataset id>_<prompt set>-<version>.")
+    output_dir: str = Field("runs", min_length=1, description="Folder that holds the run folders.")
+    pretrained_model_name_or_path: str = Field(
+        ..., min_length=1,
+        description="The teacher: a local diffusers pipeline folder, or a single-file .safetensors checkpoint "
+                    "(then teacher_config_dir gives its configs). Nothing is ever downloaded.")
+    teacher_config_dir: Optional[str] = Field(
+        None, description="For a single-file teacher: a local diffusers pipeline folder whose configs and tokenizer describe it.")
+    model_family: Literal["auto", "sd1", "sd2", "sdxl", "sd3", "flux"] = Field(
+        "auto", description="Teacher family. auto: read from model_index.json. sd1/sd2: Stable Diffusion 1.x/2.x "
+                            "(UNet + CLIP; epsilon or v-prediction); sdxl: SDXL (UNet + two CLIP encoders, pooled "
+                            "embeddings, size/crop conditioning); sd3: Stable Diffusion 3.x (MMDiT transformer, flow "
+                            "matching, true CFG); flux: FLUX.1 (transformer, flow matching, guidance embedding).")
+    train_data_dir: str = Field(
+        ..., min_length=1, description="The training images: a captioned folder (each image with a .txt caption of the same "
+                                       "stem), or a dataset list JSON (several folders mixed by weight, caption strategies, "
+                                       "buckets and crops per folder: docs/datasets.md).")
+    student: Literal["full", "lora"] = Field("full", description="Train all student weights, or a LoRA adapter on the teacher's.")
+    fake_score: Literal["full", "lora"] = Field("full", description="Train all fake-score weights, or a LoRA adapter.")
+    lora_rank: int = Field(64, ge=1, le=1024, description="LoRA rank (r) for LoRA students / fake scores.")
+    lora_alpha: Optional[int] = Field(None, ge=1, le=4096, description="LoRA alpha; empty: equal to lora_rank.")
+
+
+class Resources(_Group):
+    """Will it fit: precision, batch, resolution, memory savers."""
+
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        "no", description="Autocast precision. Trainable weights stay fp32 (master weights); the frozen teacher is cast to it.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (student and fake score): "
+                                                            "less memory, ~30% slower.")
+    teacher_precision: Literal["auto", "fp32", "bf16", "fp16", "int8", "fp8"] = Field(
+        "auto", description="Weights of the frozen teacher denoiser. auto: the mixed_precision dtype (fp32 when "
+                            "no). int8 / fp8: its linear layers stored weight-only in int8 or float8_e4m3fn with "
+                            "per-channel scales (1 byte per weight), the rest in bf16, computing in bf16. The "
+                            "student and fake score are copied from the full-precision teacher before it is cast.")
+    teacher_cpu_offload: bool = Field(
+        False, description="Keep the frozen teacher (denoiser and text encoders) in CPU memory and move each "
+                           "network to the GPU only for its own calls: frees its weights from the GPU between "
+                           "calls, at the cost of a host-to-device copy per call.")
+    train_batch_size: int = Field(1, ge=1, le=4096, description="Images per process per micro-step.")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=1024, description="Micro-steps per optimizer step.")
+    resolution: int = Field(512, ge=8, le=8192, description="Training and sampling side length in pixels (multiple of 8).")
+    vae_batch_size: int = Field(4, ge=1, le=1024, description="Images per VAE encode call (training and `dmad cache`).")
+    cache_latents: bool = Field(
+        False, description="Encode each image (VAE) and caption (text encoder) once and read them back from a cache on "
+                           "disk; `dmad cache` fills it ahead. Keyed by file, size, mtime, bucket and model identity: "
+                           "never stale.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for weights init, data order and noise.")
+    dataloader_num_workers: int = Field(0, ge=0, le=64, description="Data loading worker processes (0: in the main process).")
+
+    @field_validator("resolution")
+    @classmethod
+    def _multiple_of_8(cls, v: int) -> int:
+        if v % 8:
+            raise ValueError(f"must be a multiple of 8 (the VAE downsamples by 8); got {v}, nearest {max(8, round(v / 8) * 8)}")
+        return v
+
+
+class Optimization(_Group):
+    """Will it learn: optimizers and schedules for the generator (student) and critic (fake score + GAN head)."""
+
+    generator_lr: float = Field(1e-5, gt=0, le=1.0, description="Student learning rate.")
+    critic_lr: float = Field(1e-5, gt=0, le=1.0, description="Fake score and GAN head learning rate.")
+    optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer for both networks.")
+    adam_beta1: float = Field(0.0, ge=0.0, lt=1.0, description="Adam beta1 (DMD2 uses 0 for GAN stability).")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0, le=1.0, description="Adam epsilon.")
+    adam_weight_decay: float = Field(0.01, ge=0.0, le=1.0, description="Decoupled weight decay (adamw).")
+    max_grad_norm: float = Field(10.0, ge=0.0, le=1e6, description="Clip gradient norm per network; 0: no clipping.")
+    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
+        "constant_with_warmup", description="Learning-rate schedule (diffusers get_scheduler), stepped once per optimizer step.")
+    lr_warmup_steps: int = Field(0, ge=0, le=10**7, description="Warm-up length in iterations (the critic's optimizer steps); the student, "
+                                                             "stepping every K-th iteration, warms up over the same iterations.")
+    max_train_steps: int = Field(1000, ge=1, le=10**8, description="Iterations (critic optimizer steps) to train.")
+
+
+class Distillation(_Group):
+    """How the student is made: DMAD = distribution matching + adversarial (DMD2)."""
+
+    method: Literal["dmd2"] = Field("dmd2", description="Distillation method.")
+    student_steps: int = Field(1, ge=1, le=4, description="Sampling steps of the student (1-4).")
+    student_timesteps: Optional[list[Annotated[int, Field(ge=0, le=999)]]] = Field(
+        None, min_length=1, max_length=4, description="The student's timesteps, descending, in [0, 999]. Empty: evenly spaced from 999 "
+                          "(4 steps: 999, 749, 499, 249).")
+    real_guidance_scale: float = Field(3.0, ge=1.0, le=100.0, description="CFG scale of the teacher (real score).")
+    critic_updates_per_generator_update: int = Field(
+        5, ge=1, le=100, description="Two-time-scale rule: the critic steps every iteration, the student every K-th (DMD2: 5).")
+    generator_gan_weight: float = Field(1e-3, ge=0.0, le=100.0, description="Weight of the GAN loss in the student loss.")
+    critic_gan_weight: float = Field(1e-2, ge=0.0, le=100.0, description="Weight of the GAN loss in the critic loss.")
+    gan_head_placement: Literal["fake_score_bottleneck", "teacher_bottleneck"] = Field(
+        "fake_score_bottleneck", description="Where the GAN head reads features: the fake score's UNet bottleneck "
+                                             "(trained with it) or the frozen teacher's.")
+    backward_simulation: bool = Field(
+        True, description="Multi-step students: train on the student's own rollouts (required for 2-4 steps).")
+    min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
+    max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
+    ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Distillation":
+        if self.min_timestep >= self.max_timestep:
+            raise ValueError(f"min_timestep ({self.min_timestep}) must be below max_timestep ({self.max_timestep})")
+        ts = self.student_timesteps
+        if ts is not None:
+            if len(ts) != self.student_steps:
+                raise ValueError(f"student_timesteps has {len(ts)} entries but student_steps is {self.student_steps}")
+            if any(t < 0 or t > 999 for t in ts) or any(a <= b for a, b in zip(ts, ts[1:])):
+                raise ValueError(f"student_timesteps must be strictly descending within [0, 999]; got {ts}")
+        if self.student_steps > 1 and not self.backward_simulation:
+            raise ValueError("backward_simulation must be true for student_steps > 1 "
+                             "(multi-step inputs come from the student's own rollouts, never from noised real images)")
+        return self
+
+    def resolved_student_timesteps(self) -> list[int]:
+        if self.student_timesteps is not None:
+            return list(self.student_timesteps)
+        return [999 - i * 1000 // self.student_steps for i in range(self.student_steps)]
+
+
+class Observation(_Group):
+    """How we know it is learning: logging, checkpoints, validation samples, resume."""
+
+    log_every_steps: int = Field(1, ge=1, le=10**6, description="One metrics.csv row and metric event every N iterations.")
+    checkpointing_steps: int = Field(500, ge=1, le=10**8, description="Save a checkpoint every N iterations (and at the end).")
+    checkpoints_total_limit: Optional[int] = Field(
+        None, ge=1, le=10**6, description="Keep at most this many checkpoints (oldest removed); empty: keep all.")
+    validation_steps: Optional[int] = Field(
+        None, ge=1, le=10**8, description="Render the prompt set with the student every N iterations; empty: only at checkpoints.")
+    prompt_set: Optional[str] = Field(None, description="Prompt set file (JSON); empty: the built-in demo prompt set.")
+    resume_from_checkpoint: Optional[str] = Field(
+        None, description="'latest' or a checkpoint folder to resume from; empty: start fresh.")
+    gpu_mem_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="Seconds between device-wide memory samples (gpu_mem.csv).")
+
+
+class TrainConfig(_Group):
+    config_version: int = Field(CONFIG_VERSION, ge=1, le=CONFIG_VERSION, description="Config file format version.")
+    identity: Identity
+    resources: Resources = Field(default_factory=Resources)
+    optimization: Optimization = Field(default_factory=Optimization)
+    distillation: Distillation = Field(default_factory=Distillation)
+    observation: Observation = Field(default_factory=Observation)
+
+    def effective_batch(self, num_processes: int = 1) -> int:
+        return self.resources.train_batch_size * self.resources.gradient_accumulation_steps * num_processes
+
+    @model_validator(mode="after")
+    def _offload_and_gan(self) -> "TrainConfig":
+        if self.resources.teacher_cpu_offload and self.distillation.gan_head_placement == "teacher_bottleneck":
+            raise ValueError("resources.teacher_cpu_offload cannot be used with distillation.gan_head_placement "
+                             "teacher_bottleneck: the GAN loss backpropagates through the teacher, whose weights "
+                             "offload moves off the GPU after each call; use fake_score_bottleneck")
+        return self
+
+
+# --------------------------------------------------------------------------- loading with clear errors
+
+def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The valid keys at `loc` (the parent of an unknown key), for did-you-mean."""
+    cur: Any = model
+    for part in loc:
+        fields = getattr(cur, "model_fields", None)
+        if fields is None or part not in fields:
+            return []
+        cur = fields[part].annotation
+    return list(getattr(cur, "model_fields", {}).keys())
+
+
+def _override_source(loc: tuple, overrides: list[str]) -> str | None:
+    """The --set item that put the bad value at `loc` (the last one wins, as when applied)."""
+    for item in reversed(overrides):
+        keys, _ = parse_override(item)
+        if [str(p) for p in loc[:len(keys)]] == keys:
+            return f"--set {item}"
+    return None
+
+
+def format_validation_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
+    """One line naming the first problem: file (or the --set item), dotted field path, what is wrong."""
+    err = e.errors()[0]
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    source = _override_source(loc, overrides or []) or source
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    if err["type"] == "extra_forbidden":
+        valid = _field_names(TrainConfig, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else (f"; valid keys: {', '.join(valid)}" if valid else "")
+        return f"{source}: unknown key '{path}'{hint}{more}"
+    if err["type"] == "missing":
+        return f"{source}: missing required field '{path}'{more}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None or "got" in msg else f" (got {json.dumps(got)})"
+    return f"{source}: {path}: {msg}{shown}{more}"
+
+
+def migrate(raw: dict) -> dict:
+    """Bring an older config file up to CONFIG_VERSION. Version 1 is the first; files without a
+    version are taken as version 1."""
+    v = raw.get("config_version", 1)
+    if not isinstance(v, int) or v < 1 or v > CONFIG_VERSION:
+        raise UserInputError(f"config_version {v!r} is not supported (this engine reads 1..{CONFIG_VERSION})")
+    raw = dict(raw)
+    raw["config_version"] = CONFIG_VERSION
+    return raw
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """'optimization.generator_lr=1e-5' -> (['optimization', 'generator_lr'], 1e-5). Values are JSON
+    when they parse as JSON (numbers, true/false/null, lists), otherwise plain strings."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise UserInputError(f"--set {item!r}: expected key=value with a dotted key, e.g. resources.train_batch_size=2")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = json.loads(json.dumps(raw))
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = raw
+        for k in keys[:-1]:
+            if not isinstance(node.setdefault(k, {}), dict):
+                raise UserInputError(f"--set {item!r}: '{k}' is not a group")
+            node = node[k]
+        node[keys[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read, migrate, override and validate a config file. Raises UserInputError with one line."""
+    p = Path(path)
+    raw = read_json_file(p, "config")
+    if not isinstance(raw, dict):
+        raise UserInputError(f"{p}: the config must be a JSON object, got {type(raw).__name__}")
+    raw = apply_overrides(migrate(raw), overrides or [])
+    return validate_config(raw, str(p), base_dir=p.parent, overrides=overrides)
+
+
+def validate_config(raw: dict, source: str = "config", base_dir: Path | None = None,
+                    overrides: list[str] | None = None) -> TrainConfig:
+    try:
+        cfg = TrainConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserInputError(format_validation_error(e, source, overrides)) from None
+    return resolve_paths(cfg, base_dir) if base_dir is not None else cfg
+
+
+def resolve_paths(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
+    """Relative paths in a config file are relative to the file, so configs can be moved with their
+    data. The resolved config (written to the run folder) holds absolute paths."""
+    def res(v: Optional[str]) -> Optional[str]:
+        if v is None or v == "latest":
+            return v
+        return str((base_dir / Path(v).expanduser()).resolve())
+    ident, obs = cfg.identity, cfg.observation
+    return cfg.model_copy(update={
+        "identity": ident.model_copy(update={
+            "output_dir": res(ident.output_dir),
+            "pretrained_model_name_or_path": res(ident.pretrained_model_name_or_path),
+            "teacher_config_dir": res(ident.teacher_config_dir),
+            "train_data_dir": res(ident.train_data_dir)}),
+        "observation": obs.model_copy(update={
+            "prompt_set": res(obs.prompt_set),
+            "resume_from_checkpoint": res(obs.resume_from_checkpoint)}),
+    })
+
+
+def json_schema() -> dict:
+    schema = TrainConfig.model_json_schema()
+    schema["$id"] = "dmad-studio/config.schema.json"
+    schema["title"] = "DMAD Studio run config"
+    return schema
+
+
+SCHEMA_PATH = resources_dir() / "config.schema.json"
+
+
+def export_schema(path: Path = SCHEMA_PATH) -> None:
+    from dmad.contract.runs import atomic_write_text
+    atomic_write_text(path, json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":  # python -m dmad.contract.config: refresh resources/config.schema.json
+    export_schema()
+    print(SCHEMA_PATH)

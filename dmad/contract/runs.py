@@ -1,0 +1,436 @@
+"""The run folder: the contract between the engine, the app and users' own scripts (DESIGN.md).
+
+    runs/<run_name>/
+      config.json  prompt_set.json  env.json  command.txt  status.json  events.jsonl  metrics.csv
+      gpu_mem.csv  control.jsonl  checkpoints/iter_<N>/  checkpoints/latest.json
+      samples/teacher/  samples/iter_<N>/  export/  logs/engine.log
+
+Torch-free and fast to import: the app imports it. Whole-file writes are atomic (temp file in the
+same folder, fsync, os.replace), so a kill at any moment leaves the old or the new file. Append-only
+files (events.jsonl, metrics.csv, control.jsonl) are written one line per write(); their readers
+tolerate a torn last line.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+from dmad.errors import UserInputError
+from dmad.contract.events import parse_line
+# The log writers/readers live in dmad.contract.runlog and are re-exported: the app imports dmad.contract.runs.
+from dmad.contract.runlog import (CONTROL_COMMANDS, ControlReader, CsvAppender, _complete_text, _to_int,  # noqa: F401
+                         _write_all, append_control, read_metrics)
+
+PathLike = Union[str, "os.PathLike[str]"]
+STATES = ("created", "running", "paused", "stopping", "stopped", "finished", "failed")
+LIVE_STATES = ("running", "paused", "stopping")  # a process should be behind these
+TMP_PREFIX = ".tmp-"
+_ITER_DIR = re.compile(r"^iter_(\d+)$")
+
+
+# ---------------------------------------------------------------- atomic writes
+
+def atomic_write_bytes(path: PathLike, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data`; readers see the old or the new content, never a mix.
+
+    durable=False skips the fsyncs (still atomic for other processes, but a power cut may lose the
+    write): for the few-second heartbeat, whose fsync could stall training behind a checkpoint."""
+    path = Path(path)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # os.open (not mkstemp) so the file gets the umask's mode, not 0600: users' scripts read it.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        try:
+            _write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        _replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_text(path: PathLike, text: str, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
+
+
+def atomic_write_json(path: PathLike, obj: Any, durable: bool = True) -> None:
+    # allow_nan=False: NaN is not JSON and would break users' strict parsers; callers pass None.
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+                      durable=durable)
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Makes a rename in `path` durable. Windows cannot open folders: renames there are journalled."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    # On Windows a reader holding dst open (the app polling status.json) makes the rename fail
+    # for a few milliseconds; POSIX renames never wait, so a PermissionError there is real.
+    tries = 20 if os.name == "nt" else 1
+    for attempt in range(tries):
+        try:
+            os.replace(src, dst)
+            return
+        except PermissionError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.01)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under root: a checkpoint must be on disk before it is renamed."""
+    flags = os.O_RDWR if os.name == "nt" else os.O_RDONLY  # Windows cannot fsync read-only fds
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), flags)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+
+
+# ---------------------------------------------------------------- names and states
+
+def _safe(piece: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", piece)
+
+
+def default_run_name(dataset_id: str, prompt_set_name: str, prompt_set_version: str,
+                     now: Optional[datetime] = None) -> str:
+    """dmad_<YYYYMMDD-HHMM>_<dataset id>_<prompt set name>-<version>, in local time."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M")
+    return f"dmad_{stamp}_{_safe(dataset_id)}_{_safe(prompt_set_name)}-{_safe(prompt_set_version)}"
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # os.kill(pid, 0) would *terminate* the process on Windows
+        return _pid_alive_windows(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _pid_alive_windows(pid: int) -> bool:
+    import ctypes  # only here: keeps the POSIX import cheap
+    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return ctypes.get_last_error() == 5  # ERROR_ACCESS_DENIED: exists, not ours
+    code = ctypes.c_ulong()
+    try:
+        ok = kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
+        return bool(ok) and code.value == 259  # STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
+
+
+def effective_state(status: Optional[dict], now: Optional[float] = None,
+                    stale_after_s: float = 60.0) -> str:
+    """The state a reader should believe: a live state whose process died (killed, power cut,
+    OOM killer) never wrote "failed" itself, so a dead pid or a stale heartbeat means failed."""
+    if not status:
+        return "created"
+    state = status.get("state", "created")
+    if state not in LIVE_STATES:
+        return state
+    pid, beat = status.get("pid"), status.get("heartbeat")
+    # A pid means nothing on another machine (a run folder on a shared drive): trust the heartbeat.
+    same_host = status.get("host") in (None, socket.gethostname())
+    if same_host and isinstance(pid, int) and not pid_alive(pid):
+        return "failed"
+    now = time.time() if now is None else now
+    if isinstance(beat, (int, float)) and now - beat > stale_after_s:
+        return "failed"
+    return state
+
+
+# ---------------------------------------------------------------- the run folder
+
+def _child(*parts: str) -> property:
+    return property(lambda self: self.path.joinpath(*parts), doc="/".join(parts))
+
+
+class RunFolder:
+    """Paths and the few operations that must be done the same way by every writer."""
+
+    config_json = _child("config.json")
+    prompt_set_json = _child("prompt_set.json")
+    env_json = _child("env.json")
+    command_txt = _child("command.txt")
+    status_json = _child("status.json")
+    events_jsonl = _child("events.jsonl")
+    metrics_csv = _child("metrics.csv")
+    gpu_mem_csv = _child("gpu_mem.csv")
+    control_jsonl = _child("control.jsonl")
+    checkpoints_dir = _child("checkpoints")
+    latest_json = _child("checkpoints", "latest.json")
+    samples_dir = _child("samples")
+    export_dir = _child("export")
+    logs_dir = _child("logs")
+    engine_log = _child("logs", "engine.log")
+
+    def __init__(self, path: PathLike):
+        self.path = Path(path)
+        self._status: Optional[dict] = None  # last status written by this process
+        self._status_lock = threading.Lock()  # the heartbeat may run on another thread
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls, path: PathLike) -> "RunFolder":
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UserInputError(f"run folder already exists: {path} (use --resume latest to continue "
+                                 f"it, or choose another --run-dir / run_name)")
+        run = cls(path)
+        for folder in (run.checkpoints_dir, run.samples_dir / "teacher", run.export_dir, run.logs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        return run
+
+    @classmethod
+    def open(cls, path: PathLike) -> "RunFolder":
+        run = cls(path)
+        if not run.path.is_dir():
+            raise UserInputError(f"run folder not found: {run.path}")
+        if not run.config_json.is_file():
+            raise UserInputError(f"not a run folder (no config.json): {run.path}")
+        return run
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        target = self.path / name
+        atomic_write_json(target, obj)
+        return target
+
+    def read_json(self, name: str) -> Any:
+        """Raises FileNotFoundError / json.JSONDecodeError: the caller knows which file is optional."""
+        with open(self.path / name, "r", encoding="utf-8") as f:
+            return json.load(f)
+
+    def write_command(self, argv: list[str]) -> None:
+        # shlex.join quotes for POSIX shells; the line can be pasted into a terminal as is.
+        atomic_write_text(self.command_txt, shlex.join(argv) + "\n")
+
+    # -------------------------------------------------------- status
+
+    def write_status(self, state: str, **fields: Any) -> dict:
+        """Merge `fields` over the previous status (last checkpoint, failure reason persist);
+        a field given as None is removed (e.g. the failure reason when a failed run resumes)."""
+        if state not in STATES:
+            raise ValueError(f"unknown run state {state!r}; known: {', '.join(STATES)}")
+        with self._status_lock:
+            status = dict(self._status if self._status is not None else (self.read_status() or {}))
+            status.update(fields)
+            status = {k: v for k, v in status.items() if v is not None}
+            self._stamp(status, state)
+            atomic_write_json(self.status_json, status)
+            self._status = status
+        return status
+
+    def heartbeat(self) -> None:
+        """Every few seconds: no fsync (see atomic_write_bytes), no read of the file."""
+        with self._status_lock:
+            status = dict(self._status if self._status is not None else (self.read_status() or {}))
+            self._stamp(status, status.get("state", "running"))
+            atomic_write_json(self.status_json, status, durable=False)
+            self._status = status
+
+    @staticmethod
+    def _stamp(status: dict, state: str) -> None:
+        status.update(state=state, pid=os.getpid(), host=socket.gethostname(),
+                      heartbeat=round(time.time(), 3),
+                      updated=datetime.now().astimezone().isoformat(timespec="seconds"))
+
+    def read_status(self) -> Optional[dict]:
+        try:
+            with open(self.status_json, "r", encoding="utf-8") as f:
+                status = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return status if isinstance(status, dict) else None
+
+    # -------------------------------------------------------- checkpoints
+
+    def checkpoint_path(self, iter: int) -> Path:
+        return self.checkpoints_dir / f"iter_{iter}"
+
+    def begin_checkpoint(self, iter: int) -> Path:
+        """A fresh folder to save into; it becomes iter_<N> only in commit_checkpoint."""
+        tmp = self.checkpoints_dir / f"{TMP_PREFIX}iter_{iter}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def commit_checkpoint(self, iter: int, tmp_dir: PathLike, limit: Optional[int] = None) -> Path:
+        """Publish tmp_dir as iter_<N>, point latest.json at it, keep the newest `limit` checkpoints."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"checkpoint limit must be >= 1 or None (keep all), got {limit}")
+        tmp_dir, final = Path(tmp_dir), self.checkpoint_path(iter)
+        _fsync_tree(tmp_dir)
+        # A folder cannot be renamed over a non-empty one: move the old copy aside first. A kill in
+        # between leaves it under .tmp-old-*, which clean_temp() puts back.
+        aside = self.checkpoints_dir / f"{TMP_PREFIX}old-iter_{iter}-{os.getpid()}"
+        if final.exists():
+            if aside.exists():
+                shutil.rmtree(aside)
+            os.replace(final, aside)
+        os.replace(tmp_dir, final)
+        fsync_dir(self.checkpoints_dir)
+        if aside.exists():
+            shutil.rmtree(aside)
+        atomic_write_json(self.latest_json, {"iter": iter, "path": final.name})
+        if limit is not None:
+            self._rotate(keep_iter=iter, limit=limit)
+        return final
+
+    def _rotate(self, keep_iter: int, limit: int) -> None:
+        others = [(i, p) for i, p in self.list_checkpoints() if i != keep_iter]
+        for i, p in others[:max(0, len(others) - (limit - 1))]:
+            # Rename first so a kill half-way through rmtree never leaves a "complete" partial one.
+            doomed = self.checkpoints_dir / f"{TMP_PREFIX}del-{p.name}-{os.getpid()}"
+            os.replace(p, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first (temp folders are invisible)."""
+        try:
+            entries = list(self.checkpoints_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        found = [(int(m.group(1)), p) for p in entries if (m := _ITER_DIR.match(p.name)) and p.is_dir()]
+        return sorted(found)
+
+    def latest_checkpoint(self) -> Optional[tuple[int, Path]]:
+        try:
+            latest = json.loads(self.latest_json.read_text(encoding="utf-8"))
+            it = int(latest["iter"])
+            path = self.checkpoints_dir / str(latest.get("path") or f"iter_{it}")
+            if path.is_dir() and _ITER_DIR.match(path.name):
+                return it, path
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # absent or unreadable: fall back to what is on disk
+        found = self.list_checkpoints()
+        return found[-1] if found else None
+
+    def clean_temp(self) -> None:
+        """Remove what a killed save left behind; put back a checkpoint caught mid-replacement."""
+        if not self.checkpoints_dir.is_dir():
+            return
+        for p in self.checkpoints_dir.iterdir():
+            if not p.name.startswith(TMP_PREFIX):
+                continue
+            m = re.match(rf"^{re.escape(TMP_PREFIX)}old-(iter_\d+)-\d+$", p.name)
+            if m and p.is_dir() and not (self.checkpoints_dir / m.group(1)).exists():
+                os.replace(p, self.checkpoints_dir / m.group(1))
+            elif p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                _unlink_quietly(p)
+
+    # -------------------------------------------------------- resume
+
+    def truncate_after(self, iter: int) -> None:
+        """Forget what happened after checkpoint `iter`, so a resumed run's curves do not double back.
+        gpu_mem.csv is time-based and stays whole."""
+        if self.metrics_csv.exists():
+            text = _complete_text(self.metrics_csv.read_bytes())
+            atomic_write_text(self.metrics_csv, _metrics_upto(text, iter, self.metrics_csv))
+        if self.events_jsonl.exists():
+            lines = _complete_text(self.events_jsonl.read_bytes()).splitlines(keepends=True)
+            atomic_write_text(self.events_jsonl, "".join(_events_upto(lines, iter)))
+
+
+def _metrics_upto(text: str, iter: int, path: Path) -> str:
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        return ""
+    if "iter" not in rows[0]:
+        raise ValueError(f"{path} has no 'iter' column (columns: {', '.join(rows[0])})")
+    col = rows[0].index("iter")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(rows[0])
+    writer.writerows(r for r in rows[1:] if (i := _to_int(r[col] if col < len(r) else "")) is not None
+                     and i <= iter)
+    return out.getvalue()
+
+
+def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
+    """Events with iter <= N, and iter-less events (started, warnings) logged before the first
+    event past N; iter-less events after that belong to the abandoned stretch."""
+    past = False
+    for line in lines:
+        ev = parse_line(line)
+        if ev is None:
+            continue
+        if ev.iter is not None and ev.iter > iter:
+            past = True
+        elif ev.iter is not None or not past:
+            yield line
+
+
+
+
+def list_runs(root: PathLike) -> list[RunFolder]:
+    """Run folders under root, newest first (by when config.json was written; status.json else)."""
+    try:
+        children = [p for p in Path(root).iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+    runs = []
+    for p in children:
+        run = RunFolder(p)
+        marker = run.config_json if run.config_json.is_file() else run.status_json
+        if marker.is_file():
+            runs.append((marker.stat().st_mtime, p.name, run))
+    runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return [run for _, _, run in runs]
+

@@ -1,0 +1,278 @@
+"""The memory ledger: a run's framework peak per device, estimated line by line from the config and
+the teacher's file headers before anything loads (docs/memory.md). Torch-free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from dmad.memory.readings import GIB
+
+if TYPE_CHECKING:
+    from dmad.models.teacher import TeacherInfo
+
+
+@dataclass(frozen=True)
+class LedgerLine:
+    name: str
+    gib: float
+    assumption: str  # how the figure was reached, shown next to it
+    scope: str = "gpu"  # "gpu": part of the per-device peak; "cpu": host RAM (teacher_cpu_offload), not in the total
+
+
+class Ledger(list):
+    """The ledger's lines (a list of LedgerLine, as before) and the teacher family they were
+    computed for, so that format_ledger and ledger_json can name it."""
+
+    def __init__(self, lines: Any = (), family: Optional[str] = None):
+        super().__init__(lines)
+        self.family = family
+
+
+def ledger_total(lines: list[LedgerLine]) -> float:
+    """The per-device peak estimate: the GPU lines only (a CPU RAM line is host memory)."""
+    return sum(line.gib for line in lines if line.scope == "gpu")
+
+
+BYTES = {"no": 4, "fp16": 2, "bf16": 2}
+DTYPE_NAME = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
+TEACHER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Weight-only int8 / fp8 (dmad.models.quant.quantize_linears): each nn.Linear weight in 1 byte plus
+# a float32 scale per output channel, every other parameter (convolutions, norms, embeddings,
+# biases) in bf16. Per family: (share of the denoiser's parameters that are nn.Linear weights,
+# output channels of those linears per parameter). Measured with linear_params-style sums on the
+# meta models of the published configs (tests/engine/real_configs.py; SD 1.5 and SD 2.1 UNet
+# configs for sd1/sd2): SD 1.5 0.3142 / 0.00027, SD 2.1 0.3479 / 0.00030 (1x1-conv projections and
+# ResNet convolutions stay bf16), SDXL base 0.8696 / 0.00057, SD3-medium 0.99941 / 0.00054,
+# SD3.5-large 0.99964 / 0.00034, FLUX.1-dev 0.99974 / 0.00026.
+LINEAR_SHARE = {"sd1": (0.3142, 0.00027), "sd2": (0.3479, 0.00030), "sdxl": (0.8696, 0.00057),
+                "sd3": (0.9994, 0.00054), "flux": (0.9997, 0.00026)}
+# Optimizer state tensors per trainable parameter (dmad.models.networks.make_optimizer: Adam(W) keeps
+# exp_avg and exp_avg_sq; its SGD has no momentum buffer).
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
+# Saved activations of one UNet forward with graph, in values per sample per latent pixel per
+# base channel (block_out_channels[0]). Measured by summing the tensors autograd saves in SD 1.5's
+# UNet (64x64 latents, 77 tokens) with memory-efficient attention (q, k, v, out saved; no
+# attention matrix): 405 at 32-128 px latents, i.e. ~2 GiB fp32 at 512 px, batch 1.
+ACTIVATION_VALUES = 405
+# With gradient checkpointing the same count gave 60 (block inputs only); backward recomputes one
+# block at a time on top, so 0.25 is the stated rule.
+CHECKPOINTING_FACTOR = 0.25
+# UNet graphs alive at the peak: the critic step backpropagates through the fake score on student
+# samples and on noised real latents; the student step through the student and the fake score (GAN).
+GRAPHS_AT_PEAK = 2
+CONTEXT_GIB, FRAGMENTATION = 0.5, 0.10
+# Text tokens a transformer block sees per sample: SD3 joins 77 CLIP tokens (CLIP-L and CLIP-G
+# side by side) and 256 T5 tokens (StableDiffusion3Pipeline's max_sequence_length); Flux uses the
+# 512 T5 tokens of FLUX.1-dev (the pooled CLIP vector is no token).
+TEXT_TOKENS = {"sd3": 77 + 256, "flux": 512}
+
+
+def _denoiser_word(info: "TeacherInfo") -> str:
+    return "UNet" if info.denoiser == "unet" else "transformer"
+
+
+def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: str,
+               mixed_precision: str = "no") -> LedgerLine:
+    n = info.denoiser_params
+    per_trainable = 4 * (2 + OPTIMIZER_STATES[optimizer])  # fp32 master + grad + states
+    states = f"{OPTIMIZER_STATES[optimizer]} {optimizer} states"
+    if mode == "full":
+        return LedgerLine(f"{name} (full)", n * per_trainable / GIB,
+                          f"{n / 1e6:.0f} M params fp32 + grads + {states}")
+    adapter = rank * info.unet_lora_params_per_rank
+    targets = "to_q/k/v/out" if tuple(info.lora_targets) == ("to_q", "to_k", "to_v", "to_out.0") \
+        else "/".join(info.lora_targets)
+    # the frozen base of a LoRA copy is held in the autocast dtype (dmad.models.networks.make_trainable_copy)
+    base = BYTES[mixed_precision]
+    return LedgerLine(f"{name} (LoRA r={rank})", (n * base + adapter * per_trainable) / GIB,
+                      f"frozen {DTYPE_NAME[mixed_precision]} copy of the {_denoiser_word(info)} + "
+                      f"{adapter / 1e6:.2f} M adapter params on "
+                      f"{targets} (rank x (in + out)), fp32 + grads + {states}")
+
+
+def _gan_head_params(bottleneck_channels: int) -> int:
+    import torch
+
+    from dmad.methods.dmd2 import GanHead
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in GanHead(bottleneck_channels).parameters())
+
+
+def teacher_bytes_per_param(family: str, precision: str, mixed_precision: str) -> tuple[float, str]:
+    """(bytes per parameter, what it is) of the frozen teacher denoiser under
+    resources.teacher_precision: auto = the mixed-precision dtype; int8 / fp8 = LINEAR_SHARE's
+    linear weights in 1 byte + their float32 per-channel scales + the rest in bf16."""
+    if precision == "auto":
+        return BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    if precision in TEACHER_BYTES:
+        return TEACHER_BYTES[precision], precision
+    share, outs = LINEAR_SHARE[family]
+    return (share * 1 + (1 - share) * 2 + outs * 4,
+            f"{precision} weight-only ({share:.2%} of params are linear weights at 1 B + fp32 per-channel scales, "
+            f"the rest bf16)")
+
+
+# Values autograd saves per token per block, in units of the block width D (heads x head_dim),
+# for diffusers' blocks run under autocast with memory-efficient SDPA (q, k, v and the output are
+# saved; never an attention matrix). Double-stream block (SD3 JointTransformerBlock, Flux
+# FluxTransformerBlock), per token of either stream: two AdaLN-Zero norms x (LayerNorm input,
+# normalised, modulated) = 6; attention: joint q, k, v + output + its reshaped copy for to_out = 5;
+# two gated residuals (the gated tensor) = 2; 4x GELU-tanh MLP: hidden pre-activation + activation
+# = 8; total 21. qk RMSNorm (SD3.5, Flux) saves the normalised q and k: +2; Flux's rotary
+# embedding saves q and k before rotation and their rotated halves: +4 (Flux double block 27).
+# Flux single-stream block (FluxSingleTransformerBlock), per token of the joined sequence: AdaLN
+# 3 + MLP hidden and activation 8 + q, k, v, output 4 + qk norm 2 + rotary 4 + the concatenated
+# [attention, MLP] input of proj_out 5 + gated output 1 = 27. Gradient checkpointing (diffusers
+# checkpoints every block) keeps each block's inputs (1 D per token per block) and recomputes one
+# block at a time in backward. Not counted: embeddings, the final layer, fp32 copies autocast makes
+# for norms, the teacher's forwards (no graph) and LoRA's rank-r intermediates (r << D).
+DOUBLE_BLOCK, QK_NORM, ROPE, SINGLE_BLOCK = 21, 2, 4, 27
+
+
+def transformer_activation_values(info: "TeacherInfo", resolution: int, gradient_checkpointing: bool) \
+        -> tuple[float, str]:
+    """(saved activation values per sample for one forward with graph, how): the block model
+    above x tokens x width, from info.denoiser_config. Image tokens = (resolution / vae factor /
+    patch)^2 with patch = patch_size for SD3 and 2 for Flux (its 2x2 packing; patch_size is 1)."""
+    cfg = info.denoiser_config
+    width = int(cfg["num_attention_heads"]) * int(cfg["attention_head_dim"])
+    patch = 2 if info.family == "flux" else int(cfg.get("patch_size") or 2)
+    side = resolution // info.vae_scale_factor // patch
+    text = info.text_tokens if info.text_tokens is not None else TEXT_TOKENS.get(info.family, 0)
+    tokens = side * side + text
+    double = int(cfg.get("num_layers") or 0)
+    single = int(cfg.get("num_single_layers") or 0)
+    qk = info.family == "flux" or bool(cfg.get("qk_norm"))
+    per_double = DOUBLE_BLOCK + (QK_NORM if qk else 0) + (ROPE if info.family == "flux" else 0)
+    full = double * per_double + single * SINGLE_BLOCK
+    how = (f"{side * side} image + {text} text tokens x width {width} x "
+           f"({double} blocks x {per_double}" + (f" + {single} single blocks x {SINGLE_BLOCK}" if single else "")
+           + " values/token/width)")
+    if gradient_checkpointing:
+        saved = (double + single) + max(per_double if double else 0, SINGLE_BLOCK if single else 0)
+        how += f"; gradient checkpointing: 1 per block + one block recomputed = {saved}"
+        return float(saved * tokens * width), how
+    return float(full * tokens * width), how
+
+
+def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
+                    gradient_checkpointing: bool, train_batch_size: int, resolution: int,
+                    optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False) -> Ledger:
+    """Framework-scope estimate of the training peak on one device, line by line with the
+    assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
+    measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
+    any family (sd1, sd2, sdxl: UNet; sd3, flux: transformer).
+
+    Lines: the frozen teacher denoiser (teacher_precision; int8/fp8 per LINEAR_SHARE); the student
+    and the fake score (fp32 master + grads + optimizer states, or a frozen fp32 copy + LoRA); the
+    GAN head; the VAE (fp32 where the family keeps it so: SDXL) and every text encoder (mixed
+    precision); the activations (UNet: ACTIVATION_VALUES per latent pixel per base channel;
+    transformer: transformer_activation_values), x batch x GRAPHS_AT_PEAK; a margin. With
+    teacher_cpu_offload the teacher denoiser and the text encoders are a CPU RAM line (not in the
+    total) and only the largest of them is counted on the GPU, transiently, during its call."""
+    from dmad.models.families import FAMILIES
+
+    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    n_den = info.denoiser_params
+    word = _denoiser_word(info)
+    encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
+    n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
+    vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
+    vb = 4 if vae_fp32 else wb
+    tb, tdt = teacher_bytes_per_param(info.family, teacher_precision, mixed_precision)
+    head = _gan_head_params(info.bottleneck_channels)
+    if info.denoiser == "unet":
+        latent = resolution // info.vae_scale_factor
+        base = info.unet_block_out_channels[0]
+        act = (ACTIVATION_VALUES * GRAPHS_AT_PEAK * train_batch_size * latent * latent * base * wb
+               * (CHECKPOINTING_FACTOR if gradient_checkpointing else 1.0))
+        act_how = (f"{ACTIVATION_VALUES} values x batch {train_batch_size} x {latent}x{latent} latent px x "
+                   f"{base} base channels x {GRAPHS_AT_PEAK} UNet graphs, {dt}"
+                   + (f", x{CHECKPOINTING_FACTOR} for gradient checkpointing" if gradient_checkpointing else "")
+                   + "; memory-efficient attention assumed")
+    else:
+        values, how = transformer_activation_values(info, resolution, gradient_checkpointing)
+        act = values * GRAPHS_AT_PEAK * train_batch_size * wb
+        act_how = (f"{how} x batch {train_batch_size} x {GRAPHS_AT_PEAK} transformer graphs, {dt}; "
+                   f"memory-efficient attention assumed")
+    teacher_gib = n_den * tb / GIB
+    teacher_how = f"{info.family}: {n_den / 1e6:.0f} M params in {tdt}, no grads"
+    names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
+    sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
+    lines = [] if teacher_cpu_offload else [LedgerLine(f"teacher {word} (frozen)", teacher_gib, teacher_how)]
+    lines += [
+        _trainable("student", student, info, lora_rank, optimizer, mixed_precision),
+        _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision),
+        LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
+                   f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
+                   f"fp32 + grads + optimizer states"),
+    ]
+    if sd_labels:
+        lines.append(LedgerLine("VAE + text encoder (frozen)", (n_vae * vb + n_text * wb) / GIB,
+                                f"{(n_vae + n_text) / 1e6:.0f} M params in {dt}"))
+    else:
+        vdt = "fp32 (kept float32 by the family)" if vae_fp32 else dt
+        lines.append(LedgerLine("VAE (frozen)", n_vae * vb / GIB, f"{n_vae / 1e6:.1f} M params in {vdt}"))
+        if not teacher_cpu_offload:
+            lines.append(LedgerLine("text encoders (frozen)", n_text * wb / GIB, f"{names}, in {dt}"))
+    if teacher_cpu_offload:
+        parts = {f"teacher {word}": n_den * tb, **{c: n * wb for c, n in encoders.items()}}
+        largest = max(parts, key=parts.get)
+        lines.append(LedgerLine("teacher offload (transient)", parts[largest] / GIB,
+                                f"teacher_cpu_offload: the largest offloaded network ({largest}) on the GPU during "
+                                f"its own call"))
+    lines.append(LedgerLine("activations", act / GIB, act_how))
+    subtotal = ledger_total(lines)
+    lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
+                            f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
+    if teacher_cpu_offload:
+        lines.append(LedgerLine(f"teacher {word} + text encoders (CPU RAM)", (n_den * tb + n_text * wb) / GIB,
+                                f"teacher_cpu_offload: {teacher_how}; {names} in {dt}; host memory, not in the "
+                                f"total", scope="cpu"))
+    return Ledger(lines, info.family)
+
+
+def format_ledger(lines: list[LedgerLine]) -> str:
+    """A plain-text table: name, GiB, assumption; then the GPU total (a CPU RAM line is shown but
+    not added). A Ledger names its teacher family in the header."""
+    width = max([len(line.name) for line in lines] + [len("total")])
+    family = getattr(lines, "family", None)
+    head = f"family {family}" if family else ""
+    rows = [f"{head:<{width}}  {'GiB':>7}  assumption"]
+    rows += [f"{line.name:<{width}}  {line.gib:>7.2f}  {line.assumption}" for line in lines]
+    rows.append(f"{'total':<{width}}  {ledger_total(lines):>7.2f}")
+    return "\n".join(rows)
+
+
+def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
+    """The ledger of a run config (dmad.contract.config.TrainConfig); the teacher is inspected (configs and
+    file headers only) unless `info` is given."""
+    if info is None:
+        from dmad.models.teacher import inspect_teacher
+
+        ident = cfg.identity
+        info = inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
+    r, ident = cfg.resources, cfg.identity
+    return estimate_ledger(info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
+                           mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
+                           train_batch_size=r.train_batch_size, resolution=r.resolution,
+                           optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
+                           teacher_cpu_offload=r.teacher_cpu_offload)
+
+
+def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
+    """`dmad ledger --json` (docs/memory.md). total_gib: the GPU lines; a line with "scope": "cpu"
+    is host RAM (teacher_cpu_offload)."""
+    r, ident = cfg.resources, cfg.identity
+    return {"scope": "framework peak per device (estimate)",
+            "family": getattr(lines, "family", None),
+            "lines": [{"name": x.name, "gib": round(x.gib, 4), "assumption": x.assumption, "scope": x.scope}
+                      for x in lines],
+            "total_gib": round(ledger_total(lines), 4),
+            "inputs": {"train_batch_size": r.train_batch_size, "resolution": r.resolution,
+                       "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
+                       "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
+                       "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
+                       "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family}}

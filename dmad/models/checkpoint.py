@@ -1,0 +1,217 @@
+"""What a checkpoint holds, and how it is written and read back exactly.
+
+checkpoints/iter_<N>/
+  student/                 full student: a diffusers UNet folder (config.json + safetensors),
+                           loadable by UNet2DConditionModel.from_pretrained
+  student_lora.safetensors LoRA student: the adapter's trainable weights (peft names)
+  fake_score/ | fake_score_lora.safetensors      the same for the fake score
+  gan_head.safetensors, ema.safetensors (when EMA is on)
+  optimizer_generator.pt, optimizer_critic.pt, grad_scaler.pt (fp16 only)
+                           torch.save of plain state dicts, read back with weights_only=True
+  rng.safetensors          torch CPU/CUDA RNG states (training noise itself is per-sample, dmad.methods.noise)
+  training_state.json      iteration, generator steps, data batches consumed, student timesteps,
+                           lr schedulers, the config fingerprint
+
+The folder is assembled under a temp name and renamed by RunFolder.commit_checkpoint, so a
+kill at any moment leaves a complete checkpoint or none. Nothing here unpickles.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dmad.errors import UserInputError
+
+FORMAT_VERSION = 1
+
+
+def config_fingerprint(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().contiguous().cpu() for n, p in module.named_parameters() if p.requires_grad}
+
+
+def save_network(module: nn.Module, out: Path, name: str, mode: str) -> None:
+    """Full networks as a diffusers folder (users can load them as is); LoRA as adapter weights."""
+    if mode == "full":
+        module.save_pretrained(str(out / name), safe_serialization=True)
+    else:
+        save_file(_trainable_state(module), str(out / f"{name}_lora.safetensors"))
+
+
+def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
+    if mode == "full":
+        files = sorted((ckpt / name).glob("*.safetensors"))
+        if not files:
+            raise UserInputError(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        module.load_state_dict(state, strict=True)
+        return
+    state = load_file(str(ckpt / f"{name}_lora.safetensors"))
+    result = module.load_state_dict(state, strict=False)
+    expected = {n for n, p in module.named_parameters() if p.requires_grad}
+    if result.unexpected_keys or expected - set(state):
+        raise UserInputError(f"checkpoint {ckpt}: {name} LoRA weights do not match this config "
+                             f"(lora_rank or targets changed?)")
+
+
+def student_weight_files(ckpt: Path) -> list[Path]:
+    """The files the student's sampling weights come from, in a fixed order: the full student's
+    safetensors (or the LoRA adapter), then ema.safetensors when the run kept an EMA (samples use
+    the EMA weights). What meta.json's weights_sha256 covers."""
+    files = sorted((ckpt / "student").glob("*.safetensors")) or sorted(ckpt.glob("student_lora.safetensors"))
+    return files + ([ckpt / "ema.safetensors"] if (ckpt / "ema.safetensors").is_file() else [])
+
+
+def _save_ema(ema, path: Path) -> None:
+    tensors = {f"shadow.{i}": t.detach().contiguous().cpu() for i, t in enumerate(ema.shadow_params)}
+    meta = {"decay": str(ema.decay), "optimization_step": str(ema.optimization_step)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def _load_ema(ema, path: Path) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        for i, t in enumerate(ema.shadow_params):
+            t.copy_(f.get_tensor(f"shadow.{i}"))
+    ema.optimization_step = int(meta["optimization_step"])
+
+
+def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
+    """The checkpoint's student as it is sampled (training's validation samples, `dmad sample`,
+    `dmad export`, the demo bench): a copy of the teacher's denoiser (dmad.models.teacher.Teacher), full or LoRA as identity.student
+    says, with the checkpoint's weights, then its EMA weights when it has them. Eval mode, no
+    grads. Returns (student, whether EMA weights were used)."""
+    from safetensors import safe_open
+
+    from dmad.models.networks import make_trainable_copy, trainable_parameters
+
+    student = make_trainable_copy(teacher.denoiser, identity.student, identity.lora_rank, identity.lora_alpha, False,
+                                  teacher.family.lora_targets)
+    load_network(student, ckpt, "student", identity.student)
+    ema = ckpt / "ema.safetensors"
+    if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)
+        params = trainable_parameters(student)
+        with safe_open(str(ema), framework="pt") as f, torch.no_grad():
+            if set(f.keys()) != {f"shadow.{i}" for i in range(len(params))}:
+                raise UserInputError(f"{ema}: {len(list(f.keys()))} EMA tensors for {len(params)} student parameters")
+            for i, p in enumerate(params):
+                p.copy_(f.get_tensor(f"shadow.{i}"))
+    student.requires_grad_(False).eval()
+    return student, ema.is_file()
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    # Training noise comes from per-sample generators (dmad.methods.noise) and needs no state; the global
+    # RNGs are saved for anything else that draws (dropout in a user's model, say).
+    state = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"torch_cuda_{i}"] = s
+    return state
+
+
+def _restore_rng(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if torch.cuda.is_available():
+        cuda = [state[k] for k in sorted(k for k in state if k.startswith("torch_cuda_"))]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+@dataclass
+class TrainingState:
+    """The loop counters that, with the weights, optimizer and RNG states, make resume exact."""
+
+    iter: int
+    generator_steps: int
+    batches_used: int
+    student_timesteps: list[int]
+    prediction_type: str
+    config_fingerprint: str
+    lr_generator: dict
+    lr_critic: dict
+
+
+def save_checkpoint(out: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
+                    scaler, state: TrainingState) -> None:
+    """Write every file of a checkpoint into `out` (a fresh temp folder). `nets` are unwrapped."""
+    save_network(nets.student, out, "student", student_mode)
+    save_network(nets.fake_score, out, "fake_score", fake_mode)
+    save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()}, str(out / "gan_head.safetensors"))
+    if nets.ema is not None:
+        _save_ema(nets.ema, out / "ema.safetensors")
+    torch.save(opt_g.state_dict(), out / "optimizer_generator.pt")
+    torch.save(opt_c.state_dict(), out / "optimizer_critic.pt")
+    if scaler is not None:
+        torch.save(scaler.state_dict(), out / "grad_scaler.pt")
+    save_file(_rng_state(), str(out / "rng.safetensors"))
+    doc = {"format_version": FORMAT_VERSION, **state.__dict__}
+    doc["lr_generator"], doc["lr_critic"] = _jsonable(sched_g.state_dict()), _jsonable(sched_c.state_dict())
+    (out / "training_state.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def _jsonable(d: dict) -> dict:
+    # LambdaLR keeps its lambdas out of state_dict ("lr_lambdas": [None]); the rest is numbers.
+    return json.loads(json.dumps(d, default=lambda o: None))
+
+
+def read_training_state(ckpt: Path) -> TrainingState:
+    path = ckpt / "training_state.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserInputError(f"checkpoint {ckpt} is not readable: {path.name}: {e}") from None
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise UserInputError(f"checkpoint {ckpt}: format_version {doc.get('format_version')!r} is not supported")
+    doc.pop("format_version")
+    return TrainingState(**doc)
+
+
+def load_checkpoint(ckpt: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
+                    scaler) -> TrainingState:
+    """Restore everything save_checkpoint wrote, into already-built (unwrapped) networks."""
+    state = read_training_state(ckpt)
+    load_network(nets.student, ckpt, "student", student_mode)
+    load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
+    nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
+    if nets.ema is not None:
+        if not (ckpt / "ema.safetensors").is_file():
+            raise UserInputError(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
+        _load_ema(nets.ema, ckpt / "ema.safetensors")
+    opt_g.load_state_dict(torch.load(ckpt / "optimizer_generator.pt", weights_only=True, map_location="cpu"))
+    opt_c.load_state_dict(torch.load(ckpt / "optimizer_critic.pt", weights_only=True, map_location="cpu"))
+    if scaler is not None and (ckpt / "grad_scaler.pt").is_file():
+        scaler.load_state_dict(torch.load(ckpt / "grad_scaler.pt", weights_only=True))
+    sched_g.load_state_dict(state.lr_generator)
+    sched_c.load_state_dict(state.lr_critic)
+    _restore_rng(load_file(str(ckpt / "rng.safetensors")))
+    return state
+
+
+def resolve_resume(run_folder, resume: Optional[str]) -> Optional[Path]:
+    """'latest' -> the run's latest complete checkpoint; a path -> that checkpoint folder."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        latest = run_folder.latest_checkpoint()
+        if latest is None:
+            raise UserInputError(f"--resume latest: no complete checkpoint in {run_folder.checkpoints_dir}")
+        return latest[1]
+    path = Path(resume)
+    if not (path / "training_state.json").is_file():
+        raise UserInputError(f"--resume {resume}: not a checkpoint folder (no training_state.json)")
+    return path

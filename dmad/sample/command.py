@@ -1,0 +1,266 @@
+"""`dmad sample`: render a run's checkpoint (or its teacher) again, any time after training.
+
+The student samples with the timesteps stored in its checkpoint's training_state.json, never the
+teacher's step count or the current config; with the EMA weights when the run kept an EMA (as
+the training's own samples did). Each item's noise comes from a CPU generator seeded with its
+prompt-set seed, and deterministic algorithms are switched on, so the same checkpoint and prompt
+set give byte-identical PNGs on a CPU (and, where torch offers deterministic kernels, on a GPU).
+
+Output never replaces an existing folder: <out>/<iter_N|teacher>/ when free, else the first free
+sibling <iter_N|teacher>-r2, -r3, ... (the training's own samples stay as they were rendered).
+--sweep renders one prompt over a grid of settings into <out>/sweep_<iter_N|teacher>_<id>.png
+plus a .json beside it (the same -rK rule).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from dmad.errors import UserInputError
+
+SWEEP_KEYS = {"steps": int, "cfg": float}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                      # "teacher" | "iter_<N>": the output folder's name
+    checkpoint: Optional[Path]     # None for the teacher
+    timesteps: Optional[list[int]]  # the student's, from training_state.json
+
+
+def open_run(run: str):
+    """The run folder, or UserInputError when `run` is not one (no config.json)."""
+    from dmad.contract.runs import RunFolder
+
+    folder = RunFolder(Path(run).expanduser().resolve())
+    if not folder.path.is_dir():
+        raise UserInputError(f"--run {run}: run folder not found")
+    if not folder.config_json.is_file():
+        raise UserInputError(f"--run {run}: not a run folder (no config.json)")
+    return folder
+
+
+def resolve_target(folder, spec: str) -> Target:
+    """--checkpoint latest | teacher | N -> what to render."""
+    from dmad.models.checkpoint import read_training_state
+
+    if spec == "teacher":
+        return Target("teacher", None, None)
+    available = folder.list_checkpoints()
+    names = ", ".join(str(i) for i, _ in available) or "none"
+    if spec == "latest":
+        if not available:
+            raise UserInputError(f"--checkpoint latest: no complete checkpoint in {folder.checkpoints_dir}")
+        it, path = available[-1]
+    elif spec.isdigit():
+        it, path = int(spec), folder.checkpoint_path(int(spec))
+        if not (path / "training_state.json").is_file():
+            raise UserInputError(f"--checkpoint {spec}: no checkpoint iter_{it} in {folder.checkpoints_dir} "
+                                 f"(available: {names})")
+    else:
+        raise UserInputError(f"--checkpoint {spec!r}: expected latest, teacher or an iteration number "
+                             f"(available: {names})")
+    return Target(f"iter_{it}", path, list(read_training_state(path).student_timesteps))
+
+
+def parse_sweep(tokens: list[str]) -> list[tuple[str, list]]:
+    """["steps=1,2,4", "cfg=1,3"] -> [("steps", [1, 2, 4]), ("cfg", [1.0, 3.0])]: rows, then columns."""
+    out: list[tuple[str, list]] = []
+    for tok in tokens:
+        key, eq, values = tok.partition("=")
+        if not eq or key not in SWEEP_KEYS:
+            raise UserInputError(f"--sweep {tok!r}: expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
+        if any(k == key for k, _ in out):
+            raise UserInputError(f"--sweep: {key} is given twice")
+        try:
+            vals = [SWEEP_KEYS[key](v) for v in values.split(",")]
+        except ValueError:
+            kind = "integers" if SWEEP_KEYS[key] is int else "numbers"
+            raise UserInputError(f"--sweep {tok!r}: {key} values must be {kind}, separated by commas") from None
+        if key == "steps" and not all(1 <= v <= 1000 for v in vals):
+            raise UserInputError(f"--sweep {tok!r}: steps must be in [1, 1000]")
+        if key == "cfg" and not all(0 <= v <= 100 for v in vals):
+            raise UserInputError(f"--sweep {tok!r}: cfg must be in [0, 100]")
+        out.append((key, vals))
+    if not 1 <= len(out) <= 2:
+        raise UserInputError("--sweep: give one or two of KEY=V1,V2,... (rows, then columns)")
+    return out
+
+
+def free_path(base: Path, name: str, suffix: str = "") -> Path:
+    """base/name<suffix>, or the first free base/name-r2<suffix>, -r3, ...: never an existing one."""
+    path, k = base / f"{name}{suffix}", 2
+    while path.exists():
+        path, k = base / f"{name}-r{k}{suffix}", k + 1
+    return path
+
+
+def student_timesteps(trained: list[int], steps: int, num_train_timesteps: int) -> list[int]:
+    """The trained timesteps at their own count; other counts (a sweep) are spaced as the config's
+    default ones are: T-1, T-1 - T/k, ..."""
+    if steps == len(trained):
+        return list(trained)
+    return [num_train_timesteps - 1 - i * num_train_timesteps // steps for i in range(steps)]
+
+
+def set_deterministic(device) -> None:
+    """Deterministic kernels where torch has them (warn, not fail, where it has none)."""
+    import torch
+
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main_sample(args: argparse.Namespace) -> int:
+    """The `dmad sample` command. stdout: one `samples` event (dmad.contract.events), with the render time
+    (models loaded, so loading is not counted); stderr: a human line. Input problems raise UserInputError before any model is loaded."""
+    from dmad.contract.config import load_config
+    from dmad.contract.prompts import load_prompt_set
+
+    folder = open_run(args.run)
+    target = resolve_target(folder, args.checkpoint)
+    ps = load_prompt_set(args.prompt_set or folder.prompt_set_json)
+    sweep = parse_sweep(args.sweep) if args.sweep else None
+    item = None
+    if sweep is not None:
+        item = next((it for it in ps.items if it.id == args.prompt_id), None) if args.prompt_id else ps.items[0]
+        if item is None:
+            raise UserInputError(f"--prompt-id {args.prompt_id!r}: not in prompt set {ps.name}-{ps.version} "
+                                 f"(ids: {', '.join(it.id for it in ps.items)})")
+    elif args.prompt_id:
+        raise UserInputError("--prompt-id is for --sweep (without it every prompt is rendered)")
+    out = Path(args.out).expanduser().resolve() if args.out else folder.samples_dir
+    cfg = load_config(folder.config_json)
+
+    import torch
+
+    from dmad.models.checkpoint import load_student
+    from dmad.contract.events import make_event
+    from dmad.models.teacher import load_teacher
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    set_deterministic(device)
+    ident = cfg.identity
+    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
+                           dtype=torch.float32)
+    for m in teacher.networks():
+        m.to(device)
+    # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
+    teacher.family.guidance = cfg.distillation.real_guidance_scale
+    schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
+    student = ema = None
+    if target.checkpoint is not None:
+        student, ema = load_student(teacher, ident, target.checkpoint)
+        student.to(device)
+    t0 = time.perf_counter()
+    if sweep is None:
+        paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
+        n = len(paths)
+        event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
+                           checkpoint=target.name, ema=ema)
+    else:
+        dest, grid_json = _render_sweep(out, target, ps, item, sweep, teacher, student, device, schedule)
+        n = len(grid_json["cells"])
+        event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
+                           checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
+    sec = time.perf_counter() - t0
+    event.data.update(images=n, render_s=round(sec, 4), s_per_image=round(sec / max(n, 1), 4), device=str(device))
+    print(event.to_line(), flush=True)
+    _say(f"dmad sample: {n} image{'s' if n != 1 else ''} of {target.name} in {sec:.2f} s "
+         f"({sec / max(n, 1):.3f} s/image) -> {dest}")
+    return 0
+
+
+def _iter(target: Target) -> Optional[int]:
+    return int(target.name[5:]) if target.checkpoint is not None else None
+
+
+def _model(target: Target) -> str:
+    return "student" if target.checkpoint is not None else "teacher"
+
+
+def _encoder(teacher, device):
+    return lambda prompts: teacher.family.encode(teacher.modules, prompts, device)
+
+
+def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device, schedule) -> tuple[list[str], Path]:
+    import torch
+
+    from dmad.models.checkpoint import student_weight_files
+    from dmad.sample.render import library_versions, render_student_samples, render_teacher_samples, sha256_files
+
+    dest = free_path(out, target.name)
+    if target.checkpoint is None:
+        return render_teacher_samples(dest, teacher=teacher, prompt_set=ps, versions=library_versions(),
+                                      device=device), dest
+    paths = render_student_samples(
+        dest, student=student, vae=teacher.vae, encode=_encoder(teacher, device), family=teacher.family,
+        schedule=schedule, timesteps=target.timesteps, prompt_set=ps,
+        iteration=_iter(target), device=device, dtype=torch.float32, versions=library_versions(),
+        checkpoint=target.name, weights_sha256=sha256_files(student_weight_files(target.checkpoint)), ema=ema)
+    return paths, dest
+
+
+def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, device,
+                  schedule) -> tuple[Path, dict]:
+    """Every combination of the sweep values for one prompt; a labelled grid PNG and its JSON."""
+    from dmad.contract.prompts import item_seed
+    from dmad.sample.render import (library_versions, make_scheduler, provenance, sampler_name, sd_pipeline,
+                               student_png, teacher_png)
+    from dmad.sample.grid import labelled_grid
+
+    import torch
+
+    seed, size = item_seed(ps, item), (ps.width, ps.height)
+    rows = sweep[0]
+    cols = sweep[1] if len(sweep) > 1 else ("", [None])
+    encode = _encoder(teacher, device)
+    fam = teacher.family
+    pipe = sd_pipeline(teacher, make_scheduler(ps.sampler, teacher.scheduler.config, fam)) if student is None else None
+    cells, images = [], []
+    for rv in rows[1]:
+        for cv in cols[1]:
+            setting = {rows[0]: rv, **({cols[0]: cv} if cols[0] else {})}
+            if student is None:
+                steps, cfg = setting.get("steps", ps.steps), setting.get("cfg", ps.cfg)
+                png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
+                                  steps=steps, cfg=cfg, size=size, device=device, family=fam)
+                cell = {"steps": steps, "cfg": cfg, "sampler": sampler_name(ps.sampler, fam)}
+            else:
+                ts = student_timesteps(target.timesteps, setting.get("steps", len(target.timesteps)),
+                                       schedule.num_train_timesteps)
+                cfg = setting.get("cfg")
+                uncond = encode([item.negative_prompt or ""]).to(device) if cfg not in (None, 1.0) else None
+                png = student_png(student=student, vae=teacher.vae, emb=encode([item.prompt]).to(device),
+                                  schedule=schedule, timesteps=ts, seed=seed, device=device, dtype=torch.float32,
+                                  cfg=cfg, uncond=uncond, size=size, family=fam)
+                cell = {"steps": len(ts), "timesteps": ts, "cfg": cfg}
+            cells.append({**setting, **cell})
+            images.append(png)
+    dest = free_path(out, f"sweep_{target.name}_{item.id}", ".png")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"checkpoint": target.name, "model": _model(target), "prompt_set": ps.name, "prompt_set_version": ps.version,
+           "prompt_id": item.id, "prompt": item.prompt, "seed": seed, "resolution": [ps.width, ps.height],
+           "rows": {"key": rows[0], "values": rows[1]},
+           "columns": {"key": cols[0], "values": cols[1]} if cols[0] else None,
+           "cells": cells, **provenance(device, target.name, None, library_versions())}
+    labelled_grid(dest, images, [f"{rows[0]}={v}" for v in rows[1]],
+                  [f"{cols[0]}={v}" for v in cols[1]] if cols[0] else [""], title=f"{target.name} · {item.id}")
+    from dmad.contract.runs import atomic_write_json
+
+    atomic_write_json(dest.with_suffix(".json"), doc)
+    return dest, doc

@@ -1,0 +1,513 @@
+"""`dmad export`: a checkpoint's student, in the forms the rest of the ecosystem loads.
+
+diffusers  a complete pipeline folder of the teacher's family (StableDiffusionPipeline,
+           StableDiffusionXLPipeline, StableDiffusion3Pipeline, FluxPipeline): the teacher's VAE,
+           text encoders and tokenizers, the student's denoiser (UNet or transformer; a LoRA
+           student fused into the base weights), safetensors only, and a scheduler that
+           reproduces the student's own sampler.
+lora       for LoRA students: pytorch_lora_weights.safetensors (diffusers' LoRA format for the
+           family, written by peft + diffusers' own routines) that `pipe.load_lora_weights` puts
+           on the teacher, plus the same scheduler config.
+Each output folder also has README.md (how to load it, exact lines) and dmad_export.json
+(run, checkpoint, weights, timesteps, scheduler). Output is complete or absent: it is written to
+a temp folder beside --out, then renamed.
+
+Why LCMScheduler reproduces the student exactly. The student samples (dmad.methods.dmd2.
+sample_student) from x = noise at timesteps[0]; at each step x0 = to_x0(x, t), then
+x = sqrt(a_next) x0 + sqrt(1 - a_next) z with fresh z from the same CPU generator; the last x0
+is decoded. LCMScheduler.step does the same arithmetic (the same float32 alphas_cumprod, the same
+x0 formula per prediction type, the same randn draw from the generator the pipeline passes),
+except for LCM's boundary condition: denoised = c_out x0 + c_skip x, with
+c_skip = 0.25 / (s^2 + 0.25), c_out = s / sqrt(s^2 + 0.25), s = t * timestep_scaling. With
+timestep_scaling = 1e9, c_out is exactly 1.0 in float32 and c_skip <= 2.5e-19 for every t >= 1,
+so denoised == x0 (below float32 resolution). Timesteps: LCM picks
+floor(linspace(0, N, n, endpoint=False)) from its N = original_inference_steps training
+timesteps [N k - 1, ..., k - 1], k = 1000 // N; we search N so that set_timesteps(n) gives the
+student's timesteps (N = n for [999, 749, 499, 249], [999, 499], [999]; N = 1000 for
+[999, 666, 333]). Timesteps no N reproduces are still exact when passed as `timesteps=`.
+SDXL (a UNet family) uses the same LCMScheduler, configured from its Euler scheduler's noise schedule.
+
+Flow families (SD3, Flux). The student's step is x0 = x - s v, then x = (1 - s_next) x0 + s_next z,
+which is FlowMatchEulerDiscreteScheduler.step with stochastic_sampling=True (final s_next = 0
+gives x0). set_timesteps(sigmas=...) shifts the sigmas it is given (shift, or Flux's dynamic
+shift with the pipeline's mu), so the exported scheduler has shift=1.0 and
+use_dynamic_shifting=False: the sigmas the usage lines pass, the engine's s(t_k) (already
+shifted, FlowSchedule), are then used unchanged, and the timesteps are s * 1000 as the
+engine's. Both pipelines call scheduler.step without the generator: the re-noising draws come
+from torch's global CPU generator, so the usage lines hand it the item generator's state after
+the initial latents are drawn (torch.set_rng_state). Flux draws its re-noising in the packed
+(B, h/2 * w/2, 4C) layout, and so does the engine's sampler for Flux (Family.fresh_noise), so
+both flow families reproduce the student exactly on a CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from dmad.errors import UserInputError
+
+FORMATS = ("diffusers", "lora")
+TIMESTEP_SCALING = 1e9  # makes LCM's c_out exactly 1 and c_skip negligible (module docstring)
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' default name for load_lora_weights
+
+
+@dataclass
+class ExportSource:
+    """What is exported: the run, its config and one complete checkpoint."""
+
+    run: Path
+    cfg: object            # dmad.contract.config.TrainConfig of the run
+    iter: int
+    checkpoint: Path
+
+
+def resolve_source(run_dir: str, checkpoint: str) -> ExportSource:
+    """The run folder and checkpoint named on the command line; UserInputError for anything missing.
+    Torch-free: the CLI answers these errors in a fraction of a second."""
+    from dmad.contract.config import load_config
+    from dmad.contract.runs import RunFolder
+
+    folder = RunFolder.open(Path(run_dir).expanduser().resolve())
+    cfg = load_config(folder.config_json)
+    if checkpoint == "latest":
+        latest = folder.latest_checkpoint()
+        if latest is None:
+            raise UserInputError(f"no complete checkpoint in {folder.checkpoints_dir}")
+        it, path = latest
+    else:
+        try:
+            it = int(checkpoint)
+        except ValueError:
+            raise UserInputError(f"--checkpoint {checkpoint!r}: expected 'latest' or an iteration number") from None
+        found = dict(folder.list_checkpoints())
+        if it not in found:
+            have = ", ".join(str(i) for i in sorted(found)) or "none"
+            raise UserInputError(f"--checkpoint {it}: no checkpoint iter_{it} in {folder.checkpoints_dir} "
+                                 f"(complete checkpoints: {have})")
+        path = found[it]
+    if not (path / "training_state.json").is_file():
+        raise UserInputError(f"checkpoint {path} is incomplete (no training_state.json)")
+    return ExportSource(run=folder.path, cfg=cfg, iter=it, checkpoint=path)
+
+
+def default_out(src: ExportSource, fmt: str) -> Path:
+    return src.run / "export" / f"iter_{src.iter}-{fmt}"
+
+
+def check_request(src: ExportSource, fmt: str, out: Path) -> None:
+    if fmt not in FORMATS:
+        raise UserInputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if fmt == "lora" and src.cfg.identity.student != "lora":
+        raise UserInputError(f"--format lora: the student of {src.run} is a full UNet (identity.student "
+                             f"'{src.cfg.identity.student}'), not a LoRA; use --format diffusers")
+    if out.exists():
+        raise UserInputError(f"--out {out} already exists (choose another folder or remove it)")
+
+
+# --------------------------------------------------------------------------- the student
+
+def load_student(src: ExportSource):
+    """(teacher, student UNet in float32 eval mode, training state). The student holds the weights
+    the run's samples were rendered with: the EMA weights when the checkpoint has them."""
+    import torch
+
+    from dmad.models.checkpoint import load_student as load_checkpoint_student
+    from dmad.models.checkpoint import read_training_state
+    from dmad.models.teacher import load_teacher
+
+    ident = src.cfg.identity
+    state = read_training_state(src.checkpoint)
+    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
+                           dtype=torch.float32)
+    student, _ = load_checkpoint_student(teacher, ident, src.checkpoint)
+    teacher.denoiser = None  # not exported: frees its memory (SD 1.5 in float32: 3.4 GB)
+    # the embedded guidance a guidance-distilled (Flux dev) student was trained and sampled with
+    teacher.family.guidance = src.cfg.distillation.real_guidance_scale
+    return teacher, student, state
+
+
+def fused_unet(student, mode: str):
+    """A plain denoiser (UNet2DConditionModel or the family's transformer): the full student as
+    is; a LoRA student merged into its base weights by peft (diffusers' fuse_lora, which UNets and
+    transformers have through PeftAdapterMixin) and stripped of the adapter layers (unload_lora)."""
+    if mode == "lora":
+        student.fuse_lora(lora_scale=1.0, safe_fusing=True)
+        student.unload_lora()
+    return student
+
+
+# --------------------------------------------------------------------------- the scheduler
+
+def student_scheduler(teacher_scheduler_config: dict, timesteps: list[int]):
+    """(LCMScheduler, reproduces) where reproduces says whether set_timesteps(len(timesteps))
+    gives exactly `timesteps`. Same noise schedule and prediction type as the teacher."""
+    import inspect
+
+    from diffusers import LCMScheduler
+
+    accepted = set(inspect.signature(LCMScheduler.__init__).parameters) - {"self"}
+    base = {k: v for k, v in dict(teacher_scheduler_config).items() if k in accepted}
+    base.update(timestep_scaling=TIMESTEP_SCALING, clip_sample=False, thresholding=False)
+    n = len(timesteps)
+    probe = LCMScheduler.from_config(base)
+    chosen = None
+    for steps in [n, *range(n + 1, probe.config.num_train_timesteps + 1)]:  # < 0.1 s in all
+        probe.set_timesteps(n, original_inference_steps=steps)
+        if probe.timesteps.tolist() == list(timesteps):
+            chosen = steps
+            break
+    sched = LCMScheduler.from_config(base, original_inference_steps=chosen or probe.config.num_train_timesteps)
+    return sched, chosen is not None
+
+
+def check_scheduler_matches(sched, schedule, timesteps: list[int]) -> None:
+    """The exported scheduler's arithmetic is the engine's: same alphas_cumprod, prediction type,
+    and an LCM boundary condition that is the identity at every student timestep."""
+    import torch
+
+    if not torch.equal(sched.alphas_cumprod.float(), schedule.alphas_cumprod):
+        raise RuntimeError("LCMScheduler's alphas_cumprod differ from the teacher's noise schedule")
+    if sched.config.prediction_type != schedule.prediction_type:
+        raise RuntimeError(f"prediction_type {sched.config.prediction_type} != {schedule.prediction_type}")
+    for t in timesteps:
+        c_skip, c_out = sched.get_scalings_for_boundary_condition_discrete(torch.tensor(t))
+        if t > 0 and not (float(c_out) == 1.0 and float(c_skip) < 1e-15):
+            raise RuntimeError(f"LCM boundary condition at t={t} is not the identity (c_out {float(c_out)})")
+
+
+# flow families: what the exported FlowMatchEulerDiscreteScheduler must have for the sigmas the
+# usage lines pass to be used unchanged (module docstring)
+FLOW_SCHEDULER_CONFIG = dict(shift=1.0, use_dynamic_shifting=False, stochastic_sampling=True, shift_terminal=None,
+                             use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False,
+                             invert_sigmas=False)
+
+
+def flow_student_scheduler(teacher_scheduler_config: dict):
+    """FlowMatchEulerDiscreteScheduler for a flow family's student: the teacher's config with
+    stochastic sampling (the student's re-noising) and no shift of its own (the usage lines pass
+    the engine's already shifted sigmas)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler.from_config(dict(teacher_scheduler_config), **FLOW_SCHEDULER_CONFIG)
+
+
+def student_sigmas(schedule, timesteps: list[int]) -> list[float]:
+    """The engine's sigmas s(t_k) of the student timesteps (float32 values, as python floats)."""
+    import torch
+
+    return [float(s) for s in schedule.sigma_of(torch.tensor(list(timesteps), dtype=torch.long))]
+
+
+def check_flow_scheduler_matches(sched, schedule, timesteps: list[int]) -> None:
+    """The exported flow scheduler, given the usage lines' sigmas, steps through exactly the
+    engine's sigmas (float32 equality), timesteps s * T, ends at sigma 0 (the last step returns
+    x0) and re-noises (stochastic_sampling)."""
+    import copy
+
+    import torch
+
+    if not sched.config.stochastic_sampling:
+        raise RuntimeError("the flow scheduler does not re-noise (stochastic_sampling is off)")
+    if sched.config.num_train_timesteps != schedule.num_train_timesteps:
+        raise RuntimeError(f"num_train_timesteps {sched.config.num_train_timesteps} != "
+                           f"{schedule.num_train_timesteps}")
+    probe = copy.deepcopy(sched)
+    probe.set_timesteps(sigmas=student_sigmas(schedule, timesteps), mu=0.0)
+    want = schedule.sigma_of(torch.tensor(list(timesteps), dtype=torch.long)).float()
+    if not torch.equal(probe.sigmas[:-1].float(), want) or float(probe.sigmas[-1]) != 0.0:
+        raise RuntimeError(f"the flow scheduler's sigmas {probe.sigmas.tolist()} differ from the student's "
+                           f"{want.tolist()}")
+    if not torch.equal(probe.timesteps.float(), want * schedule.num_train_timesteps):
+        raise RuntimeError(f"the flow scheduler's timesteps {probe.timesteps.tolist()} are not sigma * "
+                           f"{schedule.num_train_timesteps}")
+
+
+def make_student_scheduler(teacher, timesteps: list[int]):
+    """(LCMScheduler, reproduces) for a UNet family (SD, SDXL), checked against the engine's
+    noise schedule; reproduces: num_inference_steps gives the student's timesteps."""
+    sched, reproduces = student_scheduler(teacher.scheduler.config, timesteps)
+    check_scheduler_matches(sched, teacher.family.schedule(teacher.scheduler), timesteps)
+    return sched, reproduces
+
+
+# --------------------------------------------------------------------------- writers
+
+def _pipeline(teacher, denoiser, scheduler):
+    """The teacher family's diffusers pipeline on the teacher's VAE, text encoders and tokenizers
+    (SD3 without T5: text_encoder_3 / tokenizer_3 None) and the given denoiser."""
+    family = teacher.family
+    return family.pipeline(teacher.modules, scheduler, **{family.denoiser_name: denoiser})
+
+
+def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler) -> None:
+    _pipeline(teacher, fused_unet(student, mode), scheduler).save_pretrained(str(tmp), safe_serialization=True)
+
+
+def write_lora(tmp: Path, student, scheduler, family=None) -> None:
+    """peft's adapter state dict in the family's diffusers key layout, saved by the family
+    pipeline's save_lora_weights with the adapter's LoraConfig as metadata (so lora_alpha != rank
+    loads with the right scale). UNet families: converted to diffusers' UNet LoRA keys (as
+    diffusers' SD/SDXL LoRA training scripts save); transformer families: peft's keys, saved as
+    transformer_lora_layers (as diffusers' SD3/Flux LoRA training scripts save)."""
+    import diffusers
+    from diffusers.utils import convert_state_dict_to_diffusers
+    from peft.utils import get_peft_model_state_dict
+
+    from dmad.models.families import Family
+
+    family = family or Family()
+    cls = getattr(diffusers, family.pipeline_class)
+    metadata = student.peft_config["default"].to_dict()
+    if family.denoiser_name == "unet":
+        layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(student))
+        cls.save_lora_weights(str(tmp), unet_lora_layers=layers, weight_name=LORA_WEIGHT_NAME,
+                              safe_serialization=True, unet_lora_adapter_metadata=metadata)
+    else:
+        layers = get_peft_model_state_dict(student)
+        cls.save_lora_weights(str(tmp), transformer_lora_layers=layers, weight_name=LORA_WEIGHT_NAME,
+                              safe_serialization=True, transformer_lora_adapter_metadata=metadata)
+    scheduler.save_pretrained(str(tmp / "scheduler"))
+
+
+def _load_kwargs(teacher) -> str:
+    """Extra from_pretrained arguments the family's folder needs: SD3 without T5 names its absent
+    encoder (diffusers would otherwise look for it); SDXL without the invisible watermark (the
+    engine's samples have none)."""
+    family = teacher.family
+    extra = ""
+    for name in family.optional_components:
+        if teacher.modules.get(name) is None:
+            extra += f", {name}=None"
+    if family.name == "sdxl":
+        extra += ", add_watermarker=False"
+    return extra
+
+
+def _teacher_lines(teacher) -> list[str]:
+    info, cls = teacher.info, teacher.family.pipeline_class
+    if info.kind == "folder":
+        return [f"pipe = {cls}.from_pretrained({info.path!r}{_load_kwargs(teacher)}, local_files_only=True)"]
+    # as dmad.models.teacher loads it: configs and tokenizers from the local config folder, no Hub
+    toks = teacher.family.tokenizers
+    lines = ["from transformers import CLIPTokenizer"]
+    for tok in toks:
+        lines.append(f"{tok} = CLIPTokenizer.from_pretrained({info.config_dir!r}, subfolder={tok!r}, "
+                     "local_files_only=True)")
+    passed = ", ".join(f"{tok}={tok}" for tok in toks)
+    if teacher.family.name in ("sd1", "sd2"):
+        return lines + [f"pipe = {cls}.from_single_file({info.path!r}, config={info.config_dir!r},",
+                        f"    {passed}, local_files_only=True, safety_checker=None, feature_extractor=None,",
+                        "    requires_safety_checker=False)"]
+    return lines + [f"pipe = {cls}.from_single_file({info.path!r}, config={info.config_dir!r},",
+                    f"    {passed}{_load_kwargs(teacher)}, local_files_only=True)"]
+
+
+@dataclass
+class Example:
+    """The README's example call: the run's first prompt with its seed, so the image it gives can
+    be compared with samples/iter_<N>/<id>.png."""
+
+    id: str
+    prompt: str
+    seed: int
+    width: int
+    height: int
+
+
+def example_item(src: ExportSource) -> Example:
+    from dmad.contract.prompts import item_seed, load_prompt_set
+
+    try:
+        ps = load_prompt_set(src.run / "prompt_set.json")
+    except UserInputError:
+        r = src.cfg.resources.resolution
+        return Example("example", "a photo of a cat", 0, int(r), int(r))
+    item = ps.items[0]
+    return Example(item.id, item.prompt, item_seed(ps, item), ps.width, ps.height)
+
+
+def student_guidance(teacher, student) -> float:
+    """The pipeline's guidance_scale that samples the student as trained: the embedded guidance of
+    a guidance-distilled (Flux dev) student, else 1.0 (no classifier-free guidance)."""
+    family = teacher.family
+    return float(family.guidance) if family.guidance_embedded(student) else 1.0
+
+
+@dataclass
+class Sampling:
+    """How the exported scheduler is driven: LCM's step count or timesteps (UNet families), or the
+    student's sigmas (flow families); the guidance_scale; the latent shape (flow families)."""
+
+    timesteps: list
+    reproduces: bool
+    guidance: float = 1.0
+    sigmas: Optional[list] = None
+    latent_shape: Optional[tuple] = None  # (C, h, w) of the item noise
+
+
+def _call_lines(teacher, s: Sampling, ex: Example) -> list[str]:
+    family = teacher.family
+    if not family.flow:
+        steps = f"num_inference_steps={len(s.timesteps)}" if s.reproduces else f"timesteps={list(s.timesteps)}"
+        return [f"generator = torch.Generator('cpu').manual_seed({ex.seed})  # CPU generator, on any device",
+                f"image = pipe({ex.prompt!r}, {steps}, guidance_scale={s.guidance!r},",
+                f"             width={ex.width}, height={ex.height}, generator=generator).images[0]"]
+    c, h, w = s.latent_shape
+    lines = [f"generator = torch.Generator('cpu').manual_seed({ex.seed})  # CPU generator, on any device",
+             f"latents = torch.randn((1, {c}, {h}, {w}), generator=generator)  # the student's initial noise"]
+    if family.name == "flux":
+        lines.append(f"latents = {family.pipeline_class}._pack_latents(latents, 1, {c}, {h}, {w})  "
+                     "# Flux's 2x2 packed layout")
+    lines += ["# the pipeline draws the re-noising from torch's global CPU generator: give it the item's",
+              "torch.set_rng_state(generator.get_state())",
+              f"image = pipe({ex.prompt!r}, sigmas={list(s.sigmas)!r}, guidance_scale={s.guidance!r},",
+              f"             width={ex.width}, height={ex.height}, latents=latents, generator=generator).images[0]"]
+    return lines
+
+
+def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example) -> list[str]:
+    """The exact python that samples the student with plain diffusers."""
+    family = teacher.family
+    cls = family.pipeline_class
+    sched_cls = "FlowMatchEulerDiscreteScheduler" if family.flow else "LCMScheduler"
+    lines = ["import torch", f"from diffusers import {sched_cls}, {cls}", ""]
+    if fmt == "diffusers":
+        lines += [f"pipe = {cls}.from_pretrained({str(out)!r}{_load_kwargs(teacher)}, local_files_only=True)"]
+    else:
+        lines += _teacher_lines(teacher) + [
+            f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')",
+            f"pipe.load_lora_weights({str(out)!r}, weight_name={LORA_WEIGHT_NAME!r})"]
+    return lines + _call_lines(teacher, s, ex)
+
+
+def _readme(doc: dict, lines: list[str], ex: Example) -> str:
+    cls, den = doc["pipeline_class"], doc["denoiser"]
+    den_word = "UNet" if den == "unet" else "transformer"
+    encoders = ("VAE, text encoder and tokenizer" if doc["family"] in ("sd1", "sd2")
+                else "VAE, text encoders and tokenizers")
+    what = (f"a complete {cls} folder (teacher {encoders}; the student's {den_word}"
+            + (f", its LoRA fused into the base {den_word}" if doc["student"] == "lora" else "") + ")"
+            if doc["format"] == "diffusers" else
+            f"the student's LoRA ({LORA_WEIGHT_NAME}, diffusers format) for the teacher pipeline, and the scheduler")
+    same = ("the same pixels" if doc["student"] == "full" else
+            "the same image within one 8-bit code value (diffusers' LoRA layers, or fused weights, round "
+            "differently from dmad's adapter)")
+    if doc["flow"]:
+        how = (f"The student samples in {len(doc['student_timesteps'])} step(s) at sigmas {doc['student_sigmas']} "
+               f"(timesteps {doc['student_timesteps']} of its flow schedule): it predicts x0, then re-noises it "
+               "with fresh noise to the next sigma. The FlowMatchEulerDiscreteScheduler in `scheduler/` does "
+               "exactly this (stochastic_sampling; shift 1.0 and no dynamic shifting, so the sigmas passed are "
+               "used as given).")
+        how += (f" The student was trained with embedded guidance {doc['guidance_scale']}: keep "
+                f"guidance_scale={doc['guidance_scale']}." if doc["guidance_embedded"] else
+                " The student is sampled without classifier-free guidance: keep guidance_scale=1.0.")
+        exact = (f"This renders prompt `{ex.id}` of the run's prompt set with its seed: on a CPU, {same} as "
+                 f"`samples/{doc['checkpoint']}/{ex.id}.png` and `dmad sample` (same latents, same re-noising "
+                 "draws, which the pipeline takes from torch's global generator).")
+    else:
+        how = (f"The student samples in {len(doc['student_timesteps'])} step(s) at timesteps "
+               f"{doc['student_timesteps']}: it predicts x0, then re-noises it with fresh noise to the next "
+               "timestep. The LCMScheduler in `scheduler/` does exactly this (timestep_scaling 1e9 turns LCM's "
+               "boundary condition into the identity). The student is sampled without classifier-free guidance: "
+               "keep guidance_scale=1.0.")
+        exact = (f"This renders prompt `{ex.id}` of the run's prompt set with its seed: on a CPU, {same} as "
+                 f"`samples/{doc['checkpoint']}/{ex.id}.png` and `dmad sample` (same latents, same re-noising draws)"
+                 + ("." if doc["exact"] else ", except at timestep 0, where LCMScheduler returns the sample itself "
+                    "instead of the student's x0 prediction (a difference of sqrt(1 - alphas_cumprod[0]) of the "
+                    "noise)."))
+    return "\n".join([
+        f"# DMAD student export: {doc['run_name']} {doc['checkpoint']}", "",
+        f"This folder holds {what}, written by `dmad export` from run `{doc['run']}`, checkpoint "
+        f"`{doc['checkpoint']}` ({doc['weights']} weights).", "",
+        how, "",
+        "```python", *lines, "```", "",
+        exact,
+        "Use your own prompt and any seed the same way.", ""])
+
+
+def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidance_embedded: bool) -> dict:
+    import diffusers
+    import torch
+
+    family = teacher.family
+    if family.flow:
+        scheduler = {"class": type(sched).__name__,
+                     **{k: sched.config[k] for k in ("shift", "use_dynamic_shifting", "stochastic_sampling")}}
+    else:
+        scheduler = {"class": "LCMScheduler", "original_inference_steps": sched.config.original_inference_steps,
+                     "timestep_scaling": sched.config.timestep_scaling}
+    doc = {"format": fmt, "run": str(src.run), "run_name": src.run.name, "checkpoint": src.checkpoint.name,
+           "iter": src.iter, "student": src.cfg.identity.student,
+           "weights": "ema" if (src.checkpoint / "ema.safetensors").is_file() else "trained",
+           "teacher": teacher.info.path, "family": family.name, "pipeline_class": family.pipeline_class,
+           "denoiser": family.denoiser_name, "flow": family.flow, "prediction_type": state.prediction_type,
+           "student_timesteps": list(state.student_timesteps), "num_inference_steps": len(state.student_timesteps),
+           "num_inference_steps_gives_timesteps": s.reproduces, "guidance_scale": s.guidance,
+           "guidance_embedded": guidance_embedded,
+           # LCM's boundary condition at t = 0 returns the sample itself, not the x0 prediction
+           "exact": (0 not in state.student_timesteps) if not family.flow else True,
+           "scheduler": scheduler,
+           "lora_weight_name": LORA_WEIGHT_NAME if fmt == "lora" else None,
+           "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if family.flow:
+        doc["student_sigmas"] = list(s.sigmas)
+        doc["latent_shape"] = list(s.latent_shape)
+    return doc
+
+
+def export(src: ExportSource, fmt: str, out: Path) -> Path:
+    """Write the export to a temp folder beside `out`, then rename it to `out`."""
+    import torch
+
+    from dmad.sample.render import latent_shape
+
+    check_request(src, fmt, out)
+    teacher, student, state = load_student(src)
+    family = teacher.family
+    timesteps = list(state.student_timesteps)
+    ex = example_item(src)
+    embedded = family.guidance_embedded(student)
+    guidance = student_guidance(teacher, student)
+    if family.flow:
+        schedule = family.schedule(teacher.scheduler, src.cfg.resources.resolution)
+        sched = flow_student_scheduler(teacher.scheduler.config)
+        check_flow_scheduler_matches(sched, schedule, timesteps)
+        sampling = Sampling(timesteps, True, guidance, student_sigmas(schedule, timesteps),
+                            latent_shape(teacher.vae, ex.width, ex.height))
+    else:
+        sched, reproduces = make_student_scheduler(teacher, timesteps)
+        sampling = Sampling(timesteps, reproduces, guidance)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with torch.no_grad():
+            if fmt == "diffusers":
+                write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched)
+            else:
+                write_lora(tmp, student, sched, family)
+        doc = _doc(fmt, src, teacher, state, sampling, sched, embedded)
+        (tmp / "dmad_export.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        lines = usage_lines(fmt, out, teacher, sampling, ex)
+        (tmp / "README.md").write_text(_readme(doc, lines, ex), encoding="utf-8")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:
+    """The `dmad export` command: prints the output folder on stdout."""
+    src = resolve_source(run, checkpoint)
+    target = Path(out).expanduser().resolve() if out else default_out(src, fmt)
+    check_request(src, fmt, target)  # before torch is imported: bad requests answer fast
+    print(export(src, fmt, target), flush=True)
+    return 0

@@ -1,0 +1,220 @@
+"""Building a training session: accelerator, teacher, the three networks, optimizers, data; and
+restoring one from a checkpoint."""
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from dmad.models.checkpoint import load_checkpoint
+from dmad.contract.config import TrainConfig
+from dmad.errors import UserInputError
+from dmad.contract.events import EventWriter
+from dmad.train.monitor import Monitor
+from dmad.models.networks import build_networks, make_lr_scheduler, make_optimizer, trainable_parameters
+from dmad.contract.prompts import PromptSet
+from dmad.train.ranks import NullCsv
+from dmad.contract.runs import CsvAppender, RunFolder
+from dmad.models.teacher import DTYPES
+from dmad.train.session import METRIC_COLUMNS, Session
+from dmad.train.step import RealScore, TimestepRange
+
+
+
+def make_accelerator(mixed_precision: str):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cuda = torch.cuda.is_available()
+    if mixed_precision == "fp16" and not cuda:
+        raise UserInputError("resources.mixed_precision: fp16 needs a CUDA GPU; use bf16 or no on a CPU")
+    # Accumulation is done by the loop itself (explicit loss scaling, no_sync on inner
+    # micro-steps), so accelerate's own counter stays at 1.
+    # Rank 0 renders samples and writes checkpoints while the others wait in a collective: allow hours.
+    timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(hours=6))
+    return Accelerator(mixed_precision=mixed_precision, cpu=not cuda, gradient_accumulation_steps=1,
+                       kwargs_handlers=[timeout])
+
+
+def _encode_uncond(teacher, device):
+    """The family's unconditional embedding (batch 1), or None for a guidance-embedding teacher."""
+    if teacher.family.guidance_embedded(teacher.denoiser):
+        return None
+    with torch.no_grad():
+        return teacher.family.uncond(teacher.modules, device)
+
+
+TEACHER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def quantize_teacher(net: torch.nn.Module, precision: str) -> int:
+    """Weight-only int8 / fp8 of the frozen denoiser's linear layers (dmad.models.quant), computing
+    in bf16. Returns the number of weights stored in 1 byte."""
+    from dmad.models.quant import quantize_linears
+
+    return quantize_linears(net, precision)
+
+
+def offload_between_calls(net: torch.nn.Module, device: torch.device) -> None:
+    """Keep `net` in CPU memory and on `device` only during its own forward calls (forward hooks).
+    A graph that backpropagates through it keeps the device copy of the weights it saved alive until
+    backward; the next call copies the weights up again."""
+    def up(module, args, kwargs):
+        module.to(device)
+
+    def down(module, args, kwargs, output):
+        module.to("cpu")
+
+    net.register_forward_pre_hook(up, with_kwargs=True)
+    net.register_forward_hook(down, with_kwargs=True)
+
+
+def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool) -> str:
+    """Cast, quantise and move the frozen teacher. The denoiser gets resources.teacher_precision
+    (auto: the mixed-precision dtype); the text encoders the mixed-precision dtype; the VAE too,
+    except for a family whose VAE must stay float32 (SDXL). With offload, the denoiser and the
+    text encoders live in CPU memory between their calls. Returns a line for the engine log."""
+    fam = teacher.family
+    den = teacher.denoiser
+    quantized = 0
+    for m in teacher.networks():
+        m.requires_grad_(False)
+        m.eval()
+        if m is den:
+            if precision in ("int8", "fp8"):
+                quantized = quantize_teacher(m, precision)
+            else:
+                m.to(dtype=TEACHER_DTYPES.get(precision, wdtype))
+        elif m is teacher.vae:
+            m.to(dtype=torch.float32 if fam.vae_fp32 else wdtype)
+        else:
+            m.to(dtype=wdtype)
+        if offload and m is not teacher.vae and device.type != "cpu":
+            m.to("cpu")
+            offload_between_calls(m, device)
+        else:
+            m.to(device)
+    den_dtype = f"{precision} ({quantized / 1e6:.1f} M linear weights, the rest bf16)" if quantized else \
+        str(next(den.parameters()).dtype).removeprefix("torch.")
+    vae_dtype = str(next(teacher.vae.parameters()).dtype).removeprefix("torch.")
+    where = "CPU memory, on the device per call" if offload and device.type != "cpu" else str(device)
+    return f"teacher {fam.name}: denoiser {den_dtype}, VAE {vae_dtype}; frozen networks in {where}"
+
+
+def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
+                  log: logging.Logger, monitor: Monitor, acc=None) -> Session:
+    from accelerate.utils import set_seed
+
+    from dmad.data.loading import open_dataset
+    from dmad.models.teacher import load_teacher
+
+    ident, res, opt, dist = cfg.identity, cfg.resources, cfg.optimization, cfg.distillation
+    acc = acc or make_accelerator(res.mixed_precision)
+    set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
+    wdtype = DTYPES[res.mixed_precision]
+    monitor.device = acc.device
+    # the data first: too few usable images must stop the run before any model loads
+    dataset, groups, skip_log = open_dataset(ident.train_data_dir, res.resolution, res.train_batch_size,
+                                             cfg.effective_batch(acc.num_processes), res.seed, events, folder, log)
+    events.emit("phase", None, phase="loading", device=str(acc.device))
+    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
+                           dtype=torch.float32)
+    family = teacher.family
+    family.guidance = dist.real_guidance_scale  # what a guidance-embedding student and fake score are given
+    nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
+                          lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
+                          gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
+                          gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family,
+                          base_dtype=wdtype)
+    check_buckets(groups, teacher, ident.train_data_dir)
+    caches = None
+    if res.cache_latents:
+        from dmad.data.encode import make_caches
+
+        caches = make_caches(dataset, teacher, wdtype)
+        log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
+    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload))
+    betas = (opt.adam_beta1, opt.adam_beta2)
+    opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
+                           opt.adam_epsilon, opt.adam_weight_decay)
+    critic_params = trainable_parameters(nets.fake_score) + trainable_parameters(nets.gan_head)
+    opt_c = make_optimizer(critic_params, opt.optimizer, opt.critic_lr, betas, opt.adam_epsilon, opt.adam_weight_decay)
+    k = dist.critic_updates_per_generator_update
+    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
+                                math.ceil(opt.max_train_steps / k))
+    sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
+    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
+    if nets.ema is not None:
+        nets.ema.to(acc.device)
+    schedule = family.schedule(teacher.scheduler, res.resolution)
+    real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
+    trange = TimestepRange(dist.min_timestep, dist.max_timestep)
+    s = Session(cfg=cfg, folder=folder, events=events, accelerator=acc, device=acc.device, weight_dtype=wdtype,
+                teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
+                opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
+                timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
+                dataset=dataset, groups=groups, skip_log=skip_log, caches=caches,
+                metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS),
+                log=log, is_main=acc.is_main_process, world=acc.num_processes)
+    _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
+    log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
+             ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,
+             ident.student, ident.fake_score, acc.device, res.mixed_precision)
+    return s
+
+
+def size_step(teacher) -> int:
+    """Pixel sides the teacher takes: VAE factor x UNet downsampling (64 for SD), or VAE factor x
+    patch size (16 for SD3 and Flux)."""
+    return teacher.family.size_step(teacher.denoiser.config)
+
+
+def check_buckets(groups, teacher, source) -> None:
+    step = size_step(teacher)
+    for g in groups:
+        if g.bucket[0] % step or g.bucket[1] % step:
+            raise UserInputError(f"train_data_dir {source}: bucket {g.bucket[0]}x{g.bucket[1]} is not a multiple of "
+                                 f"{step} pixels, which this teacher needs: set bucket_step to a multiple of {step} "
+                                 f"in the dataset list")
+
+
+def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> None:
+    """The keyword arguments of generator_loss / critic_loss that stay fixed for the run."""
+    fake_unwrapped = s.nets.fake_score
+    on_teacher = placement == "teacher_bottleneck"
+    gan_unet = s.teacher.denoiser if on_teacher else fake_unwrapped
+    tap = s.teacher.family.tap(gan_unet)
+    common = dict(schedule=s.schedule, trange=s.trange, head=s.gan_head, family=s.teacher.family)
+    s.generator_kwargs = dict(real=s.real, fake=fake_unwrapped, gan_unet=gan_unet, gan_tap=tap,
+                              gan_weight=w_gen, **common)
+    s.critic_kwargs = dict(fake=s.fake_score, fake_tap=None if on_teacher else tap, teacher=s.teacher.denoiser,
+                           teacher_tap=tap if on_teacher else None, gan_weight=w_critic, **common)
+
+
+def restore(s: Session, resume: Optional[str]) -> None:
+    """Load a checkpoint (exact resume) and start the data stream at the batch it reached."""
+    from dmad.data.loading import make_loader
+    from dmad.data.mixing import MixtureBatches
+    from dmad.data.scan import report_skips
+
+    if resume:
+        ident = s.cfg.identity
+        state = load_checkpoint(Path(resume), nets=s.nets, student_mode=ident.student, fake_mode=ident.fake_score,
+                                opt_g=s.opt_g, opt_c=s.opt_c, sched_g=s.sched_g, sched_c=s.sched_c,
+                                scaler=s.accelerator.scaler)
+        if state.student_timesteps != s.timesteps:
+            raise UserInputError(f"checkpoint {resume} was trained with student timesteps {state.student_timesteps}, "
+                                 f"the config asks for {s.timesteps}")
+        s.iter = s.start_iter = s.last_saved = state.iter
+        s.generator_steps, s.batches_used = state.generator_steps, state.batches_used
+        s.events.emit("phase", s.iter, phase="restored", checkpoint=str(resume))
+    acc, res = s.accelerator, s.cfg.resources
+    sampler = MixtureBatches(s.groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
+                             consumed=s.batches_used)
+    s.sampler = sampler
+    loader = iter(make_loader(s.dataset, sampler, res.dataloader_num_workers))
+    s.data = report_skips(loader, lambda skips: s.skip_log.loaded(s.iter, skips))

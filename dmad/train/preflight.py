@@ -1,0 +1,171 @@
+"""Checks that run before anything heavy: data, prompt set, teacher, run folder, resume target.
+
+Everything a user can get wrong is found here and reported as one UserInputError line naming
+the problem and where. The cheap checks come first and need no torch (well under a second; the
+data scan reads image headers and captions only); the teacher's configs are inspected last,
+which imports torch and diffusers (~1-3 s). `dmad train --dry-run` stops after these checks;
+a real run goes on to dmad.train.loop with the facts gathered here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from dmad.contract.config import TrainConfig
+from dmad.contract.datafiles import IMAGE_EXTS, caption_of, images_in
+from dmad.errors import UserInputError
+from dmad.contract.runs import RunFolder, default_run_name
+
+if TYPE_CHECKING:  # both import torch or pydantic models we only name here
+    from dmad.models.teacher import TeacherInfo
+    from dmad.contract.prompts import PromptSet
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    folder: Path    # train_data_dir: a folder or a dataset list file
+    images: int     # image files at the top of the dataset folders
+    captioned: int  # of those, images with a caption (a .txt of the same stem, or by caption_strategy)
+    usable: Optional[int] = None  # of those, images that pass the checks training applies (dmad.data.scan)
+    name: str = ""  # the dataset's id, or the list file's stem
+    buckets: int = 0  # (dataset, bucket) groups batches are drawn from
+
+    @property
+    def dataset_id(self) -> str:
+        return self.name or self.folder.name
+
+
+@dataclass(frozen=True)
+class ResumeTarget:
+    iteration: int
+    checkpoint: Path  # <run>/checkpoints/iter_<N>, complete (checkpoints are renamed into place)
+
+
+@dataclass
+class Preflight:
+    run_dir: Path
+    teacher_info: "TeacherInfo"
+    prompt_set: "PromptSet"
+    data: DataSummary
+    resume: Optional[ResumeTarget]
+
+    @property
+    def resume_arg(self) -> Optional[str]:
+        """What dmad.train.loop's `resume` takes: the checkpoint folder, or None for a fresh start."""
+        return str(self.resume.checkpoint) if self.resume else None
+
+    @property
+    def teacher_has_weights(self) -> bool:
+        return self.teacher_info.has_weights
+
+    def require_teacher_weights(self) -> None:
+        """A dry run can estimate memory from the configs alone; training needs the weights."""
+        if not self.teacher_info.has_weights:
+            raise UserInputError(f"teacher has no weights: {self.teacher_info.path} "
+                                 f"(missing: {'; '.join(self.teacher_info.missing_weights)})")
+
+
+def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional[str] = None,
+              launched: bool = False) -> Preflight:
+    """`run_dir`: --run-dir (absolute) or None for output_dir/run_name (or a dated default name).
+    `resume`: 'latest', a checkpoint or run folder, or None for a fresh start. `launched`: a rank
+    of a multi-process run (dmad.train.launch): the launcher checked the run folder, which rank 0 may
+    have created already."""
+    from dmad.contract.prompts import default_prompt_set_path, load_prompt_set
+
+    prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
+    data = check_usable(summarize_data(Path(cfg.identity.train_data_dir)), cfg)
+    if run_dir is None and resume not in (None, "latest"):
+        run_dir = _run_dir_of_checkpoint(Path(resume))
+    if run_dir is None:
+        run_dir = default_run_dir(cfg, data.dataset_id, prompt_set.name, str(prompt_set.version),
+                                  resume_latest=resume == "latest")
+    run_dir = Path(run_dir).resolve()
+    target = find_resume_target(run_dir, resume) if resume else None
+    if target is None and not launched:
+        check_fresh_run_dir(run_dir)
+    teacher_info = _inspect_teacher(cfg)  # last: it imports torch and diffusers (~1-3 s)
+    return Preflight(run_dir=run_dir, teacher_info=teacher_info, prompt_set=prompt_set, data=data, resume=target)
+
+
+def _inspect_teacher(cfg: TrainConfig) -> "TeacherInfo":
+    from dmad.models.teacher import inspect_teacher  # reads configs and file headers only
+
+    ident = cfg.identity
+    return inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
+
+
+def summarize_data(source: Path) -> DataSummary:
+    """Image and caption counts of a folder or a dataset list; a source with no captioned image at
+    all is refused here (one line), before the per-item scan."""
+    from dmad.contract.datasets import dataset_name, load_dataset_list
+
+    if not source.exists():
+        raise UserInputError(f"train_data_dir not found: {source}")
+    entries = load_dataset_list(source)
+    images = captioned = 0
+    for e in entries:
+        found = images_in(e.root)
+        has = sum(1 for p in found if caption_of(p).is_file()) if e.caption_strategy == "textfile" else len(found)
+        images, captioned = images + len(found), captioned + has
+    if not captioned:
+        what = f"{images} images but no .txt captions" if images else "no images"
+        raise UserInputError(f"train_data_dir {source}: {what} (need image files "
+                             f"({', '.join(IMAGE_EXTS)}) each with a .txt caption of the same stem)")
+    return DataSummary(folder=source, images=images, captioned=captioned, name=dataset_name(source, entries))
+
+
+def check_usable(summary: DataSummary, cfg: TrainConfig) -> DataSummary:
+    """Training's per-item checks from file headers and captions (no pixel decoding), and its
+    buckets: fewer usable images than one effective batch stop here, before any model loads."""
+    from dmad.data.scan import require_batch, scan_datasets
+    from dmad.train.launch import world_rank
+    from dmad.contract.datasets import load_dataset_list
+
+    res = cfg.resources
+    sets = scan_datasets(load_dataset_list(summary.folder), res.resolution, res.train_batch_size)
+    require_batch(sets, cfg.effective_batch(world_rank()[1]), summary.folder)
+    return replace(summary, usable=sum(len(d.items) for d in sets),
+                   buckets=sum(len(d.buckets()) for d in sets))
+
+
+def default_run_dir(cfg: TrainConfig, dataset_id: str, prompt_set_name: str, prompt_set_version: str,
+                    resume_latest: bool = False) -> Path:
+    out = Path(cfg.identity.output_dir).expanduser()
+    if cfg.identity.run_name:
+        return out / cfg.identity.run_name
+    if resume_latest:  # a dated name is new every minute: it cannot name the run to continue
+        raise UserInputError("--resume latest needs the run folder: give --run-dir DIR or set identity.run_name")
+    return out / default_run_name(dataset_id, prompt_set_name, prompt_set_version)
+
+
+def _run_dir_of_checkpoint(path: Path) -> Path:
+    """--resume runs/x/checkpoints/iter_500 continues runs/x; --resume runs/x means its latest."""
+    if path.parent.name == "checkpoints":
+        return path.parent.parent
+    return path
+
+
+def find_resume_target(run_dir: Path, resume: str) -> ResumeTarget:
+    run = RunFolder(run_dir)
+    if not run_dir.is_dir():
+        raise UserInputError(f"--resume {resume}: run folder not found: {run_dir}")
+    path = Path(resume)
+    if resume == "latest" or path.resolve() == run_dir:
+        latest = run.latest_checkpoint()
+        if latest is None:
+            raise UserInputError(f"--resume {resume}: no complete checkpoint in {run.checkpoints_dir} "
+                                 f"(start without --resume, or pick another run folder)")
+        return ResumeTarget(iteration=latest[0], checkpoint=latest[1])
+    found = {p.resolve(): it for it, p in run.list_checkpoints()}
+    if path.resolve() not in found:
+        have = ", ".join(f"iter_{it}" for it in sorted(found.values())) or "none"
+        raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
+    return ResumeTarget(iteration=found[path.resolve()], checkpoint=path.resolve())
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UserInputError(f"run folder already exists: {run_dir} (use --resume latest to continue it, "
+                             f"or choose another --run-dir / identity.run_name)")

@@ -1,0 +1,140 @@
+"""One point of `dmad probe` (dmad/train/probe.py), in a process of its own so no allocator state carries
+over from another point: the run config at one (batch, resolution), trained for warmup + steps
+iterations (kind "train") or put through the same networks without any backward (kind
+"baseline"), in a throwaway run folder; then the measurements as one JSON file.
+
+The training path is dmad.train.loop.run_training itself (probe mode: no samples, no checkpoints), so
+the phases, the out-of-memory classification (loading, vae-encode, first-forward,
+first-backward, step-N) and DMAD_FAULT are exactly those of a real run.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from dmad.memory import readings as memory
+from dmad.contract.runs import atomic_write_json
+from dmad.train.step import FAKE_GUIDANCE
+
+
+def inference_loop(s: Any, phase: Any) -> int:
+    """The baseline: per iteration, one batch encoded (VAE, text encoder), the student's one-step
+    prediction and the teacher's guided prediction and the fake score's, all without autograd;
+    one metrics row per iteration (the same columns as training)."""
+    cfg = s.cfg
+    s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
+    s.events.emit("phase", s.iter, phase="inference-probe")
+    while s.iter < cfg.optimization.max_train_steps:
+        first = s.iter == 0
+        t0 = time.perf_counter()
+        batch = next(s.data)
+        t_data = time.perf_counter() - t0
+        rng = s.rng(s.batches_used)
+        s.batches_used += 1
+        with torch.no_grad():
+            phase.set("vae-encode" if first else f"step-{s.iter + 1}")
+            latents, emb = s.encode_batch(batch, rng)
+            phase.set("first-forward" if first else phase.name)
+            with s.accelerator.autocast():
+                x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
+                x0 = s.student_x0(x_t, t, emb)
+                s.real.x0(s.schedule, x0, t, emb)
+                s.teacher.family.predict(s.fake_score, x0.to(s.weight_dtype), t, emb, s.schedule, guidance=FAKE_GUIDANCE)
+        s.sync_device()
+        s.iter += 1
+        row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}
+        row.update(s.memory_row())
+        s.metrics.append({k: row.get(k) for k in s.metrics.columns})
+        s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"})
+    s.folder.write_status("finished", iter=s.iter)
+    s.events.emit("finished", s.iter)
+    return 0
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _floats(rows: list[dict], key: str) -> list[float]:
+    out = []
+    for r in rows:
+        try:
+            out.append(float(r[key]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out
+
+
+def _error_event(run_dir: Path) -> Optional[dict]:
+    from dmad.contract.events import read_events
+
+    errors = [e.data for e in read_events(run_dir / "events.jsonl") if e.kind == "error"]
+    return errors[-1] if errors else None
+
+
+def measure(run_dir: Path, warmup: int, code: int) -> dict:
+    """The point's figures from its run folder: step times after warm-up (data vs compute), the
+    framework peak (max over the metrics rows), the device peak (NVML samples of gpu_mem.csv) and
+    this process's peak RSS; status and out-of-memory phase from the exit code and error event."""
+    rows = _rows(run_dir / "metrics.csv")
+    timed = [r for r in rows if int(float(r.get("iter") or 0)) > warmup] or rows
+    steps, data = _floats(timed, "step_time_s"), _floats(timed, "data_time_s")
+    framework = _floats(rows, "mem_peak_alloc_gb")
+    nvml = [r for r in _rows(run_dir / "gpu_mem.csv") if r.get("scope") == "device_nvml"]
+    device, total = _floats(nvml, "mem_used_gb"), _floats(nvml, "mem_total_gb")
+    err = _error_event(run_dir) if code else None
+    status = "ok" if code == 0 else ("oom" if code == 3 else "error")
+    step = statistics.fmean(steps) if steps else None
+    data_t = statistics.fmean(data) if data else None
+    return {"status": status, "oom_phase": (err or {}).get("phase", "none") if status == "oom" else "none",
+            "error": None if code == 0 else (err or {}).get("reason", f"exit code {code}"),
+            "framework_peak_gb": max(framework) if framework else None,
+            "device_peak_gb": max(device) if device else None,
+            "device_total_gb": max(total) if total else None,
+            "process_peak_rss_gb": memory.process_peak_rss_gb(),
+            "step_time_s": step, "data_time_s": data_t,
+            "compute_time_s": (step - data_t) if step is not None and data_t is not None else None,
+            "iterations": len(rows)}
+
+
+def main_probe_point(args) -> int:
+    """`dmad probe-point` (internal; `dmad probe` starts it): writes --result, exits 0 unless the
+    point could not even be set up."""
+    from dmad.contract.config import load_config
+    from dmad.errors import DmadError
+    from dmad.train.loop import run_training
+
+    sets = [*args.set, f"resources.train_batch_size={args.batch}", f"resources.resolution={args.resolution}",
+            f"optimization.max_train_steps={args.warmup + args.steps}", "observation.log_every_steps=1",
+            "observation.gpu_mem_interval_s=0.5",
+            "optimization.lr_warmup_steps=0"]
+    cfg = load_config(args.config, sets)
+    import diffusers  # noqa: F401 - the libraries in memory before the models: not part of the point's cost
+    import transformers  # noqa: F401
+
+    rss_before = memory.process_rss_gb()
+    run_dir = Path(args.run_dir)
+    try:
+        code = run_training(cfg, run_dir=run_dir, resume=None, argv=["dmad", "probe-point"],
+                            probe="inference" if args.kind == "baseline" else "train")
+    except DmadError as e:
+        code = e.exit_code
+        if not (run_dir / "events.jsonl").exists():
+            atomic_write_json(Path(args.result), {"status": "error", "oom_phase": "none", "error": str(e),
+                                                  "pid": os.getpid()})
+            return 0
+    result = measure(run_dir, args.warmup, code)
+    result["pid"] = os.getpid()
+    result["process_rss_before_gb"] = rss_before  # host RAM before the models loaded (CPU comparisons)
+    atomic_write_json(Path(args.result), result)
+    return 0
