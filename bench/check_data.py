@@ -1,4 +1,4 @@
-"""`dmad check-data` speed vs a naive loop (issue 6, part 5): on one generated folder of N captioned
+"""`dmad check-data` speed vs a naive loop: on one generated folder of N captioned
 images (128-512 px, mixed PNG/JPEG, 6% with problems), time (a) a loop that fully decodes every
 image with PIL (Image.open().convert("RGB")) and reads every caption, (b) dmad.data.check.check_source
 with the default workers and an empty fingerprint cache (cold: every file read and decoded, as a
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, help="number of images (overrides --quick)")
     ap.add_argument("--workers", type=int, help="check_source workers (default: its own, the CPU count)")
     ap.add_argument("--px", type=int, nargs=2, default=(128, 512), metavar=("MIN", "MAX"),
-                    help="image sides drawn from MIN..MAX pixels (default 128 512, the issue's benchmark)")
+                    help="image sides drawn from MIN..MAX pixels (default 128 512, the sizes of docs/benchmarks.md)")
     ap.add_argument("--keep", metavar="DIR", help="build (or reuse) the folder here instead of a temp folder")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""GUI responsiveness of DMAD Studio's Training panel (issue 4 targets).
+"""GUI responsiveness of DMAD Studio's Training panel, against its targets (TARGETS).
 
     python bench/gui.py [--quick] [--json OUT] [--seconds S]
 

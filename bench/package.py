@@ -1,4 +1,4 @@
-"""The desktop bundle (issue 8, part 3): build dist/dmad-studio/ with PyInstaller from
+"""The desktop bundle: build dist/dmad-studio/ with PyInstaller from
 packaging/dmad_studio.spec, then run the bundle's self-test (`dmad-studio --self-test`: the engine,
 started from the bundle as a subprocess, dry-runs the demo config; the window is built off
 screen). Prints build time, bundle size (files and bytes on disk) and self-test time; exit 1 if

@@ -1,4 +1,4 @@
-"""Samples grid opening time (issue 5 target: 50 prompts x 20 checkpoints in <= 1 s, warm cache).
+"""Samples grid opening time (target: 50 prompts x 20 checkpoints in <= 1 s with a warm cache).
 
     python bench/samples_grid.py [--prompts 50] [--checkpoints 20] [--px 256] [--repeats 3] [--json OUT]
 

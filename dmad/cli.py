@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -50,6 +50,9 @@ class _Context:
     """What main() needs to know to place a crash log: the run folder, once preflight named it."""
 
     run_dir: Optional[Path] = None
+
+    def set_run_dir(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,21 +231,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.data.check_report import main_check_data  # PIL and numpy only when this command runs
+    from dmad.data.check_command import main_check_data  # PIL and numpy only when this command runs
 
-    return main_check_data(args)
+    return main_check_data(source=args.source, json_report=args.json, min_size=args.min_size,
+                           resolution=args.resolution, batch=args.batch, workers=args.workers,
+                           progress=args.progress, cache=not args.no_cache, fast=args.fast)
 
 
 def _cmd_probe(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.train.probe import main_probe
 
-    return main_probe(args)
+    return main_probe(config=args.config, batch=args.batch, resolution=args.resolution, steps=args.steps,
+                      warmup=args.warmup, out=args.out, overrides=args.set, progress=args.progress)
 
 
 def _cmd_probe_point(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.train.probe_point import main_probe_point
 
-    return main_probe_point(args)
+    return main_probe_point(config=args.config, kind=args.kind, batch=args.batch, resolution=args.resolution,
+                            steps=args.steps, warmup=args.warmup, run_dir=args.run_dir, result_path=args.result,
+                            overrides=args.set)
 
 
 def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
@@ -258,7 +266,7 @@ def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
 def _cmd_cache(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.data.cache_command import main_cache
 
-    return main_cache(args)
+    return main_cache(config=args.config, overrides=args.set, progress=args.progress)
 
 
 def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
@@ -272,25 +280,27 @@ def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.sample.command import main_sample
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
-    return main_sample(args)
+    return main_sample(run=args.run, checkpoint=args.checkpoint, prompt_set=args.prompt_set, out=args.out,
+                       sweep=args.sweep, prompt_id=args.prompt_id, device=args.device)
 
 
 def _cmd_demo(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.demo.run import run_demo
 
-    return run_demo(run_dir=args.run_dir, overrides=args.set, ctx=ctx)
+    return run_demo(run_dir=args.run_dir, overrides=args.set, on_run_dir=ctx.set_run_dir)
 
 
 def _cmd_make_teacher(args: argparse.Namespace, ctx: _Context) -> int:
-    from dmad.demo.make_teacher import main_from_args
+    from dmad.demo.make_teacher import TeacherTraining, main_make_teacher
 
-    return main_from_args(args)
+    training = TeacherTraining(**{f.name: getattr(args, f.name) for f in fields(TeacherTraining)})
+    return main_make_teacher(out=args.out, training=training)
 
 
 def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.demo.bench import main_distill
 
-    return main_distill(args.quick, args.json, args.out, args.config)
+    return main_distill(quick=args.quick, json_out=args.json, out_dir=args.out, config=args.config)
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:

@@ -22,13 +22,3 @@ class RunFailed(DmadError):
     """The run started but could not finish (an error event says why): exit 1."""
 
     exit_code = EXIT_RUN_FAILED
-
-
-class OutOfMemory(DmadError):
-    """The device ran out of memory; `phase` says where (loading, first-forward, step-N ...): exit 3."""
-
-    exit_code = EXIT_OUT_OF_MEMORY
-
-    def __init__(self, message: str, phase: str):
-        super().__init__(message)
-        self.phase = phase

@@ -2,8 +2,9 @@
 
 Torch-free (the app imports it for form generation and validation as you type).
 Field names follow diffusers' training scripts (train_batch_size, gradient_accumulation_steps,
-checkpointing_steps, ...) and DMD2's reference code (real_guidance_scale, backward_simulation)
-where such a name exists. Unknown keys are errors (extra="forbid"), never silently ignored.
+checkpointing_steps, ...) and DMD2's reference code (real_guidance_scale) where such a name exists.
+Unknown keys are errors (extra="forbid"), never silently ignored. Older files (config_version) are
+brought up to date by migrate() before validation.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dmad.errors import UserInputError
 from dmad.contract.jsonfile import read_json_file
 from dmad.contract.paths import resources_dir
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2  # migrate() brings older files up to it
 
 
 class _Group(BaseModel):
@@ -122,8 +123,6 @@ class Distillation(_Group):
     gan_head_placement: Literal["fake_score_bottleneck", "teacher_bottleneck"] = Field(
         "fake_score_bottleneck", description="Where the GAN head reads features: the fake score's UNet bottleneck "
                                              "(trained with it) or the frozen teacher's.")
-    backward_simulation: bool = Field(
-        True, description="Multi-step students: train on the student's own rollouts (required for 2-4 steps).")
     min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
     max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
     ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
@@ -138,9 +137,6 @@ class Distillation(_Group):
                 raise ValueError(f"student_timesteps has {len(ts)} entries but student_steps is {self.student_steps}")
             if any(t < 0 or t > 999 for t in ts) or any(a <= b for a, b in zip(ts, ts[1:])):
                 raise ValueError(f"student_timesteps must be strictly descending within [0, 999]; got {ts}")
-        if self.student_steps > 1 and not self.backward_simulation:
-            raise ValueError("backward_simulation must be true for student_steps > 1 "
-                             "(multi-step inputs come from the student's own rollouts, never from noised real images)")
         return self
 
     def resolved_student_timesteps(self) -> list[int]:
@@ -226,13 +222,36 @@ def format_validation_error(e: ValidationError, source: str, overrides: list[str
     return f"{source}: {path}: {msg}{shown}{more}"
 
 
+def _v1_to_v2(raw: dict) -> dict:
+    """Version 2 drops distillation.backward_simulation. Multi-step students always train on their
+    own rollouts (backward simulation), so the field was never read; a version 1 file that turned it
+    off for a multi-step student was refused then and still is."""
+    dist = raw.get("distillation")
+    if not isinstance(dist, dict) or "backward_simulation" not in dist:
+        return raw
+    dist = dict(dist)
+    on = dist.pop("backward_simulation")
+    steps = dist.get("student_steps", 1)
+    if on is False and isinstance(steps, int) and steps > 1:
+        raise UserInputError("distillation.backward_simulation must be true for student_steps > 1 (multi-step "
+                             "inputs come from the student's own rollouts, never from noised real images); "
+                             "since config_version 2 the field is gone: remove it")
+    return {**raw, "distillation": dist}
+
+
+# config_version N -> the step that turns a version N file into version N + 1
+_MIGRATIONS = {1: _v1_to_v2}
+
+
 def migrate(raw: dict) -> dict:
-    """Bring an older config file up to CONFIG_VERSION. Version 1 is the first; files without a
-    version are taken as version 1."""
+    """Bring an older config file up to CONFIG_VERSION, one version at a time (_MIGRATIONS); files
+    without a version are taken as version 1. The input is never modified."""
     v = raw.get("config_version", 1)
     if not isinstance(v, int) or v < 1 or v > CONFIG_VERSION:
         raise UserInputError(f"config_version {v!r} is not supported (this engine reads 1..{CONFIG_VERSION})")
     raw = dict(raw)
+    for version in range(v, CONFIG_VERSION):
+        raw = _MIGRATIONS[version](raw)
     raw["config_version"] = CONFIG_VERSION
     return raw
 
@@ -275,8 +294,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
 
 def validate_config(raw: dict, source: str = "config", base_dir: Path | None = None,
                     overrides: list[str] | None = None) -> TrainConfig:
+    """The config `raw` describes, of any supported config_version (migrated here, so a version 1
+    document validates to what load_config reads from its file). Raises UserInputError with one line."""
     try:
-        cfg = TrainConfig.model_validate(raw)
+        cfg = TrainConfig.model_validate(migrate(raw) if isinstance(raw, dict) else raw)
     except ValidationError as e:
         raise UserInputError(format_validation_error(e, source, overrides)) from None
     return resolve_paths(cfg, base_dir) if base_dir is not None else cfg

@@ -1,4 +1,4 @@
-"""The dataset list JSON (issue 6, part 1), in the spirit of SimpleTuner's multidatabackend:
+"""The dataset list JSON, in the spirit of SimpleTuner's multidatabackend:
 a JSON list of entries, each a local folder of images. A plain folder is a one-entry list.
 Torch-free: `dmad check-data` reads it. Relative folders resolve against the JSON file's folder,
 so a list can move with its data."""

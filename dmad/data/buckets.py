@@ -1,4 +1,4 @@
-"""Aspect-ratio buckets (issue 6): which size an image is trained at. Torch-free: training's scan
+"""Aspect-ratio buckets: which size an image is trained at. Torch-free: training's scan
 and `dmad check-data` both use `training_bucket` (docs/datasets.md).
 
 The rule, for a source of w x h pixels and a target `resolution`:

@@ -1,6 +1,6 @@
 """`dmad cache --config FILE`: warm the latent and text-embedding cache of a run config ahead of
-training (issue 6, part 2), so the first iterations are not VAE-bound and a run that caches
-latents never encodes an image twice.
+training, so the first iterations are not VAE-bound and a run that caches latents never encodes an
+image twice.
 
 It scans the datasets exactly as training does (the same usable items, buckets, crops), loads the
 teacher's VAE and text encoder, and for every usable image reads its cached posterior or encodes
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -62,11 +64,13 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
             "folders": [str(d) for d in dataset.cache_dirs]}
 
 
-def main_cache(args) -> int:
+def main_cache(*, config: str | Path, overrides: Sequence[str] = (), progress: bool = False) -> int:
+    """`dmad cache`: warm the cache of the config file `config` with its --set `overrides`; a
+    summary line on stdout, "progress <done> <total>" lines on stderr when `progress`."""
     from dmad.contract.config import load_config
 
-    cfg = load_config(args.config, args.set)
-    counts = warm_cache(cfg, progress=args.progress)
+    cfg = load_config(config, list(overrides))
+    counts = warm_cache(cfg, progress=progress)
     skipped = counts["skipped"]
     print(f"latents: {counts['latent_encoded']} encoded, {counts['latent_hits']} already cached; "
           f"captions: {counts['text_encoded']} encoded, {counts['text_hits']} already cached"

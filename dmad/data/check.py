@@ -41,8 +41,9 @@ import numpy as np
 import PIL
 
 from dmad.data.check_fast import SKIPPED_CHECKS, check_image_fast
-from dmad.data.check_items import (DEFAULT_MAX_PIXELS, ImageInfo, Problem, check_caption_file, check_image_file,
-                                  info_from_json, info_to_json, quiet_bomb_warnings, stat_regular)
+from dmad.data.check_items import (CATEGORIES, DEFAULT_MAX_PIXELS, ImageInfo, Problem, check_caption_file,
+                                  check_image_file, info_from_json, info_to_json, quiet_bomb_warnings, stat_regular)
+from dmad.data.check_report import build_report
 from dmad.contract.datafiles import IMAGE_EXTS
 from dmad.contract.datasets import DatasetEntry, load_dataset_list
 from dmad.contract.paths import cache_root
@@ -50,26 +51,6 @@ from dmad.contract.paths import cache_root
 __all__ = ["CATEGORIES", "Problem", "check_item", "check_source", "DEFAULT_MAX_PIXELS", "NEAR_DUPLICATE_BITS",
            "cache_file", "SKIPPED_CHECKS"]
 
-# Stable ids (the JSON report and the app use them) -> (severity, one-line description). Errors make
-# an image unusable; warnings do not.
-CATEGORIES: dict[str, tuple[str, str]] = {
-    "image_without_caption": ("error", "image without a caption file"),
-    "caption_without_image": ("warning", "caption file without an image"),
-    "empty_caption": ("error", "empty or whitespace-only caption"),
-    "caption_not_utf8": ("error", "caption is not valid UTF-8"),
-    "caption_multiline": ("warning", "newline or tab inside a caption"),
-    "image_corrupt": ("error", "unreadable, corrupt or truncated image"),
-    "image_too_small": ("error", "image below the minimum size"),
-    "image_near_constant": ("warning", "solid or near-constant image"),
-    "duplicate_exact": ("warning", "byte-identical to another image"),
-    "duplicate_near": ("warning", "near duplicate of another image (perceptual hash)"),
-    "stem_two_images": ("error", "one stem, two image extensions: the caption is ambiguous"),
-    "unusual_mode": ("warning", "unusual mode: CMYK, 16-bit, alpha or palette"),
-    "pixel_limit_exceeded": ("error", "declared dimensions beyond the safe pixel limit, refused without decoding"),
-    "file_unreadable": ("error", "file cannot be read (permissions, or not a regular file)"),
-    "broken_symlink": ("error", "symbolic link to a missing file"),
-    "symlink_loop": ("error", "symbolic link loop"),
-}
 NEAR_DUPLICATE_BITS = 4  # dHash Hamming distance (of 64 bits) at or below which two images are near duplicates
 NEAR_DUPLICATE_COLOUR = 24  # ... and no value of their 4 x 4 RGB thumbnails more than this apart (0-255)
 CAPTION_EXTS = (".txt",)
@@ -78,10 +59,6 @@ CAPTION_EXTS = (".txt",)
 PROCESS_POOL_MIN = 256
 CACHE_VERSION = 1  # bump when a per-image check changes what it finds: older caches are then ignored
 CACHE_MAX_BYTES = 512 << 20  # a larger cache file is not ours (or is damaged): ignored, never loaded
-
-
-def severity(category: str) -> str:
-    return CATEGORIES[category][0]
 
 
 def check_item(image: Path, caption: Optional[Path], min_size: int,
@@ -375,8 +352,6 @@ def check_source(source: Path, *, min_size: int = 256, resolution: int = 512, ba
     callers, on for the command (`--no-cache` turns it off). Cross-file checks always run on
     all images, cached or not. `fast`: no pixel decoding (module docstring); the report then has
     "mode": "fast" and "skipped_checks", and its own cache file."""
-    from dmad.data.check_report import build_report
-
     entries = load_source(Path(source))
     quiet_bomb_warnings()
     pairs, orphans, problems = [], [], []

@@ -40,6 +40,32 @@ class Problem:
     related: list[str] = field(default_factory=list)
 
 
+# Stable ids (the JSON report and the app use them) -> (severity, one-line description). Errors make
+# an image unusable; warnings do not.
+CATEGORIES: dict[str, tuple[str, str]] = {
+    "image_without_caption": ("error", "image without a caption file"),
+    "caption_without_image": ("warning", "caption file without an image"),
+    "empty_caption": ("error", "empty or whitespace-only caption"),
+    "caption_not_utf8": ("error", "caption is not valid UTF-8"),
+    "caption_multiline": ("warning", "newline or tab inside a caption"),
+    "image_corrupt": ("error", "unreadable, corrupt or truncated image"),
+    "image_too_small": ("error", "image below the minimum size"),
+    "image_near_constant": ("warning", "solid or near-constant image"),
+    "duplicate_exact": ("warning", "byte-identical to another image"),
+    "duplicate_near": ("warning", "near duplicate of another image (perceptual hash)"),
+    "stem_two_images": ("error", "one stem, two image extensions: the caption is ambiguous"),
+    "unusual_mode": ("warning", "unusual mode: CMYK, 16-bit, alpha or palette"),
+    "pixel_limit_exceeded": ("error", "declared dimensions beyond the safe pixel limit, refused without decoding"),
+    "file_unreadable": ("error", "file cannot be read (permissions, or not a regular file)"),
+    "broken_symlink": ("error", "symbolic link to a missing file"),
+    "symlink_loop": ("error", "symbolic link loop"),
+}
+
+
+def severity(category: str) -> str:
+    return CATEGORIES[category][0]
+
+
 @dataclass
 class ImageInfo:
     """What the pass learns about one image: its problems and, when readable, what the

@@ -1,16 +1,15 @@
-"""The report of `dmad check-data`: the stable JSON (docs/check-data.md), the human summary, and
-the command's entry point (dmad.cli calls main_check_data lazily)."""
+"""The report of `dmad check-data`: the stable JSON (docs/check-data.md) built from the pass's
+results (dmad.data.check calls build_report), and the human summary. The command's entry point,
+which runs the pass and prints the summary, is dmad.data.check_command."""
 from __future__ import annotations
 
 import statistics
-import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
 from dmad.data.buckets import training_bucket
-from dmad.data.check import CATEGORIES, check_source, severity
+from dmad.data.check_items import CATEGORIES, severity
 
 REPORT_VERSION = 1
 SHOWN_PER_CATEGORY = 5  # paths listed per category in the human summary (the JSON has all)
@@ -121,42 +120,3 @@ def format_summary(report: dict) -> str:
     lines += ["", "Clean: no problems found." if report["clean"] else
               f"{s['errors']} errors, {s['warnings']} warnings: {s['usable']} of {s['images']} images usable."]
     return "\n".join(lines)
-
-
-class _Progress:
-    """`progress <done> <total>` lines on stderr, at most ~10 a second (and always the last)."""
-
-    def __init__(self):
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == total or now - self.last >= 0.1:
-            self.last = now
-            print(f"progress {done} {total}", file=sys.stderr, flush=True)
-
-
-def main_check_data(args) -> int:
-    from dmad.errors import UserInputError
-    from dmad.contract.runs import atomic_write_json
-
-    for name in ("min_size", "resolution", "batch", "workers"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "min_size" else 1):
-            raise UserInputError(f"check-data: --{name.replace('_', '-')} must be "
-                                 f"{'>= 0' if name == 'min_size' else '>= 1'}, got {value}")
-    # half the target resolution by default: a 64 px demo dataset is fine at --resolution 64, and a
-    # 512 px SD set keeps the usual floor of 256
-    min_size = args.min_size if args.min_size is not None else args.resolution // 2
-    # the fingerprint cache is on unless --no-cache (getattr: a parser without the flag keeps it on);
-    # --fast: no pixel decoding (getattr: a parser without the flag runs the full check)
-    report = check_source(Path(args.source), min_size=min_size, resolution=args.resolution, batch=args.batch,
-                          workers=args.workers, progress=_Progress() if args.progress else None,
-                          cache=not getattr(args, "no_cache", False), fast=bool(getattr(args, "fast", False)))
-    if args.json:
-        try:
-            atomic_write_json(Path(args.json), report, durable=False)
-        except OSError as e:
-            raise UserInputError(f"check-data: cannot write --json {args.json}: {e.strerror or e}") from None
-    print(format_summary(report), flush=True)
-    return 0 if report["clean"] else 1

@@ -1,4 +1,4 @@
-"""The latent and text-embedding cache (issue 6, part 2): each image is VAE-encoded and each
+"""The latent and text-embedding cache: each image is VAE-encoded and each
 caption text-encoded once, then read back, and a cached entry can never be stale.
 
 Keys. A latent is keyed by everything that decides it: the image file (absolute path, size,

@@ -1,4 +1,4 @@
-"""Which images make each batch (issue 6, part 1): several datasets mixed by weight, every batch
+"""Which images make each batch: several datasets mixed by weight, every batch
 from one aspect bucket, resumable at any batch without replaying the data. Torch-free (numpy).
 
 Groups: the images of one (dataset, bucket). A batch is drawn from group g with chance

@@ -22,8 +22,7 @@ from typing import Callable, Iterable, Optional
 
 from PIL import Image
 
-from dmad.data.check import CATEGORIES
-from dmad.data.check_items import DEFAULT_MAX_PIXELS, Problem, check_caption_file, path_problem
+from dmad.data.check_items import CATEGORIES, DEFAULT_MAX_PIXELS, Problem, check_caption_file, path_problem
 from dmad.data.buckets import training_bucket
 from dmad.contract.datafiles import caption_of, filename_caption, images_in
 from dmad.contract.datasets import DatasetEntry

@@ -10,8 +10,6 @@ position is a feature from step 0. `dmad demo make-teacher` trains this architec
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 # 64 px shapes. The VAE downsamples only x2 (64x64x3 -> 32x32x4 latents) and the transformer
 # patches 4x4: 64 image tokens, as x4 + 2x2 patches would give, but a x2 autoencoder reconstructs
 # small shapes that a x4 one (16x16x8) still drew as the wrong shape 14-16% of the time after
@@ -163,14 +161,3 @@ def parameter_counts(pipe) -> dict[str, int]:
     counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in TEACHER_PARTS}
     counts["total"] = sum(counts.values())
     return counts
-
-
-def write_teacher_architecture(path: str | Path) -> dict[str, int]:
-    """Save the demo teacher's configs and tokenizer to `path`, without weights: the folder
-    describes the architecture only. Returns the parameter counts."""
-    pipe = build_teacher()
-    path = Path(path)
-    pipe.save_pretrained(str(path), safe_serialization=True)
-    for weights in list(path.rglob("*.safetensors")) + list(path.rglob("*.bin")):
-        weights.unlink()
-    return parameter_counts(pipe)

@@ -50,10 +50,6 @@ class BenchSettings:
     batch_size: int = 64
     train_overrides: tuple[str, ...] = ()   # --set items for the distillation
 
-    @property
-    def images_per_model(self) -> int:
-        return self.prompts * self.seeds_per_prompt
-
 
 FULL = BenchSettings()
 QUICK = BenchSettings(prompts=16, seeds_per_prompt=2, real_images=500, batch_size=32,
@@ -405,7 +401,9 @@ def write_grid(path: Path, columns: list[tuple[str, object]], captions: list[str
 
 
 def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
-    """The demo issue's targets, each with its measured numbers; absent rows are skipped."""
+    """What the demo distillation is meant to reach (the teacher's adherence, the student's adherence
+    and FD against the teacher's, the saving in network evaluations), each with its measured numbers;
+    targets whose rows are absent are skipped."""
     labels = {x.label: x for x in r.rows}
     teacher = labels.get(f"teacher {s.teacher_steps} steps + CFG")
     out = []

@@ -343,20 +343,20 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                        metavar=type(default).__name__.upper(), help=f"(default {default})")
 
 
-def main_from_args(args: argparse.Namespace) -> int:
+def main_make_teacher(*, out: str | Path, training: TeacherTraining) -> int:
     """`dmad demo make-teacher --out DIR [...]`: DIR must not exist; it appears complete or not at all.
-    Progress lives in .DIR.partial beside it; the same command resumes from there."""
+    Progress lives in .DIR.partial beside it; the same command resumes from there. `training`: the
+    recipe (one field per command-line option)."""
     from dmad.errors import UserInputError
 
-    cfg = TeacherTraining(**{f.name: getattr(args, f.name) for f in fields(TeacherTraining)})
-    out = Path(args.out).expanduser().resolve()
+    out = Path(out).expanduser().resolve()
     if out.exists():
         raise UserInputError(f"--out {out}: already exists; choose a new folder (the teacher is written whole)")
     if not out.parent.is_dir():
         raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
     work = out.with_name(f".{out.name}.partial")
     work.mkdir(exist_ok=True)
-    resume = read_resume(work, cfg)
+    resume = read_resume(work, training)
     if resume:
         print(f"resuming {work} at stage {resume['stage_done']}, step {resume['meta'].get('step', 0)}", flush=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -368,7 +368,7 @@ def main_from_args(args: argparse.Namespace) -> int:
                 f.flush()
                 print(json.dumps(row), flush=True)
 
-            doc = make_teacher(tmp, work, cfg, log, resume)
+            doc = make_teacher(tmp, work, training, log, resume)
         shutil.copyfile(work / "training_log.jsonl", tmp / "training_log.jsonl")
         (tmp / "training_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out)
@@ -383,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dmad.demo.make_teacher")
     p.add_argument("--out", required=True)
     add_training_arguments(p)
-    return main_from_args(p.parse_args(argv))
+    args = p.parse_args(argv)
+    return main_make_teacher(out=args.out, training=TeacherTraining(
+        **{f.name: getattr(args, f.name) for f in fields(TeacherTraining)}))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 from dmad.errors import RunFailed, UserInputError
 
@@ -90,7 +90,11 @@ def _progress(line: str, state: dict) -> None:
         _say(f"  {ev.kind}: {d.get('message') or d.get('reason')}")
 
 
-def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
+def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] = (),
+             on_run_dir: Optional[Callable[[Path], None]] = None) -> int:
+    """`dmad demo`. `run_dir` None: a new dated folder under runs/; `overrides`: --set items for the
+    demo config; `on_run_dir` is told the run folder as soon as preflight has fixed it (the command
+    line puts a crash log there)."""
     from dmad.contract.config import load_config
     from dmad.contract.paths import resource
     from dmad.train.preflight import preflight
@@ -107,8 +111,8 @@ def run_demo(run_dir: Optional[str], overrides: list[str], ctx=None) -> int:
         raise UserInputError(f"the demo teacher in {cfg.identity.pretrained_model_name_or_path} has no weights; "
                              f"train it with 'dmad demo make-teacher --out DIR' and pass "
                              f"--set identity.pretrained_model_name_or_path=DIR")
-    if ctx is not None:
-        ctx.run_dir = pf.run_dir
+    if on_run_dir is not None:
+        on_run_dir(pf.run_dir)
     _say(f"DMAD demo: distilling the shapes teacher into a {cfg.distillation.student_steps}-step student "
          f"({cfg.optimization.max_train_steps} iterations, batch {cfg.resources.train_batch_size}, "
          f"{cfg.resources.resolution} px) ...")

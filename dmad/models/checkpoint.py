@@ -21,7 +21,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -200,18 +199,3 @@ def load_checkpoint(ckpt: Path, *, nets, student_mode: str, fake_mode: str, opt_
     sched_c.load_state_dict(state.lr_critic)
     _restore_rng(load_file(str(ckpt / "rng.safetensors")))
     return state
-
-
-def resolve_resume(run_folder, resume: Optional[str]) -> Optional[Path]:
-    """'latest' -> the run's latest complete checkpoint; a path -> that checkpoint folder."""
-    if resume is None:
-        return None
-    if resume == "latest":
-        latest = run_folder.latest_checkpoint()
-        if latest is None:
-            raise UserInputError(f"--resume latest: no complete checkpoint in {run_folder.checkpoints_dir}")
-        return latest[1]
-    path = Path(resume)
-    if not (path / "training_state.json").is_file():
-        raise UserInputError(f"--resume {resume}: not a checkpoint folder (no training_state.json)")
-    return path

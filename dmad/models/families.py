@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from dmad.methods.prediction import FlowSchedule, NoiseSchedule, cfg
+from dmad.models.teacher_files import encode_prompts
 
 
 # --------------------------------------------------------------------------- conditioning
@@ -147,10 +148,6 @@ class Family:
         self.guidance = guidance      # the scale a guidance-embedding network gets when none is given
         self.denoiser_config = denoiser_config or {}  # the teacher's, as inspected
 
-    # ---- components
-    def frozen_encoders(self, modules: dict) -> list[nn.Module]:
-        return [modules[n] for n in self.text_encoders if modules.get(n) is not None]
-
     # ---- schedule
     def schedule(self, scheduler: Any, resolution: Optional[int] = None) -> NoiseSchedule:
         if self.flow:
@@ -170,8 +167,6 @@ class Family:
 
     # ---- prompts
     def encode(self, modules: dict, prompts: list[str], device: Any) -> Cond:
-        from dmad.models.teacher import encode_prompts
-
         return Cond(emb=encode_prompts(modules["tokenizer"], modules["text_encoder"], list(prompts), device))
 
     def uncond(self, modules: dict, device: Any) -> Cond:
@@ -201,6 +196,21 @@ class Family:
         finally:
             for tap in taps:
                 tap.grid = None
+
+    def predict_with_features(self, net: nn.Module, tap: FeatureTap, x_t: torch.Tensor, t: torch.Tensor, cond: Any,
+                              schedule: NoiseSchedule, guidance: Optional[float] = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """predict() and the GAN features this very call computed at `tap` (with their graph), so a
+        loss never reads features left behind by another forward pass."""
+        tap.features = None
+        try:
+            out = self.predict(net, x_t, t, cond, schedule, guidance)
+            features = tap.features
+        finally:
+            tap.features = None
+        if features is None:
+            raise RuntimeError("the GAN feature tap saw no forward pass of its network")
+        return out, features
 
     def x0(self, net: nn.Module, x_t: torch.Tensor, t: torch.Tensor, cond: Any, schedule: NoiseSchedule,
            guidance: Optional[float] = None) -> torch.Tensor:

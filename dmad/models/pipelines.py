@@ -16,6 +16,8 @@ import torch
 
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
+from dmad.models.teacher_files import (LORA_TARGETS, TeacherInfo, read_json, read_safetensors_header, stored_dtype,
+                                       weight_variant, weights_in_folder)
 
 # A single original-layout file (sd_xl_base_1.0.safetensors): each network's key prefix, and one
 # tensor per network whose shape must agree with the config folder (key, dim, what, config getter).
@@ -57,13 +59,11 @@ def read_components(cdir: Path, index: dict, family: Family) -> dict[str, tuple[
 
 
 def _config(cdir: Path, name: str) -> dict:
-    from dmad.models.teacher import _read_json
-
     file = "scheduler_config.json" if name == "scheduler" else "config.json"
     f = cdir / name / file
     if not f.is_file():
         raise UserInputError(f"{f}: missing ({name} config)")
-    return _read_json(f)
+    return read_json(f)
 
 
 def meta_model(cdir: Path, name: str, library: str, cls_name: str) -> torch.nn.Module:
@@ -95,15 +95,11 @@ def param_count(model: torch.nn.Module) -> int:
 
 
 def weights_of_folder(p: Path, comps: dict[str, tuple[str, str]], family: Family):
-    from dmad.models.teacher import weights_in_folder
-
     return weights_in_folder(p, {c: "diffusion_pytorch_model" if comps[c][0] == "diffusers" else "model"
                                  for c in networks(family) if c in comps})
 
 
 def weights_of_file(p: Path, family_name: str):
-    from dmad.models.teacher import read_safetensors_header
-
     prefixes = SINGLE_FILE_PREFIXES[family_name]
     header = read_safetensors_header(p)
     headers = {c: [{k: v for k, v in header.items() if k.startswith(pre)}] for c, pre in prefixes.items()}
@@ -112,11 +108,9 @@ def weights_of_file(p: Path, family_name: str):
     return files, headers, missing
 
 
-def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
+def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> TeacherInfo:
     """TeacherInfo of an SDXL / SD3 / Flux pipeline folder, or of a single SDXL file described by
     the config folder `cdir`."""
-    from dmad.models.teacher import LORA_TARGETS, TeacherInfo, _stored_dtype
-
     family = FAMILIES[family_name]()
     if p.is_file() and family_name not in SINGLE_FILE_PREFIXES:
         raise UserInputError(f"{p}: a single-file {family_name} teacher is not supported; give its diffusers "
@@ -169,7 +163,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str):
         path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family_name,
         prediction_type=prediction,
         param_counts={c: param_count(m) for c, m in models.items()},
-        weights_dtype={c: _stored_dtype(headers.get(c, [])) for c in models},
+        weights_dtype={c: stored_dtype(headers.get(c, [])) for c in models},
         weights_present={c: bool(files.get(c)) for c in models},
         weights_files={c: tuple(str(f) for f in files.get(c, ())) for c in models}, missing_weights=missing,
         sample_size=int(sample if isinstance(sample, int) else sample[0]),
@@ -187,10 +181,8 @@ def sd3_text_tokens(cdir: Path, files: dict, has_t5: bool) -> int:
     token standing for 256 (dmad/models/repeated_tokens.py). Reads one small tensor, never T5 itself."""
     from safetensors import safe_open
 
-    from dmad.models.teacher import _read_json
-
     tok = cdir / "tokenizer" / "tokenizer_config.json"
-    length = _read_json(tok).get("model_max_length") if tok.is_file() else None
+    length = read_json(tok).get("model_max_length") if tok.is_file() else None
     clip = int(length) if isinstance(length, (int, float)) and 0 < length <= 77 else 77  # none, or 1e30: CLIP's 77
     t5_files = [f for f in files.get("text_encoder_3", ()) if str(f).endswith(".safetensors")]
     for f in t5_files:
@@ -207,11 +199,9 @@ def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[s
     import diffusers
     import transformers
 
-    from dmad.models.teacher import _read_json, _variant
-
     family = FAMILIES[info.family]()
     cdir = Path(info.config_dir)
-    index = _read_json(cdir / "model_index.json")
+    index = read_json(cdir / "model_index.json")
     comps = read_components(cdir, index, family)
     out: dict[str, Any] = {c: None for c in (*networks(family), *family.tokenizers)}
     for tok in family.tokenizers:
@@ -231,7 +221,7 @@ def load_pipeline_modules(info, dtype: torch.dtype, components: Optional[tuple[s
         cls = getattr(diffusers if lib == "diffusers" else transformers, cls_name)
         kwargs = dict(subfolder=c, local_files_only=True, use_safetensors=True, dtype=dtype)
         if lib == "diffusers":
-            kwargs["variant"] = _variant(info.weights_files[c][0])
+            kwargs["variant"] = weight_variant(info.weights_files[c][0])
         out[c] = guarded(c, str(Path(info.path) / c), lambda cls=cls, kwargs=kwargs: cls.from_pretrained(
             info.path, **kwargs))
     return out

@@ -2,7 +2,9 @@
 
 Stable Diffusion 1.x/2.x are read here; SDXL, SD3 and Flux pipelines (dmad.models.pipelines) are
 recognised by model_index.json's _class_name and follow the same rules. The family object
-(dmad.models.families) then says how to encode prompts and call the denoiser.
+(dmad.models.families) then says how to encode prompts and call the denoiser. Reading configs and
+safetensors headers, TeacherInfo and LORA_TARGETS are in dmad.models.teacher_files, which the
+pipelines share.
 
 Two layouts:
   folder       a diffusers pipeline folder: model_index.json, unet/, vae/, text_encoder/,
@@ -16,17 +18,17 @@ because unpickling runs whatever code the file carries. Nothing is downloaded (l
 from __future__ import annotations
 
 import json
-import math
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from dmad.errors import UserInputError
+from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES, make_family
+from dmad.models.pipelines import inspect_pipeline, load_pipeline_modules, scheduler_of
+from dmad.models.teacher_files import (LORA_TARGETS, PICKLE_SUFFIXES, TeacherInfo, read_json, read_safetensors_header,
+                                       stored_dtype, weight_variant, weights_in_folder)
 
-PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 COMPONENTS = ("unet", "vae", "text_encoder")
 # model_index.json entries this engine loads: component -> (library, accepted classes; None: any).
 EXPECTED = {
@@ -40,53 +42,8 @@ CONFIG_FILES = {"unet": "config.json", "vae": "config.json", "text_encoder": "co
                 "scheduler": "scheduler_config.json"}
 WEIGHT_NAMES = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model", "text_encoder": "model"}
 LDM_PREFIXES = {"unet": "model.diffusion_model.", "vae": "first_stage_model.", "text_encoder": "cond_stage_model."}
-# The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
-LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 # The compute dtype of each resources.mixed_precision.
 DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-
-
-@dataclass(frozen=True)
-class TeacherInfo:
-    """What the configs and file headers say about a teacher; no weights are read to make it."""
-
-    path: str                   # the teacher as given: a pipeline folder or a .safetensors file
-    kind: str                   # "folder" | "single_file"
-    config_dir: str             # configs + tokenizer: `path` itself, or teacher_config_dir
-    family: str                 # "sd1" | "sd2"
-    prediction_type: str        # "epsilon" | "v_prediction"
-    param_counts: dict[str, int]              # unet, vae, text_encoder
-    weights_dtype: dict[str, Optional[str]]   # stored dtype (most bytes), e.g. "float16"; None: no weights
-    weights_present: dict[str, bool]
-    weights_files: dict[str, tuple[str, ...]]
-    missing_weights: tuple[str, ...]          # one readable line per missing component
-    sample_size: int            # UNet latent side it was trained at (SD 1.5: 64, i.e. 512 px)
-    vae_scale_factor: int       # pixels per latent pixel: 2 ** (len(vae block_out_channels) - 1)
-    latent_channels: int
-    unet_block_out_channels: tuple[int, ...]
-    bottleneck_channels: int    # unet block_out_channels[-1]: the mid-block width the GAN head reads
-    text_hidden_size: int       # D of the text embeddings: 768 (SD 1.x), 1024 (SD 2.x)
-    unet_lora_params_per_rank: int  # sum(in + out) over the LORA_TARGETS linears: adapter = rank * this
-    denoiser: str = "unet"          # the denoiser's component name: "unet" | "transformer"
-    denoiser_config: dict = field(default_factory=dict)  # its resolved config (transformer widths for the ledger)
-    components: tuple[str, ...] = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
-    lora_targets: tuple[str, ...] = LORA_TARGETS
-    text_tokens: Optional[int] = None  # context tokens per transformer block (SD3: CLIP + 256 T5 or 1); None: the family's
-
-    @property
-    def has_weights(self) -> bool:
-        return not self.missing_weights
-
-    @property
-    def denoiser_params(self) -> int:
-        return self.param_counts[self.denoiser]
-
-    @property
-    def frozen_params(self) -> int:
-        """VAE + every text encoder."""
-        return sum(n for c, n in self.param_counts.items() if c != self.denoiser)
 
 
 class Teacher:
@@ -129,47 +86,13 @@ class Teacher:
 
 # --------------------------------------------------------------------------- files and configs
 
-def _read_json(f: Path) -> dict:
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{f}: cannot read ({e.__class__.__name__}: {e})") from e
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"{f}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
-    if not isinstance(data, dict):
-        raise UserInputError(f"{f}: expected a JSON object")
-    return data
-
-
-def read_safetensors_header(f: Path) -> dict[str, dict]:
-    """{tensor name: {"dtype", "shape", "data_offsets"}} from the file's JSON header (a few KB to
-    a few hundred KB; tensors are never read). Also checks that the file is long enough for every
-    tensor, so a truncated download fails here with its name, not halfway through loading."""
-    try:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            if not 2 <= n <= size - 8:
-                raise ValueError(f"header length {n} does not fit a {size}-byte file")
-            header = json.loads(fh.read(n))
-        header.pop("__metadata__", None)
-        end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserInputError(f"{f}: not a readable .safetensors file ({e.__class__.__name__}: {e})") from e
-    if 8 + n + end > size:
-        raise UserInputError(f"{f}: truncated .safetensors file ({size} bytes; its header needs {8 + n + end})")
-    return header
-
-
 def _read_index(cdir: Path) -> dict:
     """model_index.json; for a StableDiffusionPipeline its components are checked here, the other
     families' in dmad.models.pipelines."""
-    from dmad.models.families import PIPELINE_FAMILIES
-
     f = cdir / "model_index.json"
     if not f.is_file():
         raise UserInputError(f"{cdir}: not a diffusers pipeline folder (no model_index.json)")
-    index = _read_json(f)
+    index = read_json(f)
     cls = index.get("_class_name")
     if cls not in PIPELINE_FAMILIES:
         raise UserInputError(f"{f}: unsupported model family ({cls}): this engine supports "
@@ -196,45 +119,12 @@ def _read_configs(cdir: Path) -> dict[str, dict]:
         f = cdir / name / file
         if not f.is_file():
             raise UserInputError(f"{f}: missing ({name} config)")
-        configs[name] = _read_json(f)
+        configs[name] = read_json(f)
     return configs
-
-
-def _folder_weights(d: Path, base: str) -> tuple[Path, ...]:
-    """The .safetensors files from_pretrained will read: <base>.safetensors, the shards of
-    <base>.safetensors.index.json, or one variant such as <base>.fp16.safetensors. () if none."""
-    if (d / f"{base}.safetensors").is_file():
-        return (d / f"{base}.safetensors",)
-    index = d / f"{base}.safetensors.index.json"
-    if index.is_file():
-        shards = tuple(d / s for s in sorted(set(_read_json(index).get("weight_map", {}).values())))
-        return shards if shards and all(s.is_file() for s in shards) else ()
-    variants = sorted(d.glob(f"{base}.*.safetensors"))
-    return (variants[0],) if variants else ()
-
-
-def _variant(f: str) -> Optional[str]:
-    parts = Path(f).name.split(".")  # diffusion_pytorch_model.fp16.safetensors -> fp16
-    return parts[1] if len(parts) == 3 else None
 
 
 def _weights_of_folder(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
     return weights_in_folder(p, WEIGHT_NAMES)
-
-
-def weights_in_folder(p: Path, bases: dict[str, str]) -> tuple[dict, dict, tuple[str, ...]]:
-    """({component: weight files}, {component: their headers}, missing-weight lines) for the
-    components of `bases` ({component: file base name}, e.g. unet: diffusion_pytorch_model)."""
-    files, headers, missing = {}, {}, []
-    for c, base in bases.items():
-        files[c] = _folder_weights(p / c, base)
-        headers[c] = [read_safetensors_header(f) for f in files[c]]
-        if not files[c]:
-            pickles = [f.name for f in sorted((p / c).glob("*")) if f.suffix.lower() in PICKLE_SUFFIXES]
-            hint = (f" (found only {', '.join(pickles)}: pickle checkpoints are never loaded; convert to .safetensors)"
-                    if pickles else "")
-            missing.append(f"{p / c / base}.safetensors{hint}")
-    return files, headers, tuple(missing)
 
 
 def _single_file_config_dir(p: Path, teacher_config_dir: Optional[str]) -> Path:
@@ -258,17 +148,6 @@ def _weights_of_file(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
     files = {c: (p,) if headers[c][0] else () for c in COMPONENTS}
     missing = tuple(f"{c} weights ({LDM_PREFIXES[c]}* keys) in {p}" for c in COMPONENTS if not files[c])
     return files, headers, missing
-
-
-def _stored_dtype(headers: list[dict]) -> Optional[str]:
-    nbytes: Counter = Counter()
-    for h in headers:
-        for t in h.values():
-            nbytes[t["dtype"]] += math.prod(t["shape"])
-    if not nbytes:
-        return None
-    code = nbytes.most_common(1)[0][0]
-    return SAFETENSORS_DTYPES.get(code, code.lower())
 
 
 # --------------------------------------------------------------------------- inspect
@@ -339,8 +218,6 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
     """Read model_index.json, the component configs and the safetensors headers; no weights.
     Raises UserInputError (one line naming the path and the problem). Missing weights are not an
     error here (a dry run estimates memory from configs alone): see `weights_present`."""
-    from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES
-
     if model_family not in ("auto", *FAMILY_NAMES):
         raise UserInputError(f"model_family '{model_family}' is not one of auto, {', '.join(FAMILY_NAMES)}")
     p = Path(path).expanduser()
@@ -348,8 +225,6 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
     index = _read_index(cdir)
     cls = index.get("_class_name")
     if cls != "StableDiffusionPipeline":
-        from dmad.models.pipelines import inspect_pipeline
-
         family = PIPELINE_FAMILIES[cls][0]
         if model_family not in ("auto", family):
             raise UserInputError(f"{p}: model_family is '{model_family}' but the teacher is {family} ({cls}); "
@@ -376,7 +251,7 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
         path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family,
         prediction_type=prediction_type,
         param_counts={c: sum(t.numel() for t in m.parameters()) for c, m in models.items()},
-        weights_dtype={c: _stored_dtype(headers[c]) for c in COMPONENTS},
+        weights_dtype={c: stored_dtype(headers[c]) for c in COMPONENTS},
         weights_present={c: bool(files[c]) for c in COMPONENTS},
         weights_files={c: tuple(str(f) for f in files[c]) for c in COMPONENTS}, missing_weights=missing,
         sample_size=int(sample if isinstance(sample, int) else sample[0]),
@@ -411,7 +286,7 @@ def _load_folder(info: TeacherInfo, dtype: torch.dtype,
         if c not in components:
             continue
         kwargs = dict(subfolder=c, local_files_only=True, use_safetensors=True, dtype=dtype,
-                      variant=_variant(info.weights_files[c][0]))
+                      variant=weight_variant(info.weights_files[c][0]))
         out[c] = _guarded(c, str(Path(info.path) / c), lambda: cls.from_pretrained(info.path, **kwargs))
     return out
 
@@ -446,14 +321,11 @@ def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Opti
     single-file teacher is always read whole."""
     from transformers import CLIPTokenizer
 
-    from dmad.models.families import make_family
-    from dmad.models.pipelines import load_pipeline_modules, scheduler_of
-
     info = inspect_teacher(path, model_family, teacher_config_dir)
     if not info.has_weights:
         raise UserInputError(f"teacher has no weights: missing {'; '.join(info.missing_weights)}")
     cdir = Path(info.config_dir)
-    sched_cfg = _read_json(cdir / "scheduler" / CONFIG_FILES["scheduler"])
+    sched_cfg = read_json(cdir / "scheduler" / CONFIG_FILES["scheduler"])
     if info.family in ("sd1", "sd2"):
         tokenizer = _guarded("the tokenizer", str(cdir / "tokenizer"), lambda: CLIPTokenizer.from_pretrained(
             str(cdir), subfolder="tokenizer", local_files_only=True))
@@ -473,12 +345,3 @@ def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Opti
     # Latents are not bounded by [-1, 1]: clip_sample must be off. SD 1.x ships a PNDM config that
     # lacks the key, where DDPMScheduler would default it to True.
     return Teacher(modules, scheduler_of(family, sched_cfg), info, family)
-
-
-def encode_prompts(tokenizer: Any, text_encoder: Any, prompts: list[str], device: Any) -> torch.Tensor:
-    """(B, L, D) text embeddings the way StableDiffusionPipeline makes them: pad/truncate to
-    L = tokenizer.model_max_length (77 for SD), last hidden state of width D (768 / 1024)."""
-    tok = tokenizer(list(prompts), padding="max_length", max_length=tokenizer.model_max_length,
-                    truncation=True, return_tensors="pt")
-    mask = tok.attention_mask.to(device) if getattr(text_encoder.config, "use_attention_mask", False) else None
-    return text_encoder(tok.input_ids.to(device), attention_mask=mask)[0]

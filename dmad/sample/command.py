@@ -13,13 +13,12 @@ plus a .json beside it (the same -rK rule).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from dmad.errors import UserInputError
 
@@ -123,25 +122,29 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def main_sample(args: argparse.Namespace) -> int:
+def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Optional[str | Path] = None,
+                out: Optional[str | Path] = None, sweep: Optional[Sequence[str]] = None,
+                prompt_id: Optional[str] = None, device: str = "auto") -> int:
     """The `dmad sample` command. stdout: one `samples` event (dmad.contract.events), with the render time
-    (models loaded, so loading is not counted); stderr: a human line. Input problems raise UserInputError before any model is loaded."""
+    (models loaded, so loading is not counted); stderr: a human line. Input problems raise UserInputError before any model is loaded.
+    `checkpoint`: latest | teacher | N; `prompt_set` None: the run's prompt_set.json; `out` None:
+    <run>/samples; `sweep`: KEY=V1,V2,... items (--sweep); `device`: auto | cpu | cuda."""
     from dmad.contract.config import load_config
     from dmad.contract.prompts import load_prompt_set
 
-    folder = open_run(args.run)
-    target = resolve_target(folder, args.checkpoint)
-    ps = load_prompt_set(args.prompt_set or folder.prompt_set_json)
-    sweep = parse_sweep(args.sweep) if args.sweep else None
+    folder = open_run(run)
+    target = resolve_target(folder, checkpoint)
+    ps = load_prompt_set(prompt_set or folder.prompt_set_json)
+    sweeps = parse_sweep(sweep) if sweep else None
     item = None
-    if sweep is not None:
-        item = next((it for it in ps.items if it.id == args.prompt_id), None) if args.prompt_id else ps.items[0]
+    if sweeps is not None:
+        item = next((it for it in ps.items if it.id == prompt_id), None) if prompt_id else ps.items[0]
         if item is None:
-            raise UserInputError(f"--prompt-id {args.prompt_id!r}: not in prompt set {ps.name}-{ps.version} "
+            raise UserInputError(f"--prompt-id {prompt_id!r}: not in prompt set {ps.name}-{ps.version} "
                                  f"(ids: {', '.join(it.id for it in ps.items)})")
-    elif args.prompt_id:
+    elif prompt_id:
         raise UserInputError("--prompt-id is for --sweep (without it every prompt is rendered)")
-    out = Path(args.out).expanduser().resolve() if args.out else folder.samples_dir
+    out = Path(out).expanduser().resolve() if out else folder.samples_dir
     cfg = load_config(folder.config_json)
 
     import torch
@@ -150,9 +153,9 @@ def main_sample(args: argparse.Namespace) -> int:
     from dmad.contract.events import make_event
     from dmad.models.teacher import load_teacher
 
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     set_deterministic(device)
     ident = cfg.identity
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
@@ -167,13 +170,13 @@ def main_sample(args: argparse.Namespace) -> int:
         student, ema = load_student(teacher, ident, target.checkpoint)
         student.to(device)
     t0 = time.perf_counter()
-    if sweep is None:
+    if sweeps is None:
         paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
         n = len(paths)
         event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
                            checkpoint=target.name, ema=ema)
     else:
-        dest, grid_json = _render_sweep(out, target, ps, item, sweep, teacher, student, device, schedule)
+        dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule)
         n = len(grid_json["cells"])
         event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
                            checkpoint=target.name, sweep=str(dest.with_suffix(".json")))

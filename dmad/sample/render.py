@@ -144,10 +144,6 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
     return paths
 
 
-def read_meta(folder: Path) -> dict:
-    return json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-
-
 # Diffusers scheduler classes for the prompt set's `sampler` names (dmad.contract.prompts.SAMPLERS).
 SCHEDULERS = {
     "ddim": ("DDIMScheduler", {}), "ddpm": ("DDPMScheduler", {}), "pndm": ("PNDMScheduler", {}),

@@ -21,7 +21,7 @@ from dmad.train.ranks import NullCsv
 from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.models.teacher import DTYPES
 from dmad.train.session import METRIC_COLUMNS, Session
-from dmad.train.step import RealScore, TimestepRange
+from dmad.train.step import DmadNetworks, RealScore, TimestepRange
 
 
 
@@ -106,10 +106,13 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
-                  log: logging.Logger, monitor: Monitor, acc=None) -> Session:
+                  log: logging.Logger, monitor: Monitor, acc=None, resume: Optional[str] = None) -> Session:
+    """Everything the loop holds, in one go: data, teacher, networks, optimizers; restored from the
+    checkpoint `resume` (exact resume), with the data stream starting at the batch it reached."""
     from accelerate.utils import set_seed
 
     from dmad.data.loading import open_dataset
+    from dmad.data.mixing import MixtureBatches
     from dmad.models.teacher import load_teacher
 
     ident, res, opt, dist = cfg.identity, cfg.resources, cfg.optimization, cfg.distillation
@@ -152,15 +155,24 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
         nets.ema.to(acc.device)
     schedule = family.schedule(teacher.scheduler, res.resolution)
     real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
-    trange = TimestepRange(dist.min_timestep, dist.max_timestep)
-    s = Session(cfg=cfg, folder=folder, events=events, accelerator=acc, device=acc.device, weight_dtype=wdtype,
-                teacher=teacher, schedule=schedule, nets=nets, student=student, fake_score=fake, gan_head=head,
-                opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, real=real, trange=trange,
-                timesteps=dist.resolved_student_timesteps(), sampler=None, prompt_set=prompt_set,
-                dataset=dataset, groups=groups, skip_log=skip_log, caches=caches,
-                metrics=CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS),
-                log=log, is_main=acc.is_main_process, world=acc.num_processes)
-    _wire_losses(s, dist.gan_head_placement, dist.generator_gan_weight, dist.critic_gan_weight)
+    on_teacher = dist.gan_head_placement == "teacher_bottleneck"
+    gan_net = teacher.denoiser if on_teacher else nets.fake_score
+    dmad = DmadNetworks(student=student, fake_score=fake, fake_score_bare=nets.fake_score, gan_head=head, real=real,
+                        gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
+                        schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))
+    timesteps = dist.resolved_student_timesteps()
+    state = _load_checkpoint(cfg, resume, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps) if resume else None
+    if state is not None:
+        events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))
+    batches_used = state.batches_used if state else 0
+    sampler = MixtureBatches(groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
+                             consumed=batches_used)
+    metrics = CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
+    s = Session(cfg=cfg, folder=folder, events=events, log=log, accelerator=acc, weight_dtype=wdtype, teacher=teacher,
+                nets=nets, dmad=dmad, opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, timesteps=timesteps,
+                prompt_set=prompt_set, dataset=dataset, sampler=sampler, skip_log=skip_log, caches=caches,
+                metrics=metrics, iter=state.iter if state else 0,
+                generator_steps=state.generator_steps if state else 0, batches_used=batches_used)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
              ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,
              ident.student, ident.fake_score, acc.device, res.mixed_precision)
@@ -182,39 +194,11 @@ def check_buckets(groups, teacher, source) -> None:
                                  f"in the dataset list")
 
 
-def _wire_losses(s: Session, placement: str, w_gen: float, w_critic: float) -> None:
-    """The keyword arguments of generator_loss / critic_loss that stay fixed for the run."""
-    fake_unwrapped = s.nets.fake_score
-    on_teacher = placement == "teacher_bottleneck"
-    gan_unet = s.teacher.denoiser if on_teacher else fake_unwrapped
-    tap = s.teacher.family.tap(gan_unet)
-    common = dict(schedule=s.schedule, trange=s.trange, head=s.gan_head, family=s.teacher.family)
-    s.generator_kwargs = dict(real=s.real, fake=fake_unwrapped, gan_unet=gan_unet, gan_tap=tap,
-                              gan_weight=w_gen, **common)
-    s.critic_kwargs = dict(fake=s.fake_score, fake_tap=None if on_teacher else tap, teacher=s.teacher.denoiser,
-                           teacher_tap=tap if on_teacher else None, gan_weight=w_critic, **common)
-
-
-def restore(s: Session, resume: Optional[str]) -> None:
-    """Load a checkpoint (exact resume) and start the data stream at the batch it reached."""
-    from dmad.data.loading import make_loader
-    from dmad.data.mixing import MixtureBatches
-    from dmad.data.scan import report_skips
-
-    if resume:
-        ident = s.cfg.identity
-        state = load_checkpoint(Path(resume), nets=s.nets, student_mode=ident.student, fake_mode=ident.fake_score,
-                                opt_g=s.opt_g, opt_c=s.opt_c, sched_g=s.sched_g, sched_c=s.sched_c,
-                                scaler=s.accelerator.scaler)
-        if state.student_timesteps != s.timesteps:
-            raise UserInputError(f"checkpoint {resume} was trained with student timesteps {state.student_timesteps}, "
-                                 f"the config asks for {s.timesteps}")
-        s.iter = s.start_iter = s.last_saved = state.iter
-        s.generator_steps, s.batches_used = state.generator_steps, state.batches_used
-        s.events.emit("phase", s.iter, phase="restored", checkpoint=str(resume))
-    acc, res = s.accelerator, s.cfg.resources
-    sampler = MixtureBatches(s.groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
-                             consumed=s.batches_used)
-    s.sampler = sampler
-    loader = iter(make_loader(s.dataset, sampler, res.dataloader_num_workers))
-    s.data = report_skips(loader, lambda skips: s.skip_log.loaded(s.iter, skips))
+def _load_checkpoint(cfg: TrainConfig, resume: str, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps):
+    ident = cfg.identity
+    state = load_checkpoint(Path(resume), nets=nets, student_mode=ident.student, fake_mode=ident.fake_score,
+                            opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, scaler=acc.scaler)
+    if state.student_timesteps != timesteps:
+        raise UserInputError(f"checkpoint {resume} was trained with student timesteps {state.student_timesteps}, "
+                             f"the config asks for {timesteps}")
+    return state

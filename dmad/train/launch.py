@@ -1,4 +1,4 @@
-"""Several processes (GPUs, machines) through accelerate (issue 8). Torch-free.
+"""Several processes (GPUs, machines) through accelerate. Torch-free.
 
 `dmad train --num-processes N [--num-machines M --machine-rank R --main-process-ip IP
 --main-process-port P]` checks everything first in this process (preflight: config, data, run

@@ -1,26 +1,21 @@
-"""dmad train: one linear DMAD training loop inside a run folder.
+"""`dmad train`: a run folder opened (open_run) around one linear loop (train_loop).
 
-Per iteration (= one critic optimizer step):
-  1. draw gradient_accumulation_steps batches (data time is measured here);
-  2. per micro-batch: encode images (VAE) and captions, make the student's input (pure noise, or
-     for multi-step students a backward-simulated rollout), run the student;
-     every K-th iteration also backpropagate the student loss (DM + GAN) through it;
-  3. student optimizer step (every K-th iteration), then the critic's micro-batches on the
-     detached student samples and its optimizer step;
-  4. log / checkpoint / validation samples / control commands at iteration boundaries.
-Stdout carries only events (DESIGN.md); everything else goes to stderr and logs/engine.log.
+open_run writes config / prompt set / env / status, routes stdout to events only (DESIGN.md; the
+rest goes to stderr and logs/engine.log) and turns a failure into an error event, a failed status
+and an exit code. train_loop, per iteration: control commands, the batches, one iteration of the
+method (dmad.train.step.dmad_iteration), a metrics row every log_every_steps, then checkpoints and
+validation samples on their schedule. `dmad probe` points (dmad.train.probe_point) use the same
+open_run and train_loop, with nothing after each iteration.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
-
-import torch
+from typing import Any, Callable, Iterator, Optional
 
 from dmad.contract.config import TrainConfig
 from dmad.errors import DmadError
@@ -31,18 +26,53 @@ from dmad.train.oom import Phase, advice, classify
 from dmad.contract.prompts import load_prompt_set
 from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, any_rank, broadcast, mean_logs, record_failure
 from dmad.contract.runs import ControlReader, RunFolder
-from dmad.train.build import build_session, make_accelerator, restore
-from dmad.train.session import (METRIC_COLUMNS, NonFiniteLoss, Session, StopFlag, cut_back_to_checkpoint,
-                          PipeSafeStream, is_oom, prepare_folder, setup_logging)
-from dmad.train.step import critic_loss, generator_loss
+from dmad.train.build import build_session, make_accelerator
+from dmad.train.session import (METRIC_COLUMNS, Session, StopFlag, close_logging, cut_back_to_checkpoint,
+                                PipeSafeStream, is_oom, prepare_folder, setup_logging)
+from dmad.train.step import ITERATIONS, LogSum, NonFiniteLoss
 
 
+@dataclass
+class OpenRun:
+    """A run folder opened for training: its writers, the prompt set and the phase an out-of-memory
+    error would be blamed on. `exit_code` is what the command returns."""
 
-def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str],
-                 probe: Optional[str] = None) -> int:
-    """Creates (or reopens, to resume) the run folder, trains, and returns the exit code.
-    `probe` (dmad.train.probe): "train" measures training iterations, "inference" forward passes only;
-    neither renders samples nor saves checkpoints."""
+    cfg: TrainConfig
+    folder: Any  # RunFolder on rank 0, ReadOnlyFolder on the others
+    events: Any  # EventWriter on rank 0, NullEvents on the others
+    log: Any
+    monitor: Any
+    prompt_set: Any
+    phase: Phase
+    stop: StopFlag
+    accelerator: Any  # joined process group with several processes, else None (build_session makes one)
+    resume: Optional[str]
+    session: Optional[Session] = None
+    exit_code: int = 0
+
+    def build(self) -> Session:
+        self.phase.set("loading")
+        self.session = build_session(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
+                                     self.accelerator, self.resume)
+        return self.session
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> int:
+    """`dmad train`: creates (or reopens, to resume) the run folder, trains, returns the exit code."""
+    with open_run(cfg, run_dir, resume, argv) as run:
+        s = run.build()
+        run.phase.set("sampling")
+        s.render_teacher_reference()  # before iteration 1; a no-op on resume
+        run.exit_code = train_loop(s, run.stop, run.phase)
+    return run.exit_code
+
+
+@contextlib.contextmanager
+def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> Iterator[OpenRun]:
+    """The run folder, logging, events, status and heartbeat around whatever trains in it (the loop,
+    or a `dmad probe` point), and what a failure leaves there: an error event, a failed status,
+    one line on stderr and the exit code (1, 3 out of memory, 130 interrupted) in `exit_code`.
+    A DmadError (bad input) is recorded and re-raised for the CLI to print."""
     phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
     rank, world = world_rank()
     acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
@@ -59,47 +89,37 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
-    stop = StopFlag().install()
-    s: Optional[Session] = None
-    session: list[Optional[Session]] = [None]  # the sampler's events carry the iteration once there is one
+    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), acc, resume)
 
-    def sampled(row: dict) -> None:
-        it = session[0].iter if session[0] is not None else None
+    def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
+        it = run.session.iter if run.session is not None else None
         events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
 
-    monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
+    run.monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
     try:
         if main:
-            prompt_set = prepare_folder(folder, cfg, resume, argv, events, world)
+            run.prompt_set = prepare_folder(folder, cfg, resume, argv, events, world)
         if acc is not None:
             acc.wait_for_everyone()  # rank 0 wrote the run's prompt set
         if not main:
-            prompt_set = load_prompt_set(folder.prompt_set_json)
-        monitor.start()
-        phase.set("loading")
-        s = session[0] = build_session(cfg, folder, prompt_set, events, log, monitor, acc)
-        restore(s, resume)
-        s.probe = probe is not None
-        if probe == "inference":
-            from dmad.train.probe_point import inference_loop
-
-            return inference_loop(s, phase)
-        if not s.probe:
-            phase.set("sampling")
-            s.render_teacher_reference()  # before iteration 1; a no-op on resume
-        return train_loop(s, stop, phase)
+            run.prompt_set = load_prompt_set(folder.prompt_set_json)
+        run.monitor.start()
+        yield run
     except NonFiniteLoss as e:
-        return _fail(folder, events, s, f"{e}; the last good checkpoint is kept", 1, term=e.term, cause="non_finite_loss")
+        run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
+                              cause="non_finite_loss")
     except DmadError as e:
-        _fail(folder, events, s, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
+        _fail(folder, events, run.session, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
         raise
     except BaseException as e:
+        s = run.session
         if is_oom(e):
             where = classify(phase.name)
             tip = advice(where, cfg.resources)
             folder.write_status("failed", advice=tip)
-            return _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}", 3,
-                         cause="out_of_memory", phase=where, advice=tip)
+            run.exit_code = _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}",
+                                  3, cause="out_of_memory", phase=where, advice=tip)
+            return
         if isinstance(e, KeyboardInterrupt):
             _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
             raise
@@ -110,11 +130,12 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
               cause="exception", quiet=True)
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
     finally:
-        stop.uninstall()
-        monitor.stop()
-        if s is not None:
-            s.metrics.close()
+        run.stop.uninstall()
+        run.monitor.stop()
+        if run.session is not None:
+            run.session.metrics.close()
         events.close()
+        close_logging()
         sys.stdout, sys.stderr = real_stdout, real_stderr
 
 
@@ -132,10 +153,14 @@ def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: 
 
 # --------------------------------------------------------------------------- the loop
 
-def train_loop(s: Session, stop: "StopFlag", phase: Phase) -> int:
-    cfg, acc = s.cfg, s.accelerator
-    accum = cfg.resources.gradient_accumulation_steps
-    k_gen = cfg.distillation.critic_updates_per_generator_update
+def train_loop(s: Session, stop: "StopFlag", phase: Phase,
+               after_iteration: Optional[Callable[[Session], None]] = None) -> int:
+    """Iterations until max_train_steps or a stop: control commands, the batches (data time), one
+    iteration of the configured method (dmad.train.step), a metrics row every log_every_steps, then
+    `after_iteration` (default: checkpoints and validation samples on their schedule)."""
+    cfg = s.cfg
+    iteration = ITERATIONS[cfg.distillation.method]
+    after_iteration = after_iteration or checkpoint_and_sample
     control = ControlReader(s.folder.control_jsonl)
     window = _Window()
     s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
@@ -145,51 +170,20 @@ def train_loop(s: Session, stop: "StopFlag", phase: Phase) -> int:
             return _stop(s)
         t_iter = time.perf_counter()
         first_batch = s.batches_used
-        batches = [next(s.data) for _ in range(accum)]
-        s.batches_used += accum
+        batches = [next(s.data) for _ in range(cfg.resources.gradient_accumulation_steps)]
+        s.batches_used += len(batches)
         window.data_time += time.perf_counter() - t_iter
-        first = s.iter == s.start_iter
-        gen_step = s.iter % k_gen == 0
-        samples, logs = [], _LogSum(defer=s.world > 1)
-        for m, batch in enumerate(batches):
-            phase.set("vae-encode" if first else f"step-{s.iter + 1}")
-            rng = s.rng(first_batch + m)
-            latents, emb = s.encode_batch(batch, rng)
-            phase.set("first-forward" if first else phase.name)
-            x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
-            sync = acc.no_sync(s.student) if m < accum - 1 else contextlib.nullcontext()
-            with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
-                x0 = s.student_x0(x_t, t, emb)
-                if gen_step:
-                    with s.critic_frozen():  # backward too: checkpointed recomputation must see the same graph
-                        loss, lg = generator_loss(x0, emb, gen=rng, **s.generator_kwargs)
-                        phase.set("first-backward" if first else phase.name)
-                        acc.backward(loss / accum)
-                    logs.add(lg, s.iter + 1)
-            samples.append((x0.detach(), latents, emb, rng))
-        if gen_step:
-            logs.add({"grad_norm_g": s.step_generator()}, s.iter + 1)
-        for m, (x0, latents, emb, rng) in enumerate(samples):
-            phase.set("first-forward" if first else phase.name)
-            sync = acc.no_sync(s.fake_score) if m < accum - 1 else contextlib.nullcontext()
-            with sync, acc.autocast():
-                loss, lc = critic_loss(x0, latents, emb, gen=rng, **s.critic_kwargs)
-            phase.set("first-backward" if first else phase.name)
-            acc.backward(loss / accum)
-            logs.add(lc, s.iter + 1)
-        logs.add({"grad_norm_c": s.step_critic()}, s.iter + 1)
+        logs = iteration(s, batches, first_batch, phase)
         _check_finite(s, logs)
         s.iter += 1
         window.add(logs)
         if s.iter % cfg.observation.log_every_steps == 0 or s.iter == cfg.optimization.max_train_steps:
             _log_row(s, window)
-        _after_iteration(s)
+        after_iteration(s)
     return _finish(s)
 
 
-def _after_iteration(s: Session) -> None:
-    if s.probe:  # a memory probe measures iterations only
-        return
+def checkpoint_and_sample(s: Session) -> None:
     cfg = s.cfg
     last = s.iter == cfg.optimization.max_train_steps
     if s.iter % cfg.observation.checkpointing_steps == 0 or last:
@@ -254,7 +248,7 @@ def _handle_control(s: Session, control: ControlReader, stop: "StopFlag") -> boo
         time.sleep(0.2)
 
 
-def _check_finite(s: Session, logs: "_LogSum") -> None:
+def _check_finite(s: Session, logs: LogSum) -> None:
     if s.world > 1 and any_rank(s.accelerator, logs.bad is not None):
         term, it = logs.bad or ("loss on another rank", s.iter + 1)
         raise NonFiniteLoss(term, it)
@@ -268,30 +262,7 @@ def _poll_control(s: Session, control: ControlReader, stop: "StopFlag") -> tuple
     return commands, stopping
 
 
-class _LogSum:
-    """Sums of per-micro-step logs for one iteration (means are taken over the log window). A
-    non-finite loss raises at once in a single process; with several, it is noted and every rank
-    raises together at the end of the iteration (`_check_finite`), so none waits on a dead peer."""
-
-    def __init__(self, defer: bool = False):
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-        self.defer = defer
-        self.bad: Optional[tuple[str, int]] = None
-
-    def add(self, logs: dict, iteration: int) -> None:
-        for k, v in logs.items():
-            if v is None:
-                continue
-            if k.startswith("loss_") and not math.isfinite(v):
-                if not self.defer:
-                    raise NonFiniteLoss(k, iteration)
-                self.bad = self.bad or (k, iteration)
-            self.sums[k] = self.sums.get(k, 0.0) + v
-            self.counts[k] = self.counts.get(k, 0) + 1
-
-
-class _Window(_LogSum):
+class _Window(LogSum):
     def __init__(self):
         super().__init__()
         self.reset()
@@ -300,7 +271,7 @@ class _Window(_LogSum):
         self.sums, self.counts, self.iters, self.data_time = {}, {}, 0, 0.0
         self.t0 = time.perf_counter()
 
-    def add(self, logs: _LogSum, iteration: int = 0) -> None:  # type: ignore[override]
+    def add(self, logs: LogSum, iteration: int = 0) -> None:  # type: ignore[override]
         for k, v in logs.sums.items():
             self.sums[k] = self.sums.get(k, 0.0) + v
             self.counts[k] = self.counts.get(k, 0) + logs.counts[k]

@@ -1,5 +1,5 @@
 """`dmad probe --config FILE [--batch 1,2,4] [--resolution 512,768] [--steps 10] [--warmup 3]
-[--out DIR]`: measure what fits, instead of guessing (issue 7, part 4). Torch-free: every point
+[--out DIR]`: measure what fits, instead of guessing. Torch-free: every point
 runs in a process of its own (`dmad probe-point`, dmad/train/probe_point.py), so no allocator state,
 cache or fragmentation carries over from one point to the next.
 
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from dmad.contract.config import TrainConfig, load_config
 from dmad.errors import UserInputError
@@ -226,17 +226,20 @@ def run_probe(config: Path, sets: list[str], batches: Optional[list[int]], resol
     return report
 
 
-def main_probe(args) -> int:
-    config = Path(args.config).expanduser()
-    batches = parse_ints(args.batch, "batch")
-    resolutions = parse_ints(args.resolution, "resolution", multiple_of=8)
-    if args.steps < 1 or args.warmup < 0:
+def main_probe(*, config: str | Path, batch: Optional[str] = None, resolution: Optional[str] = None, steps: int = 10,
+               warmup: int = 3, out: Optional[str | Path] = None, overrides: Sequence[str] = (),
+               progress: bool = False) -> int:
+    """`dmad probe`. `batch`, `resolution`: comma-separated values as typed after --batch and
+    --resolution (None: the config's); `out` None: probes/<config>_<time>; `overrides`: --set items."""
+    config = Path(config).expanduser()
+    batches = parse_ints(batch, "batch")
+    resolutions = parse_ints(resolution, "resolution", multiple_of=8)
+    if steps < 1 or warmup < 0:
         raise UserInputError("--steps must be at least 1 and --warmup at least 0")
-    out = Path(args.out).expanduser() if args.out else Path("probes") / f"{config.stem}_{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(out).expanduser() if out else Path("probes") / f"{config.stem}_{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):
         raise UserInputError(f"--out {out}: the folder exists and is not empty (a probe never overwrites results)")
-    report = run_probe(config, args.set, batches, resolutions, args.steps, args.warmup, out, progress=args.progress)
+    report = run_probe(config, list(overrides), batches, resolutions, steps, warmup, out, progress=progress)
     print(markdown(report), end="")
     print(f"written: {out / 'probe.json'}, probe.csv, probe.md")
     return 0
-

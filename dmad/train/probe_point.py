@@ -3,8 +3,8 @@ over from another point: the run config at one (batch, resolution), trained for 
 iterations (kind "train") or put through the same networks without any backward (kind
 "baseline"), in a throwaway run folder; then the measurements as one JSON file.
 
-The training path is dmad.train.loop.run_training itself (probe mode: no samples, no checkpoints), so
-the phases, the out-of-memory classification (loading, vae-encode, first-forward,
+The point opens its run folder with dmad.train.loop.open_run and trains with train_loop itself (with no
+samples and no checkpoints after each iteration), so the phases, the out-of-memory classification (loading, vae-encode, first-forward,
 first-backward, step-N) and DMAD_FAULT are exactly those of a real run.
 """
 from __future__ import annotations
@@ -14,13 +14,24 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from dmad.memory import readings as memory
 from dmad.contract.runs import atomic_write_json
+from dmad.train.loop import open_run, train_loop
 from dmad.train.step import FAKE_GUIDANCE
+
+
+def run_point(cfg: Any, run_dir: Path, baseline: bool) -> int:
+    """The point's run: the training loop with nothing after each iteration (no checkpoints, no
+    samples, no teacher reference), or the inference baseline; the exit code of a real run."""
+    with open_run(cfg, run_dir, None, ["dmad", "probe-point"]) as run:
+        s = run.build()
+        run.exit_code = inference_loop(s, run.phase) if baseline else \
+            train_loop(s, run.stop, run.phase, after_iteration=lambda s: None)
+    return run.exit_code
 
 
 def inference_loop(s: Any, phase: Any) -> int:
@@ -43,9 +54,10 @@ def inference_loop(s: Any, phase: Any) -> int:
             phase.set("first-forward" if first else phase.name)
             with s.accelerator.autocast():
                 x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
-                x0 = s.student_x0(x_t, t, emb)
-                s.real.x0(s.schedule, x0, t, emb)
-                s.teacher.family.predict(s.fake_score, x0.to(s.weight_dtype), t, emb, s.schedule, guidance=FAKE_GUIDANCE)
+                nets = s.dmad
+                x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
+                nets.real.x0(nets.schedule, x0, t, emb)
+                nets.family.predict(nets.fake_score, x0.to(s.weight_dtype), t, emb, nets.schedule, guidance=FAKE_GUIDANCE)
         s.sync_device()
         s.iter += 1
         row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}
@@ -107,34 +119,33 @@ def measure(run_dir: Path, warmup: int, code: int) -> dict:
             "iterations": len(rows)}
 
 
-def main_probe_point(args) -> int:
-    """`dmad probe-point` (internal; `dmad probe` starts it): writes --result, exits 0 unless the
-    point could not even be set up."""
+def main_probe_point(*, config: str, kind: str, batch: int, resolution: int, steps: int, warmup: int, run_dir: str,
+                     result_path: str, overrides: Sequence[str] = ()) -> int:
+    """`dmad probe-point` (internal; `dmad probe` starts it): writes `result_path` (--result), exits 0
+    unless the point could not even be set up."""
     from dmad.contract.config import load_config
     from dmad.errors import DmadError
-    from dmad.train.loop import run_training
 
-    sets = [*args.set, f"resources.train_batch_size={args.batch}", f"resources.resolution={args.resolution}",
-            f"optimization.max_train_steps={args.warmup + args.steps}", "observation.log_every_steps=1",
+    sets = [*overrides, f"resources.train_batch_size={batch}", f"resources.resolution={resolution}",
+            f"optimization.max_train_steps={warmup + steps}", "observation.log_every_steps=1",
             "observation.gpu_mem_interval_s=0.5",
             "optimization.lr_warmup_steps=0"]
-    cfg = load_config(args.config, sets)
+    cfg = load_config(config, sets)
     import diffusers  # noqa: F401 - the libraries in memory before the models: not part of the point's cost
     import transformers  # noqa: F401
 
     rss_before = memory.process_rss_gb()
-    run_dir = Path(args.run_dir)
+    run_dir = Path(run_dir)
     try:
-        code = run_training(cfg, run_dir=run_dir, resume=None, argv=["dmad", "probe-point"],
-                            probe="inference" if args.kind == "baseline" else "train")
+        code = run_point(cfg, run_dir, baseline=kind == "baseline")
     except DmadError as e:
         code = e.exit_code
         if not (run_dir / "events.jsonl").exists():
-            atomic_write_json(Path(args.result), {"status": "error", "oom_phase": "none", "error": str(e),
+            atomic_write_json(Path(result_path), {"status": "error", "oom_phase": "none", "error": str(e),
                                                   "pid": os.getpid()})
             return 0
-    result = measure(run_dir, args.warmup, code)
+    result = measure(run_dir, warmup, code)
     result["pid"] = os.getpid()
     result["process_rss_before_gb"] = rss_before  # host RAM before the models loaded (CPU comparisons)
-    atomic_write_json(Path(args.result), result)
+    atomic_write_json(Path(result_path), result)
     return 0

@@ -29,7 +29,7 @@ from dmad.train.monitor import device_reading
 from dmad.models.networks import Networks, trainable_parameters
 from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
 from dmad.contract.runs import CsvAppender, RunFolder
-from dmad.train.step import RealScore, TimestepRange
+from dmad.train.step import DmadNetworks, NonFiniteLoss
 
 LOSS_COLUMNS = ["loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c",
                 "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c"]
@@ -71,10 +71,8 @@ def setup_logging(path: Path) -> logging.Logger:
     """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    close_logging()
     root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_dmad", False):
-            root.removeHandler(h)
     for h in (logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
         h.setFormatter(fmt)
         h._dmad = True  # type: ignore[attr-defined]
@@ -93,12 +91,13 @@ def setup_logging(path: Path) -> logging.Logger:
     return logging.getLogger("dmad")
 
 
-class NonFiniteLoss(Exception):
-    """A loss term (or, at checkpoint time, a network's weights) went NaN/inf."""
-
-    def __init__(self, term: str, iteration: int):
-        super().__init__(f"{term} is not finite at iteration {iteration}")
-        self.term, self.iteration = term, iteration
+def close_logging() -> None:
+    """Remove and close the engine's log handlers (engine.log stays closed between in-process runs)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_dmad", False):
+            root.removeHandler(h)
+            h.close()
 
 
 class StopFlag:
@@ -217,45 +216,59 @@ def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
 
 @dataclass
 class Session:
+    """What the loop works with, built once by dmad.train.build.build_session (already restored from
+    a checkpoint when resuming): nothing is filled in later."""
+
     cfg: TrainConfig
     folder: RunFolder
     events: EventWriter
-    accelerator: Any
-    device: torch.device
+    log: logging.Logger
+    accelerator: Any  # accelerate.Accelerator: device, mixed precision, processes
     weight_dtype: torch.dtype
     teacher: Any  # dmad.models.teacher.Teacher (frozen denoiser, VAE, text encoders, tokenizers; its family)
-    schedule: NoiseSchedule
-    nets: Networks
-    student: torch.nn.Module  # prepared (maybe DDP-wrapped) student
-    fake_score: torch.nn.Module
-    gan_head: torch.nn.Module
+    nets: Networks  # unwrapped student, fake score, GAN head and the student's EMA (checkpoints, samples)
+    dmad: DmadNetworks  # what an iteration calls (prepared networks, teacher, feature tap, schedule)
     opt_g: torch.optim.Optimizer
     opt_c: torch.optim.Optimizer
     sched_g: Any
     sched_c: Any
-    real: RealScore
-    trange: TimestepRange
-    timesteps: list[int]
-    sampler: Any  # dmad.data.mixing.MixtureBatches: the items and sample positions of each batch
+    timesteps: list[int]  # the student's
     prompt_set: PromptSet
     dataset: Any  # dmad.data.loading.MixedImages
-    groups: list  # dmad.data.mixing.Group: the (dataset, bucket) groups batches are drawn from
+    sampler: Any  # dmad.data.mixing.MixtureBatches: the items and sample positions of each batch
     skip_log: Any  # dmad.data.scan.SkipLog: items the data skipped, as events and status counts
+    caches: Any  # dmad.data.encode.Caches when resources.cache_latents, else None
     metrics: CsvAppender
-    log: logging.Logger
-    generator_kwargs: dict = field(default_factory=dict)
-    critic_kwargs: dict = field(default_factory=dict)
-    iter: int = 0
-    start_iter: int = 0
+    iter: int = 0  # completed iterations (the checkpoint's, when resuming)
     generator_steps: int = 0
     batches_used: int = 0
-    last_saved: Optional[int] = None
     t_start: float = field(default_factory=time.time)
-    data: Any = None
-    caches: Any = None  # dmad.data.encode.Caches when resources.cache_latents
-    probe: bool = False  # a `dmad probe` point: no samples, no checkpoints
-    is_main: bool = True  # rank 0 (the only writer) of a multi-process run, or the only process
-    world: int = 1
+
+    def __post_init__(self):
+        from dmad.data.loading import make_loader
+        from dmad.data.scan import report_skips
+
+        self.start_iter = self.iter
+        self.last_saved: Optional[int] = self.iter if self.iter else None
+        loader = iter(make_loader(self.dataset, self.sampler, self.cfg.resources.dataloader_num_workers))
+        self.data = report_skips(loader, lambda skips: self.skip_log.loaded(self.iter, skips))
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def schedule(self) -> NoiseSchedule:
+        return self.dmad.schedule
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (the only writer) of a multi-process run, or the only process."""
+        return self.accelerator.is_main_process
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
 
     # ---- per micro-step
     def rng(self, batch_number: int) -> SampleRNG:
@@ -286,16 +299,13 @@ class Session:
             from dmad.train.ranks import broadcast
 
             k = broadcast(self.accelerator, k)
-        student = self.accelerator.unwrap_model(self.student)
+        student = self.nets.student
 
         def x0_fn(x_t, t):
             with self.accelerator.autocast():
                 return self.teacher.family.x0(student, x_t, t, emb, self.schedule)
 
         return backward_simulate(x0_fn, noise, self.timesteps, k, self.schedule, rng)
-
-    def student_x0(self, x_t: torch.Tensor, t: torch.Tensor, emb) -> torch.Tensor:
-        return self.teacher.family.x0(self.student, x_t, t, emb, self.schedule)
 
     @contextlib.contextmanager
     def critic_frozen(self):

@@ -1,4 +1,4 @@
-"""Several processes through accelerate (issue 8, part 2), on the CPU with the gloo backend: two
+"""Several processes through accelerate, on the CPU with the gloo backend: two
 processes of batch B make the same optimizer step as one of batch 2B; a run whose rank 1 crashes
 ends with a clear error and no process left behind, and resumes to exactly the weights of an
 uninterrupted run; only rank 0 writes the run folder."""

@@ -1,10 +1,9 @@
-"""`dmad check-data` (issue 6): every category found on a generated corpus with the right path,
+"""`dmad check-data`: every category found on a generated corpus with the right path,
 nothing on the clean files, the JSON report's documented keys, exit codes, files that must not
 hang (FIFO, symlink loop) or be decoded (a decompression-bomb header), the dataset list model
 and the bucket rule; the fingerprint cache for re-checks and the process-pool path."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -16,7 +15,8 @@ from PIL import Image
 from dmad.data.buckets import bucket_for
 import dmad.data.check as checkdata
 from dmad.data.check import CATEGORIES, cache_file, check_item, check_source
-from dmad.data.check_report import format_summary, main_check_data
+from dmad.data.check_command import main_check_data
+from dmad.data.check_report import format_summary
 from dmad.data.check_items import check_caption_bytes
 from dmad.contract.datasets import load_dataset_list
 from dmad.errors import UserInputError
@@ -238,7 +238,8 @@ def test_image_too_small_and_dataset_minimum(tmp_path):
 
 
 def test_check_data_modules_are_torch_free(run_python):
-    r = run_python("import sys, dmad.data.check, dmad.data.check_report, dmad.data.buckets, dmad.contract.datasets\n"
+    r = run_python("import sys, dmad.data.check, dmad.data.check_report, dmad.data.check_command, dmad.data.buckets, "
+                   "dmad.contract.datasets\n"
                    "print([m for m in ('torch', 'diffusers', 'PySide6') if m in sys.modules])")
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
 
@@ -416,23 +417,24 @@ def test_duplicates_are_found_across_cached_and_fresh_images(tmp_path, monkeypat
                                                       "z_exact.png", "z_near.jpg"]  # p0 gone with its file
 
 
-def _args(source: Path, **kw) -> argparse.Namespace:
-    base = dict(source=str(source), json=None, min_size=64, resolution=96, batch=None, workers=None,
+def _args(source: Path, **kw) -> dict:
+    """main_check_data's keyword arguments, as the command line passes them."""
+    base = dict(source=str(source), json_report=None, min_size=64, resolution=96, batch=None, workers=None,
                 progress=False)
-    return argparse.Namespace(**{**base, **kw})
+    return {**base, **kw}
 
 
 def test_the_command_caches_unless_no_cache(tmp_path, monkeypatch, capsys):
     root = _small_folder(tmp_path / "data")
-    assert main_check_data(_args(root, no_cache=True)) == 1
+    assert main_check_data(**_args(root, cache=False)) == 1
     assert not cache_file([root]).exists()
-    assert main_check_data(_args(root)) == 1
+    assert main_check_data(**_args(root)) == 1
     assert cache_file([root]).exists()
     seen = _count_decodes(monkeypatch)
-    main_check_data(_args(root, no_cache=True))
+    main_check_data(**_args(root, cache=False))
     assert len(seen) == 6  # --no-cache reads every file even with a cache present
     seen.clear()
-    main_check_data(_args(root))
+    main_check_data(**_args(root))
     assert seen == [] and "6 of 6 images unchanged" in capsys.readouterr().out
 
 

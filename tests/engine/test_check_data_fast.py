@@ -4,7 +4,6 @@ clean ones of each format: exactly the damaged ones are reported, with their pat
 the summary say which checks were skipped; fast results never reach the full check's cache."""
 from __future__ import annotations
 
-import argparse
 import json
 import struct
 import sys
@@ -16,7 +15,8 @@ import pytest
 import dmad.data.check as checkdata
 from dmad.data.check import CATEGORIES, cache_file, check_source
 from dmad.data.check_fast import SKIPPED_CHECKS, bmp_problem, check_image_fast, jpeg_problem, png_problem, webp_problem
-from dmad.data.check_report import format_summary, main_check_data
+from dmad.data.check_command import main_check_data
+from dmad.data.check_report import format_summary
 from dmad.errors import UserInputError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -221,21 +221,22 @@ def test_exact_duplicates_in_fast_mode_hash_only_shared_sizes(tmp_path, monkeypa
     assert sorted(x for x in _found(again) if x[1] == "duplicate_exact") == dups + [("r_copy.png", "duplicate_exact")]
 
 
-def _args(source: Path, **kw) -> argparse.Namespace:
-    base = dict(source=str(source), json=None, min_size=64, resolution=128, batch=None, workers=None,
-                progress=False, no_cache=True)
-    return argparse.Namespace(**{**base, **kw})
+def _args(source: Path, **kw) -> dict:
+    """main_check_data's keyword arguments, as the command line passes them."""
+    base = dict(source=str(source), json_report=None, min_size=64, resolution=128, batch=None, workers=None,
+                progress=False, cache=False)
+    return {**base, **kw}
 
 
 def test_the_command_entry_point_reads_fast(fast_corpus, tmp_path, monkeypatch, capsys):
     seen = _count(monkeypatch)
     out = tmp_path / "r.json"
-    assert main_check_data(_args(fast_corpus, fast=True, json=str(out))) == 1
+    assert main_check_data(**_args(fast_corpus, fast=True, json_report=str(out))) == 1
     assert seen["full"] == [] and len(seen["fast"]) == len(CLEAN) + len(DAMAGED)
     assert json.loads(out.read_text(encoding="utf-8"))["mode"] == "fast"
     assert "Fast mode" in capsys.readouterr().out
     seen["fast"].clear()
-    main_check_data(_args(fast_corpus))  # a parser without --fast: the full check
+    main_check_data(**_args(fast_corpus))  # fast left at its default: the full check
     assert seen["fast"] == [] and len(seen["full"]) == len(CLEAN) + len(DAMAGED)
 
 

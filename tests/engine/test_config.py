@@ -122,9 +122,41 @@ def test_explicit_student_timesteps_win():
         Distillation(student_steps=2, student_timesteps=[200, 800])
 
 
-def test_multi_step_students_need_backward_simulation():
+def test_version_1_backward_simulation_is_dropped(tmp_path):
+    """Version 2 removed distillation.backward_simulation (never read: multi-step students always
+    train on their own rollouts); version 1 files that set it still load, without it."""
+    raw = {**MINIMAL, "config_version": 1, "distillation": {"student_steps": 4, "backward_simulation": True}}
+    cfg = load_config(_write(tmp_path / "v1.json", raw))
+    assert cfg.config_version == CONFIG_VERSION == 2 and cfg.distillation.student_steps == 4
+    assert "backward_simulation" not in cfg.model_dump(mode="json")["distillation"]
+    assert "backward_simulation" not in Distillation.model_fields
+    assert raw["distillation"]["backward_simulation"] is True  # migrate copies, never edits the input
+    assert validate_config(raw) == validate_config(migrate(raw))  # any supported version validates
+    single = {**MINIMAL, "config_version": 1, "distillation": {"backward_simulation": False}}
+    assert load_config(_write(tmp_path / "single.json", single)).distillation.student_steps == 1
+
+
+def test_multi_step_students_need_backward_simulation(tmp_path):
+    """A version 1 file that turned backward simulation off for a multi-step student was refused
+    and still is; in version 2 the key is unknown."""
+    v1 = {**MINIMAL, "config_version": 1, "distillation": {"student_steps": 2, "backward_simulation": False}}
+    with pytest.raises(UserInputError, match="backward_simulation must be true for student_steps > 1"):
+        load_config(_write(tmp_path / "v1.json", v1))
+    with pytest.raises(UserInputError, match=r"unknown key 'distillation\.backward_simulation'"):
+        load_config(_write(tmp_path / "v2.json", {**v1, "config_version": 2}))
     with pytest.raises(ValueError, match="backward_simulation"):
         Distillation(student_steps=2, backward_simulation=False)
+
+
+def test_shipped_version_1_configs_load():
+    """The configs in resources/ (version 1 files, some with backward_simulation) load unchanged."""
+    from dmad.contract.paths import resources_dir
+
+    files = sorted((resources_dir() / "configs").rglob("*.json"))
+    configs = [f for f in files if "config_version" in json.loads(f.read_text(encoding="utf-8"))]
+    assert len(configs) >= 2
+    for f in configs:
+        assert load_config(f).config_version == CONFIG_VERSION, f
 
 
 def test_json_error_names_line_and_column(tmp_path):

@@ -1,4 +1,4 @@
-"""Datasets in training (issue 6, part 1): dataset lists, probability/repeats mixing and aspect
+"""Datasets in training: dataset lists, probability/repeats mixing and aspect
 buckets, tested statistically; crops, EXIF, transparency, caption strategies and normalisation."""
 from __future__ import annotations
 

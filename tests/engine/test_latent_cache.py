@@ -1,4 +1,4 @@
-"""The latent and text-embedding cache (issue 6, part 2): unchanged -> hit; a changed resolution,
+"""The latent and text-embedding cache: unchanged -> hit; a changed resolution,
 VAE or file -> encoded again; broken entries are misses; a run that caches computes exactly what
 a run without the cache computes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Out of memory, by phase (issue 7, part 5): DMAD_FAULT=oom:<phase> raises torch's real
+"""Out of memory, by phase: DMAD_FAULT=oom:<phase> raises torch's real
 OutOfMemoryError where a run enters that phase; the run ends with exit 3, an error event with the
 phase and the advice, status.json saying why, and a folder that resumes from its last checkpoint."""
 from __future__ import annotations

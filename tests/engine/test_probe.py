@@ -1,4 +1,4 @@
-"""`dmad probe` (issue 7, part 4): one process per point (distinct pids), a baseline without
+"""`dmad probe`: one process per point (distinct pids), a baseline without
 backward, the trade-off table, out-of-memory phases per point, and the recommendation order."""
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmad.errors import UserInputError
-from dmad.models.teacher import encode_prompts, inspect_teacher, load_teacher
+from dmad.models.teacher import inspect_teacher, load_teacher
+from dmad.models.teacher_files import encode_prompts
 from dmad.testing.tiny import make_tiny_sd_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -47,7 +47,7 @@ def test_oom_while_loading(write_config, tmp_path, monkeypatch, capsys):
 
 
 def test_oom_in_the_first_forward(write_config, tmp_path, monkeypatch):
-    monkeypatch.setattr(Session, "student_x0", _oom)
+    monkeypatch.setattr(Session, "student_input", _oom)  # the student's first forward
     code, run = _run(write_config, tmp_path)
     assert code == 3 and _error(run).data["phase"] == "first-forward"
 
@@ -73,7 +73,7 @@ def test_unexpected_exception_is_one_line_with_the_log(write_config, tmp_path, m
     def boom(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(Session, "student_x0", boom)
+    monkeypatch.setattr(Session, "student_input", boom)
     cfg = load_config(write_config())
     run = tmp_path / "run"
     with pytest.raises(DmadError) as exc:
