@@ -163,7 +163,6 @@ def shape_masks(images: torch.Tensor, latent_hw: tuple[int, int], dilate: int = 
     """(B, 1, h, w) bool: the latent pixels a captioned render's shape touches, grown by `dilate`
     latent pixels so its edges count as shape. A render's pixel (0, 0) is always background
     (shapes keep a 1 px margin inside their slot)."""
-    import torch.nn.functional as F
 
     mask = ((images - images[..., :1, :1]).abs().amax(1, keepdim=True) > 0).float()
     m = F.adaptive_max_pool2d(mask, latent_hw)

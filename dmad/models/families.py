@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from dmad.methods.prediction import FlowSchedule, NoiseSchedule, cfg
-from dmad.models.teacher_files import encode_prompts
+from dmad.models.teacher_files import LORA_TARGETS, encode_prompts
 
 
 # --------------------------------------------------------------------------- conditioning
@@ -138,7 +138,7 @@ class Family:
     tokenizers: tuple[str, ...] = ("tokenizer",)
     optional_components: tuple[str, ...] = ()  # may be null in model_index.json (SD3's T5)
     flow = False
-    lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
+    lora_targets = LORA_TARGETS  # attention projections, as diffusers' LoRA scripts and DMD2
     vae_fp32 = False    # the VAE overflows in fp16/bf16 and stays float32 (SDXL's)
 
     denoiser_class = "UNet2DConditionModel"

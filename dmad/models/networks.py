@@ -19,8 +19,7 @@ from torch import nn
 
 from dmad.methods.dmd2 import GanHead
 
-
-LORA_TARGETS = ("to_k", "to_q", "to_v", "to_out.0")
+from dmad.models.teacher_files import LORA_TARGETS
 
 
 def add_lora(unet: nn.Module, rank: int, alpha: Optional[int], targets: tuple[str, ...] = LORA_TARGETS) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
-from dmad.models.teacher_files import (LORA_TARGETS, TeacherInfo, read_json, read_safetensors_header, stored_dtype,
+from dmad.models.teacher_files import (TeacherInfo, read_json, read_safetensors_header, stored_dtype,
                                        weight_variant, weights_in_folder)
 
 # A single original-layout file (sd_xl_base_1.0.safetensors): each network's key prefix, and one
@@ -170,7 +170,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> Teac
         vae_scale_factor=2 ** (len(vae.block_out_channels) - 1), latent_channels=int(vae.latent_channels),
         unet_block_out_channels=blocks, bottleneck_channels=feature, text_hidden_size=text_hidden,
         unet_lora_params_per_rank=lora, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
-        components=tuple(comps), lora_targets=targets if targets != LORA_TARGETS else LORA_TARGETS,
+        components=tuple(comps), lora_targets=targets,
         text_tokens=text_tokens)
 
 
