@@ -113,3 +113,47 @@ def run_python(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dmad_env(),
                               capture_output=True, text=True, timeout=timeout)
     return run
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes_or_threads():
+    """A test that leaves a child process (an engine, a probe point, a process pool) or a Python
+    thread of its own running fails, after a grace period for ones that are already ending; what
+    is left is killed so the next test starts clean."""
+    import threading
+
+    import psutil
+
+    me = psutil.Process()
+    procs_before = {p.pid for p in me.children(recursive=True)}
+    threads_before = set(threading.enumerate())
+    yield
+    new = [p for p in me.children(recursive=True) if p.pid not in procs_before]
+    _, alive = psutil.wait_procs(new, timeout=15)
+    alive = [p for p in alive if _running(p)]
+    for p in alive:
+        p.kill()
+    threads = [t for t in threading.enumerate() if t not in threads_before and not t.daemon]
+    for t in threads:
+        t.join(timeout=15)
+    threads = [t.name for t in threads if t.is_alive()]
+    assert not alive, f"the test left processes running: {[' '.join(_cmdline(p))[:200] for p in alive]}"
+    assert not threads, f"the test left threads running: {threads}"
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return [str(p.pid)]
