@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.engine.process import engine_command
+from app.engine.command import engine_command
 
 ENGINE_TIMEOUT_S = 600
 

@@ -2,8 +2,8 @@
 
 Panels never know about each other: the window connects their signals (ConfigPanel says whether
 the config is valid, TrainingPanel asks to start, RunsPanel opens a run) and tells the run-bound
-tabs (Samples, Memory) which run is open. Later issues replace a tab's content with
-`set_panel(name, widget)` without reshaping the window.
+tabs (Samples, Memory) which run is open. The run's lifecycle is the Training panel's RunState
+(app/models/run_state.py): the window, the Runs panel and the close question read it.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from app.panels.samples import SamplesPanel
 from app.panels.training import TrainingPanel
 
 PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Memory")
-REPLACEABLE = ("Data", "Samples", "Memory")
 APP_NAME = "DMAD Studio"
 ROOT_KEY = "runs/root"
 DEFAULT_RUNS_ROOT = Path.home() / "dmad-runs"
@@ -59,6 +58,7 @@ class MainWindow(QMainWindow):
         self.training = TrainingPanel()
         self.samples = SamplesPanel()
         self.runs = RunsPanel(remembered_root(settings))
+        self.run_state = self.training.run_state
         self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override,
                                 probes_dir=probes_dir)
         self.tabs = QTabWidget()
@@ -83,29 +83,6 @@ class MainWindow(QMainWindow):
     def panel(self, name: str) -> QWidget:
         return self.tabs.widget(PANELS.index(name))
 
-    def set_panel(self, name: str, widget: QWidget) -> None:
-        """Replace the content of a place (a later issue's Data, Samples or Memory panel). The window
-        keeps feeding it if it has the same methods: Data `set_config(raw, base_dir)`, Samples and
-        Memory `set_run(run_dir)`."""
-        if name not in REPLACEABLE:
-            raise ValueError(f"{name} is wired by signals and cannot be replaced; replaceable: {', '.join(REPLACEABLE)}")
-        i = PANELS.index(name)
-        current = self.tabs.currentIndex()
-        old = self.tabs.widget(i)
-        self.tabs.removeTab(i)
-        self.tabs.insertTab(i, widget, name)
-        self.tabs.setCurrentIndex(current)
-        setattr(self, name.lower(), widget)
-        old.deleteLater()
-        if name == "Memory":
-            self._wire_memory()
-        if name == "Data":
-            self._sync_config()
-        else:
-            _call(widget, "set_run", self._run)
-            if name == "Memory":
-                _call(widget, "set_config", self.config.config(), self.config.base_dir())
-
     def show_panel(self, name: str) -> None:
         self.tabs.setCurrentIndex(PANELS.index(name))
 
@@ -115,18 +92,13 @@ class MainWindow(QMainWindow):
         self.config.validity_changed.connect(self.training.set_start_enabled)
         self.config.config_edited.connect(lambda _raw: self._sync_config())
         self.training.start_requested.connect(self._start)
-        self.training.run_state_changed.connect(self._on_run_state)
+        self.run_state.state_changed.connect(self._on_run_state)
+        self.runs.watch(self.run_state)
         self.runs.run_opened.connect(self.open_run)
         self.runs.root_changed.connect(lambda root: self._settings.setValue(ROOT_KEY, str(root)))
         self.gpu.readings_received.connect(self._on_gpu)
-        self.training.processes.valueChanged.connect(lambda n: _call(self.data, "set_processes", n))
-        self._wire_memory()
-
-    def _wire_memory(self) -> None:
-        """A probe's "Apply to config" edits the Config form (also for a replacement Memory panel)."""
-        signal = getattr(self.memory, "apply_requested", None)
-        if signal is not None:
-            signal.connect(self._apply_config_changes)
+        self.training.processes.valueChanged.connect(self.data.set_processes)
+        self.memory.apply_requested.connect(self._apply_config_changes)  # a probe's "Apply to config"
 
     def _apply_config_changes(self, changes: dict) -> None:
         self.config.apply_changes(changes)
@@ -139,15 +111,15 @@ class MainWindow(QMainWindow):
 
     def _sync_config(self) -> None:
         """The Data and Memory tabs follow the config; relative paths are relative to the config file."""
-        _call(self.data, "set_config", self.config.config(), self.config.base_dir())
-        _call(self.memory, "set_config", self.config.config(), self.config.base_dir())
+        self.data.set_config(self.config.config(), self.config.base_dir())
+        self.memory.set_config(self.config.config(), self.config.base_dir())
 
     def _root_override(self) -> list[str]:
         # As TrainingPanel.start does: runs go under the window's runs root (JSON-quoted: always a string)
         return [f"identity.output_dir={json.dumps(str(self.runs.root().expanduser().resolve()))}"]
 
     def _start(self) -> None:
-        warning = _call(self.data, "start_warning")  # the last data check of this config's data found errors
+        warning = self.data.start_warning()  # the last data check of this config's data found errors
         if warning and QMessageBox.question(self, "Data check", warning, QMessageBox.Yes | QMessageBox.No,
                                             QMessageBox.No) != QMessageBox.Yes:
             return
@@ -170,19 +142,17 @@ class MainWindow(QMainWindow):
 
     def _on_run_state(self, state: str) -> None:
         self._state = state
-        run = self.training.run_dir()
         # "starting": a new engine whose run folder is not known yet; the old run's tabs go blank
-        self._set_run(Path(run) if run is not None else None)
-        _call(self.samples, "refresh")  # a checkpoint or the end of a run usually brings new samples
-        self.runs.refresh()
-        if self._close_when_stopped and not self.training.is_live():
+        self._set_run(self.run_state.run_dir)
+        self.samples.refresh()  # a checkpoint or the end of a run usually brings new samples
+        if self._close_when_stopped and not self.run_state.is_live():
             self.close()
 
     def _set_run(self, run_dir: Optional[Path]) -> None:
         if run_dir != self._run:
             self._run = run_dir
-            _call(self.samples, "set_run", run_dir)
-            _call(self.memory, "set_run", run_dir)
+            self.samples.set_run(run_dir)
+            self.memory.set_run(run_dir)
             self.run_changed.emit(run_dir)
         self._update_title()
 
@@ -199,12 +169,11 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ closing
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if not self.training.is_live():
+        if not self.run_state.is_live():
             self._shutdown()
             event.accept()
             return
-        name = self._run.name if self._run else "The run"
-        choice = close_dialog.ask_close_during_run(self, name)
+        choice = close_dialog.ask_close_during_run(self, self.run_state)
         if choice == close_dialog.STOP:
             # The engine needs time to write its checkpoint; the window closes when it has stopped.
             self._close_when_stopped = True
@@ -222,9 +191,3 @@ class MainWindow(QMainWindow):
 
     def _shutdown(self) -> None:
         self.gpu.stop()
-
-
-def _call(widget: QWidget, method: str, *args: Any) -> Any:
-    """Panels that replace Data / Samples / Memory may not need what the window tells them (None)."""
-    fn = getattr(widget, method, None)
-    return fn(*args) if callable(fn) else None

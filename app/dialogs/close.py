@@ -5,14 +5,21 @@ from typing import Optional
 
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from app.models.run_state import RunState
+
 STOP, LEAVE, CANCEL = "stop", "leave", "cancel"
 
 
-def ask_close_during_run(parent: Optional[QWidget], run_name: str) -> str:
+def run_name(state: RunState) -> str:
+    """The live run's folder name; a run still starting has none yet."""
+    return state.run_dir.name if state.run_dir is not None else "The run"
+
+
+def ask_close_during_run(parent: Optional[QWidget], state: RunState) -> str:
     """STOP (graceful: the engine saves a checkpoint, then the window closes), LEAVE (the engine
     keeps training; reopening the app with the run folder reattaches) or CANCEL."""
     box = QMessageBox(QMessageBox.Question, "A run is training",
-                      f"{run_name} is still training. What should happen to it?",
+                      f"{run_name(state)} is still training. What should happen to it?",
                       QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
     # Standard buttons (relabelled) rather than custom ones: exec() then returns which was chosen.
     box.button(QMessageBox.Yes).setText("Stop the run (save a checkpoint)")

@@ -1,4 +1,4 @@
-"""Several machines for Start (issue 8): how many, this machine's rank, and where machine 0
+"""Several machines for Start: how many, this machine's rank, and where machine 0
 listens. The engine checks the combination again (dmad.cli) and says what is wrong in one line."""
 from __future__ import annotations
 

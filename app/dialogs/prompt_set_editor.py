@@ -1,10 +1,11 @@
 """Prompt-set editor: load a prompt set JSON, edit its items and settings, validate as you type with
 the engine's own rules and words (dmad.contract.prompts), and save without ever changing an existing version.
 
-Versions are immutable (issue 5): an edited set whose name + version already exists in the save
-folder, or is the one a run used, is saved as the next version (v2 after v1) in a new file; the
-existing files keep their bytes. The engine owns the rule (dmad.contract.prompts.save_new_version); this
-dialog only adds the run's copy to the versions that count as taken.
+Versions are immutable, so a name + version always means the prompts a run's samples were rendered
+from: an edited set whose name + version already exists in the save folder, or is the one a run used,
+is saved as the next version (v2 after v1) in a new file; the existing files keep their bytes. The
+engine owns the rule (dmad.contract.prompts.save_new_version); this dialog only adds the run's copy to
+the versions that count as taken.
 """
 from __future__ import annotations
 

@@ -1,40 +1,28 @@
-"""The bridge to the engine: `dmad train` in a QProcess, its stdout parsed as events.
+"""The bridge to the engine: `dmad train` (a DmadCommand), its stdout parsed as events.
 
 The app never imports the training code; it starts the `dmad` command line (what a user types in a
-terminal) and reads what it prints. Stdout carries only events (one JSON object per line, DESIGN.md);
-stderr carries log lines and, on a clean failure, one "dmad: error: ..." line. Pipes deliver bytes
-in arbitrary chunks, so lines are reassembled before parsing. Commands go the other way through
-<run>/control.jsonl, which the engine polls at every iteration boundary.
+terminal) and reads what it prints (app/engine/command.py: lines, events, the end). Stdout carries
+only events (one JSON object per line, DESIGN.md); stderr carries log lines and, on a clean failure,
+one "dmad: error: ..." line. Commands go the other way through <run>/control.jsonl, which the engine
+polls at every iteration boundary.
 
 Exit codes (dmad/errors.py): 0 done or stopped, 1 the run failed (an error event says why),
 2 invalid input (the stderr line says what and where), 3 out of memory, 130 interrupted.
 """
 from __future__ import annotations
 
-import os
-import re
-import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from PySide6.QtCore import QCoreApplication, QObject, QProcess, QProcessEnvironment, Signal
+from PySide6.QtCore import QObject, Signal
 
-from dmad.contract.events import Event, parse_line
+from app.engine.command import DmadCommand, engine_command, exit_meaning
+from dmad.contract.events import Event
 from dmad.contract.runlog import append_control
 
-EXIT_MEANINGS = {0: "success", 1: "the run failed", 2: "invalid input", 3: "out of memory",
-                 130: "interrupted", -1: "the engine crashed or was killed"}
 LOG_KEEP = 200  # stderr lines kept for the failure banner
-
-
-def engine_command() -> list[str]:
-    """The engine's command line prefix. A PyInstaller build is one executable that answers the
-    `dmad` command line itself (dmad/cli.py writes the same prefix into command.txt)."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable]
-    return [sys.executable, "-m", "dmad"]
 
 
 @dataclass(frozen=True)
@@ -46,71 +34,8 @@ class LaunchMachines:
     port: int = 29500
 
 
-PROGRESS = re.compile(r"^progress (\d+) (\d+)\s*$")  # `dmad check-data/probe/cache --progress` on stderr
-
-
-def progress_of(line: str) -> Optional[tuple[int, int]]:
-    """(done, total) of a `progress <done> <total>` stderr line, else None."""
-    m = PROGRESS.match(line)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def keep_error_line(previous: str, line: str) -> str:
-    """The stderr line to show when a `dmad` command fails: the engine's own one-line error
-    (`dmad: ...`) wins over library chatter after it; otherwise the latest non-empty line."""
-    if line.startswith("dmad: ") or (line.strip() and not previous.startswith("dmad: ")):
-        return line.strip()
-    return previous
-
-
-def exit_meaning(code: int) -> str:
-    return EXIT_MEANINGS.get(code, f"exit code {code}")
-
-
 def event_dict(ev: Event) -> dict:
     return {"v": ev.v, "t": ev.t, "kind": ev.kind, "iter": ev.iter, "data": ev.data}
-
-
-def engine_environment() -> QProcessEnvironment:
-    """The app's environment, plus the folder that holds the `dmad` package on PYTHONPATH (a source
-    checkout run as `python -m app.main` from elsewhere must still find the engine)."""
-    env = QProcessEnvironment.systemEnvironment()
-    if not getattr(sys, "frozen", False):
-        import dmad
-
-        root = str(Path(dmad.__file__).resolve().parent.parent)
-        old = env.value("PYTHONPATH", "")
-        env.insert("PYTHONPATH", root + (os.pathsep + old if old else ""))
-    env.insert("PYTHONIOENCODING", "utf-8")
-    env.insert("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def engine_qprocess(parent: QObject, cmd: list[str]) -> QProcess:
-    """A QProcess (not started) for one `dmad` command line, in the engine's environment."""
-    proc = QProcess(parent)
-    proc.setProgram(cmd[0])
-    proc.setArguments(cmd[1:])
-    proc.setProcessEnvironment(engine_environment())
-    return proc
-
-
-class LineBuffer:
-    """Reassembles lines from pipe chunks. Splits on bytes before decoding, so a multi-byte UTF-8
-    character cut between two chunks is decoded whole."""
-
-    def __init__(self):
-        self._rest = b""
-
-    def feed(self, chunk: bytes) -> list[str]:
-        data = self._rest + chunk
-        cut = data.rfind(b"\n") + 1
-        self._rest = data[cut:]
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in data[:cut].split(b"\n")[:-1]]
-
-    def flush(self) -> list[str]:
-        rest, self._rest = self._rest, b""
-        return [rest.decode("utf-8", "replace").rstrip("\r")] if rest else []
 
 
 class EngineProcess(QObject):
@@ -126,10 +51,9 @@ class EngineProcess(QObject):
     def __init__(self, parent: Optional[QObject] = None, command: Optional[Sequence[str]] = None):
         super().__init__(parent)
         self._command = list(command) if command is not None else engine_command()
-        self._proc: Optional[QProcess] = None
+        self._cmd: Optional[DmadCommand] = None
         self._mode = "train"
         self._run_dir: Optional[Path] = None
-        self._out, self._err = LineBuffer(), LineBuffer()
         self._stdout_text: list[str] = []  # dry run: the report
         self._log: deque[str] = deque(maxlen=LOG_KEEP)
         self._error_line = ""  # the last "dmad: error: ..." / "dmad: internal error: ..." line
@@ -168,25 +92,22 @@ class EngineProcess(QObject):
         if self.is_running():
             raise RuntimeError("the engine is already running; stop it first")
         self._reset(mode)
-        proc = QProcess(self)
-        proc.setProgram(self._command[0])
-        proc.setArguments(self._command[1:] + args)
-        proc.setProcessEnvironment(engine_environment())
-        _own_session(proc)
-        proc.readyReadStandardOutput.connect(self._read_stdout)
-        proc.readyReadStandardError.connect(self._read_stderr)
-        proc.finished.connect(self._on_finished)
-        proc.errorOccurred.connect(self._on_error)
-        self._proc = proc
+        # A new command per start: a detached one keeps its process, which this object no longer reads
+        cmd = DmadCommand(self, program=self._command, parse_events=mode == "train",
+                          label=f"the engine ({' '.join(self._command)})")
+        cmd.stdout_line.connect(self._stdout_line)
+        cmd.event_received.connect(self._event)
+        cmd.stderr_line.connect(self._stderr_line)
+        cmd.finished.connect(self._on_finished)
+        self._cmd = cmd
         if run_dir is not None:
             self._set_run_dir(run_dir)
-        proc.start()
+        cmd.start(args)
 
     def _reset(self, mode: str) -> None:
-        if self._proc is not None:
-            self._proc.deleteLater()
-        self._proc, self._mode, self._run_dir = None, mode, None
-        self._out, self._err = LineBuffer(), LineBuffer()
+        if self._cmd is not None:
+            self._cmd.deleteLater()
+        self._cmd, self._mode, self._run_dir = None, mode, None
         self._stdout_text, self._error_line = [], ""
         self._log.clear()
         self._error_event = self._final_event = None
@@ -194,13 +115,13 @@ class EngineProcess(QObject):
     # ------------------------------------------------------------ queries and commands
 
     def is_running(self) -> bool:
-        return self._proc is not None and self._proc.state() != QProcess.ProcessState.NotRunning
+        return self._cmd is not None and self._cmd.is_running()
 
     def run_dir(self) -> Optional[Path]:
         return self._run_dir
 
     def process_id(self) -> Optional[int]:
-        return int(self._proc.processId()) if self.is_running() else None
+        return self._cmd.process_id() if self._cmd is not None else None
 
     def last_log_lines(self, n: int = 10) -> list[str]:
         return list(self._log)[-n:]
@@ -223,46 +144,24 @@ class EngineProcess(QObject):
         if not self.is_running():
             return
         if not self.send_control("stop"):
-            self._proc.terminate()
+            self._cmd.terminate()
 
     def detach(self) -> None:
-        """Leave the engine running after this app exits (the user chose "leave it running").
-        QProcess kills its child when destroyed; parented to the main thread object, which Qt never
-        deletes before exit, it is never destroyed. Its read channels are closed: Qt drains and
-        discards what the engine still prints (a full pipe would block it; buffering it would grow
-        without bound). When the app exits the pipes close; the engine tolerates that (EventWriter
-        stops echoing to stdout) and keeps writing events.jsonl."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for sig in (proc.readyReadStandardOutput, proc.readyReadStandardError, proc.finished, proc.errorOccurred):
-            sig.disconnect()
-        proc.closeReadChannel(QProcess.ProcessChannel.StandardOutput)
-        proc.closeReadChannel(QProcess.ProcessChannel.StandardError)
-        app = QCoreApplication.instance()
-        proc.setParent(app.thread() if app is not None else None)
+        """Leave the engine running after this app exits (the user chose "leave it running"): it
+        keeps writing its run folder, which is how the app follows it from then on
+        (DmadCommand.detach says how the process survives)."""
+        if self._cmd is not None:
+            self._cmd.detach()
 
     # ------------------------------------------------------------ output
-
-    def _read_stdout(self) -> None:
-        if self._proc is not None:
-            for line in self._out.feed(bytes(self._proc.readAllStandardOutput())):
-                self._stdout_line(line)
-
-    def _read_stderr(self) -> None:
-        if self._proc is not None:
-            for line in self._err.feed(bytes(self._proc.readAllStandardError())):
-                self._stderr_line(line)
 
     def _stdout_line(self, line: str) -> None:
         if self._mode == "dry":
             self._stdout_text.append(line)
-            return
-        ev = parse_line(line)
-        if ev is None:
-            if line.strip():
-                self.log_received.emit(line)
-            return
+        elif line.strip():
+            self.log_received.emit(line)
+
+    def _event(self, ev: Event) -> None:
         d = event_dict(ev)
         if ev.kind == "started" and self._run_dir is None and isinstance(ev.data.get("run_dir"), str):
             self._set_run_dir(Path(ev.data["run_dir"]))
@@ -284,22 +183,9 @@ class EngineProcess(QObject):
 
     # ------------------------------------------------------------ the end
 
-    def _on_error(self, error: QProcess.ProcessError) -> None:
-        if error != QProcess.ProcessError.FailedToStart or self._proc is None:
-            return  # a crash is followed by finished(), which reports it
-        message = f"could not start the engine ({' '.join(self._command)}): {self._proc.errorString()}"
-        self._emit_end(-1, message)
-
-    def _on_finished(self, code: int, status: QProcess.ExitStatus) -> None:
-        self._read_stdout()
-        self._read_stderr()
-        for line in self._out.flush():
-            self._stdout_line(line)
-        for line in self._err.flush():
-            self._stderr_line(line)
-        if status == QProcess.ExitStatus.CrashExit:
-            code = -1
-        self._emit_end(code, self._summary(code))
+    def _on_finished(self, code: int, line: str) -> None:
+        start_error = self._cmd.start_error() if self._cmd is not None else ""
+        self._emit_end(code, start_error or self._summary(code))
 
     def _emit_end(self, code: int, summary: str) -> None:
         if self._mode == "dry":
@@ -347,7 +233,7 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     if error.get("cause"):
         where = f" during {error['phase']}" if error.get("phase") else ""
         lines.append(f"Cause: {CAUSES.get(error['cause'], str(error['cause']))}{where}")
-    advice = error.get("advice") or status.get("advice")  # out of memory: what to change (issue 7)
+    advice = error.get("advice") or status.get("advice")  # out of memory: the engine says what to change
     if advice:
         lines.append(f"Advice: {advice}")
     if error.get("last_checkpoint") is not None:
@@ -379,13 +265,3 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
                  if data.get("effective_batch") else "")
         return f"started: {data.get('run_dir', '')}{resume}{batch}"
     return f"{kind}{at}"
-
-
-def _own_session(proc: QProcess) -> None:
-    """POSIX: the engine gets its own session, so Ctrl+C in the app's terminal (or closing that
-    terminal) reaches the app, which decides, and not the engine directly (Qt >= 6.6)."""
-    if os.name != "posix" or not hasattr(proc, "setUnixProcessParameters"):
-        return
-    params = QProcess.UnixProcessParameters()
-    params.flags = QProcess.UnixProcessFlag.CreateNewSession
-    proc.setUnixProcessParameters(params)

@@ -168,12 +168,15 @@ class ProblemsFilter(QSortFilterProxyModel):
         self._severity = ""
 
     def set_category(self, category: str) -> None:
+        # begin/endFilterChange, not the deprecated invalidateFilter (Qt 6.10): only rows come and go
+        self.beginFilterChange()
         self._category = category
-        self.invalidateFilter()
+        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
 
     def set_severity(self, severity: str) -> None:
+        self.beginFilterChange()
         self._severity = severity
-        self.invalidateFilter()
+        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
 
     def filterAcceptsRow(self, row: int, parent: QModelIndex) -> bool:
         p = self.sourceModel().problem(row)

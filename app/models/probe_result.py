@@ -1,4 +1,4 @@
-"""Reading what `dmad probe` and `dmad ledger --json` print and write (docs in issue 7's interfaces).
+"""Reading what `dmad probe` and `dmad ledger --json` print and write (the formats: docs/memory.md).
 
 Plain Python, no Qt: the probe's probe.json is read in a pool worker (app/engine/background.py) and the
 ledger's stdout is parsed when its process ends. Both are the engine's numbers; the app only checks

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QObject, QRunnable, Signal
-
 from dmad.contract.events import is_iteration_metric, parse_line
 from dmad.contract.runs import RunFolder, effective_state, list_runs, pid_alive
 
@@ -281,31 +279,21 @@ def scan_root(root: Path, cache: ScanCache, now: Optional[float] = None) -> list
     return rows
 
 
-class ScanSignals(QObject):
-    # Lives on the GUI thread; an emit from the worker is queued onto it.
-    scanned = Signal(object, object)  # (root Path, list[RunRow])
-    failed = Signal(object, str)      # (root Path, one-line message)
+@dataclass(frozen=True)
+class ScanResult:
+    """What one scan of one root found: its rows, or one line saying why it could not scan."""
+
+    root: Path
+    rows: Optional[list[RunRow]]
+    error: str = ""
 
 
-class ScanTask(QRunnable):
-    """One scan of one root, run by a QThreadPool; the result arrives as a signal."""
-
-    def __init__(self, root: Path, cache: ScanCache, signals: ScanSignals):
-        super().__init__()
-        self._root, self._cache, self._signals = root, cache, signals
-
-    def run(self) -> None:
-        try:
-            rows, error = scan_root(self._root, self._cache), ""
-        except ScanError as e:
-            rows, error = None, str(e)
-        except Exception as e:  # a bug: one line in the panel, the traceback on stderr for the report
-            traceback.print_exc()
-            rows, error = None, f"scanning {self._root} failed: {type(e).__name__}: {e}"
-        try:
-            if error:
-                self._signals.failed.emit(self._root, error)
-            else:
-                self._signals.scanned.emit(self._root, rows)
-        except RuntimeError:  # the panel was deleted while we scanned (window closed)
-            pass
+def scan_or_error(root: Path, cache: ScanCache) -> ScanResult:
+    """Worker side (app.engine.background.Task): a scan that never raises."""
+    try:
+        return ScanResult(root, scan_root(root, cache))
+    except ScanError as e:
+        return ScanResult(root, None, str(e))
+    except Exception as e:  # a bug: one line in the panel, the traceback on stderr for the report
+        traceback.print_exc()
+        return ScanResult(root, None, f"scanning {root} failed: {type(e).__name__}: {e}")

@@ -18,9 +18,10 @@ import threading
 from pathlib import Path
 from typing import Iterable, Optional
 
-from PySide6.QtCore import QObject, QRunnable, QStandardPaths, Qt, QThreadPool, Signal
+from PySide6.QtCore import QObject, QStandardPaths, Qt, QThreadPool, Signal
 from PySide6.QtGui import QImage
 
+from app.engine.background import Task
 from app.models.sample_index import ImageFile
 
 THUMB_PX = 128
@@ -111,26 +112,15 @@ def _read_raw(path: Path) -> Optional[QImage]:
     return QImage(data[_HEADER.size:], w, h, bpl, QImage.Format_RGB888).copy()
 
 
-class _Relay(QObject):
-    loaded = Signal(int, object)  # (generation, [(ImageFile, QImage), ...])
-
-
-class _Batch(QRunnable):
-    def __init__(self, cache: ThumbCache, images: list[ImageFile], relay: _Relay, generation: int):
-        super().__init__()
-        self._cache, self._images, self._relay, self._gen = cache, images, relay, generation
-
-    def run(self) -> None:
-        out = []
-        for image in self._images:
-            try:
-                out.append((image, self._cache.load(image)))
-            except Exception:  # one unreadable file must not lose the batch
-                out.append((image, QImage()))
+def _decode_batch(cache: ThumbCache, images: list[ImageFile]) -> list[tuple[ImageFile, QImage]]:
+    """Worker side: each image's thumbnail; a null QImage for one that cannot be read."""
+    out = []
+    for image in images:
         try:
-            self._relay.loaded.emit(self._gen, out)
-        except RuntimeError:  # the owner was deleted while we worked
-            pass
+            out.append((image, cache.load(image)))
+        except Exception:  # one unreadable file must not lose the batch
+            out.append((image, QImage()))
+    return out
 
 
 class ThumbLoader(QObject):
@@ -142,31 +132,24 @@ class ThumbLoader(QObject):
     def __init__(self, cache: ThumbCache, parent: Optional[QObject] = None, pool: Optional[QThreadPool] = None):
         super().__init__(parent)
         self.cache = cache
-        self._pool = pool or QThreadPool.globalInstance()
-        self._relay = _Relay(self)
-        self._relay.loaded.connect(self._deliver)
-        self._gen = 0
-        self._pending = 0
+        self._task = Task(self, pool, every_answer=True)
+        self._task.done.connect(self._deliver)
         self._inflight: set[ImageFile] = set()  # a rescan during a slow cold fill asks again: skipped
 
     def reset(self) -> None:
-        self._gen += 1
-        self._pending = 0
+        self._task.reset()
         self._inflight.clear()
 
     def request(self, images: Iterable[ImageFile]) -> None:
         images = [img for img in images if img not in self._inflight]
         self._inflight.update(images)
         for i in range(0, len(images), BATCH):
-            self._pending += 1
-            self._pool.start(_Batch(self.cache, images[i:i + BATCH], self._relay, self._gen))
+            batch = images[i:i + BATCH]
+            self._task.submit(lambda cache=self.cache, batch=batch: _decode_batch(cache, batch))
 
     def busy(self) -> bool:
-        return self._pending > 0
+        return self._task.busy()
 
-    def _deliver(self, generation: int, result: list) -> None:
-        if generation != self._gen:
-            return
-        self._pending -= 1
+    def _deliver(self, result: list) -> None:
         self._inflight.difference_update(image for image, _ in result)
         self.loaded.emit(result)

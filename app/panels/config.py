@@ -274,9 +274,6 @@ class ConfigPanel(QWidget):
     def dry_run_text(self) -> str:
         return self.dry_run_view.toPlainText()
 
-    def is_dry_running(self) -> bool:
-        return self._engine.is_running()
-
     # ------------------------------------------------------------ document changes
 
     def _set_document(self, raw: dict, base_dir: Path, path: Optional[Path], origin: str) -> None:

@@ -1,7 +1,7 @@
 """The Data panel: check a dataset folder or dataset list with `dmad check-data` and show what it
 found before a run is started on it.
 
-The check runs the engine's command line in a QProcess (the app never imports dmad.data.check):
+The check runs the engine's command line (a DmadCommand; the app never imports dmad.data.check):
 `--progress` lines on stderr drive the progress bar, `--json` writes the report into a temporary
 folder that is read once the command ends and then removed (a cancelled check leaves nothing).
 Thumbnails are decoded in pool workers (app/models/thumbs.py) for the rows that are on screen only, so a
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from PySide6.QtCore import QProcess, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QIcon, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter, QTableView,
@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
 from app.engine.background import Task
 from app.widgets.bucket_plot import BucketPlot
 from app.models.data_report import DataReport, ProblemsFilter, ProblemsModel, load_report
-from app.engine.process import LineBuffer, engine_command, engine_qprocess, keep_error_line, progress_of
+from app.engine.command import DmadCommand
 from app.models.sample_index import ImageFile
 from app.models.thumbs import ThumbCache, ThumbLoader
 from dmad.contract.config import Resources
@@ -61,17 +61,17 @@ class DataPanel(QWidget):
         """`command` replaces engine_command() (tests run a stand-in); `cache`: thumbnails (default:
         the user's cache folder)."""
         super().__init__(parent)
-        self._cmd = list(command) if command is not None else engine_command()
+        self._dmad = DmadCommand(self, program=command)
+        self._dmad.progress.connect(self._on_progress)
+        self._dmad.finished.connect(self._on_finished)
+        self._checking = False  # from Check until the report is shown (or the check has failed)
         self._config_source: Optional[Path] = None
         self._resolution = Resources.model_fields["resolution"].default
         self._batch = 1
         self._per_process = 1  # batch x accumulation of the config
         self._processes = 1  # the Training panel's Processes box
-        self._proc: Optional[QProcess] = None
         # the report's folder; a TemporaryDirectory is also removed when the panel goes mid-check
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
-        self._err = LineBuffer()
-        self._error_line = ""
         self._cancelled = False
         self._code = 0  # the exit code of the check whose report is being read
         self._report: Optional[DataReport] = None
@@ -237,9 +237,13 @@ class DataPanel(QWidget):
         return self._report
 
     def is_checking(self) -> bool:
-        return self._proc is not None
+        return self._checking
 
     def check_command(self, report_path: Path) -> Optional[list[str]]:
+        args = self._check_args(report_path)
+        return None if args is None else self._dmad.program() + args
+
+    def _check_args(self, report_path: Path) -> Optional[list[str]]:
         source = self.source()
         if source is None:
             return None
@@ -249,57 +253,38 @@ class DataPanel(QWidget):
             args += ["--min-size", str(self.min_size.value())]
         if self.fast.isChecked():
             args.append("--fast")
-        return self._cmd + args
+        return args
 
     def check(self) -> None:
-        if self._proc is not None or self.source() is None:
+        if self._checking or self.source() is None:
             return
         self._tmp = tempfile.TemporaryDirectory(prefix="dmad-check-")
-        cmd = self.check_command(Path(self._tmp.name) / "report.json")
-        proc = engine_qprocess(self, cmd)
-        proc.readyReadStandardError.connect(self._read_err)
-        proc.finished.connect(self._on_finished)
-        proc.errorOccurred.connect(self._on_error)
-        self._proc, self._err, self._error_line, self._cancelled = proc, LineBuffer(), "", False
+        args = self._check_args(Path(self._tmp.name) / "report.json")
+        self._checking, self._cancelled = True, False
         self._checked_source = self.source().resolve()
         self.progress.setRange(0, 0)  # busy until the first progress line says how many
         self._set_status(f"Checking {self.source()} ...")
         self._update_buttons()
-        proc.start()
+        self._dmad.start(args)
 
     def cancel(self) -> None:
-        if self._proc is not None and self._proc.state() != QProcess.NotRunning:  # not once it is reading the report
+        if self._dmad.is_running():  # not once it is reading the report
             self._cancelled = True
-            self._proc.kill()
+            self._dmad.kill()
 
-    def _read_err(self) -> None:
-        if self._proc is None:
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(min(done, max(total, 1)))
+
+    def _on_finished(self, code: int, line: str) -> None:
+        if not self._checking:
             return
-        for line in self._err.feed(bytes(self._proc.readAllStandardError())):
-            progress = progress_of(line)
-            if progress:
-                done, total = progress
-                self.progress.setRange(0, max(total, 1))
-                self.progress.setValue(min(done, max(total, 1)))
-            else:
-                self._error_line = keep_error_line(self._error_line, line)
-
-    def _on_error(self, error: QProcess.ProcessError) -> None:
-        if error == QProcess.ProcessError.FailedToStart and self._proc is not None:
-            self._end(-1, f"could not start dmad check-data: {self._proc.errorString()}", error=True)
-
-    def _on_finished(self, code: int, status: QProcess.ExitStatus) -> None:
-        if self._proc is None:
-            return
-        self._read_err()
         if self._cancelled:
             self._end(-1, "Check cancelled.", error=False)
             return
-        crashed = status == QProcess.ExitStatus.CrashExit
         report_path = Path(self._tmp.name) / "report.json" if self._tmp else None
-        if crashed or code not in (0, 1) or report_path is None or not report_path.is_file():
-            line = self._error_line or ("dmad check-data crashed" if crashed else f"dmad check-data exited with code {code}")
-            self._end(-1 if crashed else code, line, error=True)
+        if code not in (0, 1) or report_path is None or not report_path.is_file():
+            self._end(code, line or f"dmad check-data exited with code {code}", error=True)
             return
         self._code = code
         self._load.submit(lambda: load_report(report_path))
@@ -310,9 +295,7 @@ class DataPanel(QWidget):
         self._end(self._code, self._outcome(report), error=False)
 
     def _end(self, code: int, text: str, error: bool) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.deleteLater()
+        self._checking = False
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -414,7 +397,7 @@ class DataPanel(QWidget):
             self.model.set_thumb(str(image.path), icon)
 
     def _update_buttons(self) -> None:
-        running = self._proc is not None
+        running = self._checking
         self.buttons["check"].setEnabled(not running and self.source() is not None)
         self.buttons["cancel"].setEnabled(running)
         for key in ("folder", "json"):

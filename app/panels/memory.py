@@ -169,9 +169,6 @@ class MemoryTab(QWidget):
         self.estimate_status.setText(f"Running the engine's dry run on {path} ...")
         self._engine.start_dry_run(Path(path), overrides=self._overrides())
 
-    def is_estimating(self) -> bool:
-        return self._estimating
-
     def _on_dry_run(self, code: int, text: str) -> None:
         self._estimating = False
         self.estimate_button.setEnabled(True)

@@ -2,8 +2,8 @@
 resolution) point, each in its own child process, and writes DIR/probe.json: the trade-off table,
 the curves and a recommendation whose config changes can be applied to the Config form.
 
-The probe runs in a QProcess in its own session (POSIX), so Cancel kills the whole process group:
-the engine and the point it is measuring. `progress <done> <total>` lines on stderr drive the bar;
+The probe is a DmadCommand: it runs in its own session (POSIX), so Cancel ends the whole process
+group: the engine and the point it is measuring. `progress <done> <total>` lines on stderr drive the bar;
 probe.json is read in a pool worker when the command ends (also after a cancel or a failure: the
 engine rewrites it after every point, so the points measured so far are shown). Results live in a
 new folder per probe under the app's data folder (`<AppData>/probes/probe-<time>`), so "Open probe
@@ -13,20 +13,18 @@ the chart's axis name theirs.
 from __future__ import annotations
 
 import html
-import os
-import signal
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import pyqtgraph as pg
-from PySide6.QtCore import QProcess, QStandardPaths, Qt, Signal
+from PySide6.QtCore import QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar,
                                QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
 
 from app.engine.background import Task
-from app.engine.process import LineBuffer, _own_session, engine_command, engine_qprocess, keep_error_line, progress_of
+from app.engine.command import DmadCommand
 from app.models.probe_result import PROBE_FILE, ProbePoint, ProbeResult, load_probe, parse_int_list
 
 RED = "#c0392b"
@@ -67,12 +65,11 @@ class ProbePanel(QWidget):
                  probes_dir: Optional[Path] = None, parent: Optional[QWidget] = None):
         super().__init__(parent)
         self._materialize = materialize
-        self._cmd = list(command) if command is not None else engine_command()
+        self._dmad = DmadCommand(self, program=command)
+        self._dmad.progress.connect(self._on_progress)
+        self._dmad.finished.connect(self._on_finished)
+        self._running = False  # from Run until what was measured is shown
         self._probes_dir = probes_dir
-        self._proc: Optional[QProcess] = None
-        self._pid: Optional[int] = None
-        self._err = LineBuffer()
-        self._error_line = ""
         self._cancelled = False
         self._out: Optional[Path] = None
         self._end_text = ""
@@ -178,96 +175,61 @@ class ProbePanel(QWidget):
         return self._result
 
     def is_running(self) -> bool:
-        return self._proc is not None
+        return self._running
 
     def busy(self) -> bool:
-        return self._proc is not None or self._load.busy()
+        return self._running or self._load.busy()
 
     def out_dir(self) -> Optional[Path]:
         return self._out
 
     # ------------------------------------------------------------ the probe
 
-    def probe_command(self, config: Path, out: Path) -> list[str]:
+    def _probe_args(self, config: Path, out: Path) -> list[str]:
         batches = parse_int_list(self.batch_edit.text(), "batch")
         resolutions = parse_int_list(self.resolution_edit.text(), "resolution")
-        return self._cmd + ["probe", "--config", str(config), "--batch", ",".join(map(str, batches)),
-                            "--resolution", ",".join(map(str, resolutions)), "--steps", str(self.steps.value()),
-                            "--warmup", str(self.warmup.value()), "--out", str(out), "--progress"]
+        return ["probe", "--config", str(config), "--batch", ",".join(map(str, batches)),
+                "--resolution", ",".join(map(str, resolutions)), "--steps", str(self.steps.value()),
+                "--warmup", str(self.warmup.value()), "--out", str(out), "--progress"]
 
     def run(self) -> bool:
-        if self._proc is not None:
+        if self._running:
             return False
         root = self._probes_dir or default_probes_dir()
         out = root / f"probe-{datetime.now():%Y%m%d-%H%M%S-%f}"
         try:
-            cmd = self.probe_command(Path(self._materialize()), out)
+            args = self._probe_args(Path(self._materialize()), out)
             root.mkdir(parents=True, exist_ok=True)
         except (ValueError, OSError) as e:
             self._set_status(f"Probe not started: {e}", error=True)
             return False
-        proc = engine_qprocess(self, cmd)
-        _own_session(proc)  # its own process group: Cancel reaches the point's child process too
-        proc.readyReadStandardError.connect(self._read_err)
-        proc.readyReadStandardOutput.connect(lambda: proc.readAllStandardOutput())
-        proc.finished.connect(self._on_finished)
-        proc.errorOccurred.connect(self._on_error)
-        proc.started.connect(lambda: setattr(self, "_pid", int(proc.processId()) or None))
-        self._proc, self._err, self._error_line, self._cancelled, self._out = proc, LineBuffer(), "", False, out
-        self._pid = None
+        self._running, self._cancelled, self._out = True, False, out
         self.progress.setRange(0, 0)
         self._set_status(f"Probing into {out} ...")
         self._update_buttons()
-        proc.start()
+        self._dmad.start(args)
         return True
 
     def cancel(self) -> None:
-        proc = self._proc
-        if proc is None or proc.state() == QProcess.NotRunning:
+        """Ends the engine and the point it is measuring (its process group) at once: a point mid-step
+        has nothing worth saving, and the next probe wants its memory back."""
+        if self._dmad.is_running():
+            self._cancelled = True
+            self._dmad.kill(grace_ms=0)
+
+    def _on_progress(self, done: int, total: int) -> None:
+        total = max(total, 1)
+        self.progress.setRange(0, total)
+        self.progress.setValue(min(done, total))
+        self._set_status(f"Probing: {done} of {total} points measured ({self._out})")
+
+    def _on_finished(self, code: int, line: str) -> None:
+        if not self._running:
             return
-        self._cancelled = True
-        pid = self._pid or int(proc.processId())
-        if os.name == "posix" and pid and hasattr(os, "killpg"):
-            try:
-                if os.getpgid(pid) == pid:  # the engine leads its own group: kill it and the point it runs
-                    os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        proc.kill()
-
-    def _read_err(self) -> None:
-        if self._proc is None:
-            return
-        for line in self._err.feed(bytes(self._proc.readAllStandardError())):
-            self._err_line(line)
-
-    def _err_line(self, line: str) -> None:
-        progress = progress_of(line)
-        if progress:
-            done, total = progress[0], max(progress[1], 1)
-            self.progress.setRange(0, total)
-            self.progress.setValue(min(done, total))
-            self._set_status(f"Probing: {done} of {total} points measured ({self._out})")
-        else:
-            self._error_line = keep_error_line(self._error_line, line)
-
-    def _on_error(self, error: QProcess.ProcessError) -> None:
-        if error == QProcess.ProcessError.FailedToStart and self._proc is not None:
-            self._end(-1, f"could not start dmad probe: {self._proc.errorString()}", error=True)
-
-    def _on_finished(self, code: int, status: QProcess.ExitStatus) -> None:
-        if self._proc is None:
-            return
-        self._read_err()
-        for line in self._err.flush():
-            self._err_line(line)
-        crashed = status == QProcess.ExitStatus.CrashExit
         if self._cancelled:
             code, text = -1, "Probe cancelled."
-        elif crashed:
-            code, text = -1, self._error_line or "dmad probe crashed"
         elif code != 0:
-            text = self._error_line or f"dmad probe exited with code {code}"
+            text = line or f"dmad probe exited with code {code}"
         else:
             text = f"Probe finished: {self._out}"
         if self._out is not None and (self._out / PROBE_FILE).is_file() and code != 2:
@@ -278,9 +240,7 @@ class ProbePanel(QWidget):
         self._end(code, text, error=code != 0 and not self._cancelled)
 
     def _end(self, code: int, text: str, error: bool) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.deleteLater()
+        self._running = False
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if code == 0 else 0)
         self._set_status(" ".join(text.split()), error)
@@ -291,7 +251,7 @@ class ProbePanel(QWidget):
 
     def open_probe(self, folder: Path) -> None:
         """Show an existing probe folder (its probe.json), read in a worker."""
-        if self._proc is not None:
+        if self._running:
             return
         self._code, self._end_text = 0, ""
         self._set_status(f"Reading {Path(folder) / PROBE_FILE} ...")
@@ -299,7 +259,7 @@ class ProbePanel(QWidget):
 
     def _on_loaded(self, result: ProbeResult) -> None:
         self.show_result(result)
-        if self._proc is not None:
+        if self._running:
             cancelled_or_failed = self._cancelled or self._code != 0
             suffix = f" (showing the {len(result.points)} points measured)" if cancelled_or_failed else ""
             self._end(self._code, self._end_text + suffix, error=self._code != 0 and not self._cancelled)
@@ -309,7 +269,7 @@ class ProbePanel(QWidget):
 
     def _on_load_failed(self, message: str) -> None:
         line = message.removeprefix("ValueError: ")
-        if self._proc is not None:
+        if self._running:
             self._end(self._code if self._code else 1, f"{self._end_text}; {line}" if self._end_text else line,
                       error=True)
         else:
@@ -379,7 +339,7 @@ class ProbePanel(QWidget):
         self.status.setText(text)
 
     def _update_buttons(self) -> None:
-        running = self._proc is not None
+        running = self._running
         self.buttons["run"].setEnabled(not running)
         self.buttons["cancel"].setEnabled(running)
         self.buttons["open"].setEnabled(not running)

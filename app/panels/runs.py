@@ -1,9 +1,9 @@
 """The Runs panel: every run folder under a root, its state, key fields and last metrics.
 
-Scans run in a one-thread pool (app.models.run_scan) every REFRESH_MS while the panel is visible and on
-demand; the table model only ever receives plain rows. Opening a run, comparing two configs and
-revealing a folder are buttons; the shell remembers the root (root_changed) and opens runs
-(run_opened).
+Scans run in a one-thread pool (app.models.run_scan) every REFRESH_MS while the panel is visible, on
+demand, and whenever the state of the run the Training panel shows changes (watch); the table model
+only ever receives plain rows. Opening a run, comparing two configs and revealing a folder are
+buttons; the shell remembers the root (root_changed) and opens runs (run_opened).
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
                                QLineEdit, QPushButton, QTableView, QVBoxLayout, QWidget)
 
 from app.dialogs.config_diff import ConfigDiffDialog
-from app.models.run_scan import RunRow, ScanCache, ScanSignals, ScanTask
+from app.engine.background import Task
+from app.models.run_scan import RunRow, ScanCache, ScanResult, scan_or_error
+from app.models.run_state import RunState
 
 REFRESH_MS = 2000
 STATE_COLOURS = {
@@ -172,13 +174,12 @@ class RunsPanel(QWidget):
                  refresh_ms: int = REFRESH_MS):
         super().__init__(parent)
         self._root = Path(root).expanduser()
-        # Pool before signals: a child is destroyed after the ones created before it, and the
-        # pool's destructor waits for a running scan that may still emit on the signals object.
+        # Pool before the task: a child is destroyed after the ones created before it, and the
+        # pool's destructor waits for a running scan that may still answer through the task.
         self._pool = QThreadPool(self)
         self._pool.setMaxThreadCount(1)  # one scan at a time: the cache is not shared between threads
-        self._signals = ScanSignals(self)
-        self._signals.scanned.connect(self._on_scanned)
-        self._signals.failed.connect(self._on_scan_failed)
+        self._scan = Task(self, self._pool)
+        self._scan.done.connect(self._on_scanned)
         self._cache = cache if cache is not None else ScanCache()
         self._scanning = self._rescan = False
         self._timer = QTimer(self)
@@ -257,7 +258,15 @@ class RunsPanel(QWidget):
             self._rescan = True
             return
         self._scanning, self._rescan = True, False
-        self._pool.start(ScanTask(self._root, self._cache, self._signals))
+        root, cache = self._root, self._cache
+        self._scan.submit(lambda: scan_or_error(root, cache))
+
+    def watch(self, state: RunState) -> None:
+        """Rescan when the shown run starts, pauses or ends: its row changes then."""
+        state.state_changed.connect(self._on_run_state)
+
+    def _on_run_state(self, _state: str) -> None:
+        self.refresh()
 
     def rows(self) -> list[RunRow]:
         """The rows in the table, in the model's order (not the view's sort)."""
@@ -288,7 +297,11 @@ class RunsPanel(QWidget):
         super().hideEvent(event)
         self._timer.stop()
 
-    def _on_scanned(self, root: Path, rows: list[RunRow]) -> None:
+    def _on_scanned(self, result: ScanResult) -> None:
+        if result.error:
+            self._on_scan_failed(result.root, result.error)
+            return
+        root, rows = result.root, result.rows
         self._scanning = False
         if root == self._root:
             selected = [r.path for r in self.selected_rows()]

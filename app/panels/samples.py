@@ -12,17 +12,17 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from PySide6.QtCore import QProcess, QStandardPaths, Qt, QTimer, Signal
+from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from app.dialogs.ab_view import ABView
 from app.engine.background import Task
-from app.engine.process import LineBuffer, engine_command, engine_qprocess, exit_meaning
+from app.engine.command import DmadCommand
 from app.dialogs.prompt_set_editor import PromptSetEditor
 from app.models.sample_index import SamplesIndex, checkpoint_of, provenance, scan_samples
 from app.widgets.samples_grid import SamplesGridView, SamplesModel
 from app.models.thumbs import ThumbCache, ThumbLoader
-from dmad.contract.events import parse_line
+from dmad.contract.events import Event
 
 RESCAN_MS = 3000
 
@@ -42,11 +42,10 @@ class SamplesPanel(QWidget):
         engine_command() (tests); `prompt_set_dir`: where edited prompt sets are saved."""
         super().__init__(parent)
         self._run: Optional[Path] = None
-        self._render_cmd = list(render_command) if render_command is not None else engine_command()
+        self._render = DmadCommand(self, program=render_command, parse_events=True)
+        self._render.event_received.connect(self._on_render_event)
+        self._render.finished.connect(self._render_done)
         self._prompt_set_dir = prompt_set_dir or default_prompt_set_dir()
-        self._proc: Optional[QProcess] = None
-        self._err, self._out = LineBuffer(), LineBuffer()
-        self._last_err = ""
         self._jump_to: Optional[str] = None  # the folder `dmad sample` reported: shown when it lands
         self.model = SamplesModel(self)
         self.thumbs = ThumbLoader(cache or ThumbCache(), self)
@@ -232,7 +231,7 @@ class SamplesPanel(QWidget):
     def _update_buttons(self) -> None:
         cell = self.grid.current_cell()
         render = self.buttons["render"]
-        if self._proc is not None:
+        if self._render.is_running():
             render.setEnabled(False)
             render.setToolTip("dmad sample is running")
         elif cell is None or self._run is None:
@@ -245,56 +244,28 @@ class SamplesPanel(QWidget):
                               "seeds and settings, into a new column <folder>-r<K> beside it")
         self.buttons["prompts"].setEnabled(self._run is not None)
 
-    def render_command(self) -> Optional[list[str]]:
+    def _render_args(self) -> Optional[list[str]]:
         cell = self.grid.current_cell()
         if cell is None or self._run is None:
             return None
         name = self.model.key(*cell)[1]
-        return self._render_cmd + ["sample", "--run", str(self._run), "--checkpoint", checkpoint_of(name)]
+        return ["sample", "--run", str(self._run), "--checkpoint", checkpoint_of(name)]
 
     def render_again(self) -> None:
-        cmd = self.render_command()
-        if cmd is None or self._proc is not None:
+        args = self._render_args()
+        if args is None or self._render.is_running():
             return
-        proc = engine_qprocess(self, cmd)
-        proc.readyReadStandardError.connect(self._read_err)
-        proc.readyReadStandardOutput.connect(self._read_out)
-        proc.finished.connect(self._render_done)
-        proc.errorOccurred.connect(self._render_error)
-        self._proc, self._err, self._out, self._last_err = proc, LineBuffer(), LineBuffer(), ""
-        self.render_status.setText(f"Rendering: {' '.join(cmd[-4:])} ...")
+        self.render_status.setText(f"Rendering: {' '.join(args[-4:])} ...")
+        self._render.start(args)
         self._update_buttons()
-        proc.start()
 
-    def _read_out(self) -> None:
-        if self._proc is None:
-            return
-        for line in self._out.feed(bytes(self._proc.readAllStandardOutput())):
-            ev = parse_line(line)
-            if ev is not None and ev.kind == "samples" and isinstance(ev.data.get("folder"), str):
-                self._jump_to = Path(ev.data["folder"]).name
+    def _on_render_event(self, ev: Event) -> None:
+        """`dmad sample` names the folder it rendered into: the grid moves there once it lands."""
+        if ev.kind == "samples" and isinstance(ev.data.get("folder"), str):
+            self._jump_to = Path(ev.data["folder"]).name
 
-    def _read_err(self) -> None:
-        if self._proc is not None:
-            lines = [ln for ln in self._err.feed(bytes(self._proc.readAllStandardError())) if ln.strip()]
-            if lines:
-                self._last_err = lines[-1]
-
-    def _render_error(self, error: QProcess.ProcessError) -> None:
-        if error == QProcess.ProcessError.FailedToStart and self._proc is not None:
-            self._end_render(-1, f"could not start dmad sample: {self._proc.errorString()}")
-
-    def _render_done(self, code: int, status: QProcess.ExitStatus) -> None:
-        self._read_out()
-        self._read_err()
-        code = -1 if status == QProcess.ExitStatus.CrashExit else code
-        text = "done" if code == 0 else (self._last_err or f"exit code {code} ({exit_meaning(code)})")
-        self._end_render(code, text)
-
-    def _end_render(self, code: int, text: str) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.deleteLater()
+    def _render_done(self, code: int, line: str) -> None:
+        text = "done" if code == 0 else line
         self.render_status.setText(f"Render again: {text}")
         self._update_buttons()
         self.refresh()

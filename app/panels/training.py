@@ -5,10 +5,10 @@ or events.jsonl of a run opened from disk (EventFollower: its history, then, if 
 live, everything it writes next — a reattach). Events only append to the SeriesStore; a
 rate-limited single-shot timer (<= 15 Hz) pushes changed series to their curves.
 
-A run's state: "idle" (nothing shown), "starting" (our engine, before its first event), then the
-run folder states of dmad.contract.runs (running, paused, stopping, stopped, finished, failed, created).
-For an opened run the state comes from status.json read with effective_state (a dead pid or a
-stale heartbeat means failed), then from the live events; history events never change it.
+The run's lifecycle lives in `run_state` (app/models/run_state.py), which this panel alone writes and
+the window and the Runs panel observe. For an opened run the state comes from status.json read with
+effective_state (a dead pid or a stale heartbeat means failed), then from the live events; history
+events never change it.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
 from app.engine.process import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
 from app.engine.follow import EventFollower
 from app.widgets.plots import LossPlot, MemoryPlot, StepTimePlot
+from app.models.run_state import ENDED, LIVE, RunState
 from app.models.series import SeriesStore
 from dmad.contract.runlog import append_control
 from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
@@ -34,7 +35,6 @@ REFRESH_MS = 66  # plots redraw at most ~15 times a second
 STATUS_POLL_MS = 2000  # a reattached run: is its process still alive?
 LOG_LINES = 500
 BANNER_LOG_LINES = 8
-_LIVE = ("starting",) + LIVE_STATES
 
 
 def _clock(seconds: Optional[float]) -> str:
@@ -46,7 +46,7 @@ def _clock(seconds: Optional[float]) -> str:
 
 class TrainingPanel(QWidget):
     start_requested = Signal()
-    run_state_changed = Signal(str)
+    run_state_changed = Signal(str)  # run_state's state, after this panel's own timers followed it
     plots_refreshed = Signal(int)  # the newest plotted iteration, after setData ran
 
     def __init__(self, parent: Optional[QWidget] = None, engine_command: Optional[Sequence[str]] = None):
@@ -56,10 +56,11 @@ class TrainingPanel(QWidget):
         self.engine.log_received.connect(self._log)
         self.engine.run_dir_found.connect(self._on_run_dir)
         self.engine.finished.connect(self._on_engine_finished)
+        self.run_state = RunState(self)
+        self.run_state.state_changed.connect(self._on_state_changed)
         self.store = SeriesStore()
         self._follower: Optional[EventFollower] = None
-        self._run_dir: Optional[Path] = None
-        self._state, self._pending = "idle", ""
+        self._pending = ""
         self._start_allowed, self._start_reason = True, ""
         self._replaying = False
         self._clear_run_facts()
@@ -131,13 +132,13 @@ class TrainingPanel(QWidget):
     # ------------------------------------------------------------ public API
 
     def run_dir(self) -> Optional[Path]:
-        return self._run_dir
+        return self.run_state.run_dir
 
     def state(self) -> str:
-        return self._state
+        return self.run_state.state
 
     def is_live(self) -> bool:
-        return self._state in _LIVE
+        return self.run_state.is_live()
 
     def set_machines(self, machines: LaunchMachines) -> None:
         self.machines = machines
@@ -163,7 +164,8 @@ class TrainingPanel(QWidget):
         self._clear()
         # JSON-quoted so the value is always a string, whatever the path looks like (dmad.contract.config.parse_override)
         root = json.dumps(str(Path(runs_root).expanduser().resolve()))
-        self._set_state("starting")
+        self.run_state.start()
+        self._refresh_labels()
         self._started_t = time.time()
         self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"],
                                 num_processes=self.processes.value(), machines=self.machines)
@@ -174,13 +176,14 @@ class TrainingPanel(QWidget):
         """Show a run from its folder; if it is live, keep following it (reattach)."""
         run_dir = Path(run_dir)
         if self.engine.is_running():
-            if self._run_dir is not None and run_dir.resolve() == self._run_dir.resolve():
+            current = self.run_state.run_dir
+            if current is not None and run_dir.resolve() == current.resolve():
                 return True
             self.note_label.setText("the run started here is still live: stop it before opening another")
             return False
         self._clear()
         folder = RunFolder(run_dir)
-        self._run_dir, self._status = run_dir, folder.read_status() or {}
+        self._status = folder.read_status() or {}
         state = effective_state(self._status)
         self._load_log_tail(folder.engine_log)
         self._replaying = True
@@ -189,7 +192,8 @@ class TrainingPanel(QWidget):
         self._follower.rewound.connect(self._on_rewound)
         self._follower.caught_up.connect(self._on_caught_up)
         self._follower.ended.connect(self._poll_status)
-        self._set_state(state)
+        self.run_state.open(run_dir, state)
+        self._refresh_labels()
         live = state in LIVE_STATES
         self._follower.start(live=live)
         if live:
@@ -201,7 +205,7 @@ class TrainingPanel(QWidget):
         """Graceful stop: the engine saves a checkpoint at the next iteration boundary."""
         if self.engine.is_running():
             self.engine.terminate_gracefully()
-        elif self._run_dir is not None and self._state in LIVE_STATES:
+        elif self.run_state.run_dir is not None and self.run_state.state in LIVE_STATES:
             self._send("stop")
             return
         else:
@@ -212,16 +216,17 @@ class TrainingPanel(QWidget):
         """The app closes but the run goes on; this panel keeps following it through its folder."""
         run_dir = self.engine.run_dir()
         self.engine.detach()
-        if run_dir is not None and self._state in _LIVE:
+        if run_dir is not None and self.run_state.is_live():
             self.open_run(run_dir)
 
     # ------------------------------------------------------------ commands
 
     def _send(self, cmd: str) -> None:
-        if self._run_dir is None:
+        run_dir = self.run_state.run_dir
+        if run_dir is None:
             return
         try:
-            append_control(self._run_dir, cmd)
+            append_control(run_dir, cmd)
         except OSError as e:
             self.note_label.setText(f"could not send {cmd}: {e}")
             return
@@ -232,8 +237,8 @@ class TrainingPanel(QWidget):
         self._update_buttons()
 
     def _update_buttons(self) -> None:
-        s, ctrl, b = self._state, self._run_dir is not None, self.buttons
-        b["start"].setEnabled(self._start_allowed and s not in _LIVE)
+        s, ctrl, b = self.run_state.state, self.run_state.run_dir is not None, self.buttons
+        b["start"].setEnabled(self._start_allowed and s not in LIVE)
         b["start"].setToolTip("" if self._start_allowed else self._start_reason)
         b["pause"].setEnabled(ctrl and s == "running" and self._pending != "pausing")
         b["resume"].setEnabled(ctrl and s == "paused" and self._pending != "resuming")
@@ -244,16 +249,30 @@ class TrainingPanel(QWidget):
                                  + (f" - {self._phase}" if self._phase and s == "running" else ""))
 
     def _set_state(self, state: str) -> None:
-        if state != self._state:
-            self._state, self._pending = state, ""
-            if state not in _LIVE:
-                self._status_timer.stop()
-                self._clock_timer.stop()
-                if self._follower is not None and self._follower.is_active() and not self._replaying:
-                    self._follower.stop_when_caught_up()
-            self.run_state_changed.emit(state)
+        self.run_state.set_state(state)
+        self._refresh_labels()
+
+    def _end(self, state: str, code: Optional[int], message: str) -> None:
+        """The run ended; a state that is not an end (status.json still says "created") is kept as is."""
+        if state in ENDED:
+            self.run_state.end(state, code, message)
+        else:
+            self.run_state.set_state(state)
+        self._refresh_labels()
+
+    def _refresh_labels(self) -> None:
         self._update_buttons()
         self._update_numbers()
+
+    def _on_state_changed(self, state: str) -> None:
+        """Whoever moved run_state: this panel's pending request and timers follow first."""
+        self._pending = ""
+        if state not in LIVE:
+            self._status_timer.stop()
+            self._clock_timer.stop()
+            if self._follower is not None and self._follower.is_active() and not self._replaying:
+                self._follower.stop_when_caught_up()
+        self.run_state_changed.emit(state)
 
     # ------------------------------------------------------------ events
 
@@ -271,17 +290,18 @@ class TrainingPanel(QWidget):
         self._last_t = ev["t"] or self._last_t
         if kind == "metric" and data.get("source") == "sampler":
             return  # a memory sampler reading (gpu_mem.csv; the Memory tab shows those), not an iteration
+        rs = self.run_state
         if kind == "metric":
             if self.store.add_metric(it, data):
                 self._schedule_refresh()
-            self._iter, self._metric = it, data
-            self._max_steps = data.get("max_train_steps", self._max_steps)
+            self._metric = data
+            rs.set_progress(it, data.get("max_train_steps", rs.max_steps))
             if isinstance(data.get("mem_device_total_gb"), (int, float)):
                 self.memory_plot.set_total(float(data["mem_device_total_gb"]))
             return
         if kind == "started":
             self._started_t = self._started_t or ev["t"]  # our own run: when we started the process
-            self._max_steps = data.get("max_train_steps", self._max_steps)
+            rs.set_progress(rs.iteration, data.get("max_train_steps", rs.max_steps))
             if data.get("effective_batch"):
                 self.note_label.setText(f"effective batch {data['effective_batch']} "
                                         f"({data.get('num_processes', 1)} process(es))")
@@ -293,31 +313,32 @@ class TrainingPanel(QWidget):
             self._pending = ""
             self._update_buttons()
         if it is not None and kind != "phase":
-            self._iter = max(it, self._iter or 0)
+            rs.set_progress(max(it, rs.iteration or 0), rs.max_steps)
         self._log(describe_event(kind, it, data))
         state = {"started": "running", "resumed": "running", "paused": "paused", "stopped": "stopped",
                  "finished": "finished", "error": "failed"}.get(kind)
-        if state and not self._replaying:
+        if state == "failed" and not self._replaying:
+            self._fail(data.get("exit_code"), str(data.get("reason", "")))
+        elif state and not self._replaying:
             self._set_state(state)
-            if state == "failed":
-                self._show_failure(data.get("exit_code"), str(data.get("reason", "")))
 
     def _on_run_dir(self, path: Path) -> None:
-        self._run_dir = path
+        self.run_state.set_run_dir(path)
         self._update_buttons()
 
     def _on_engine_finished(self, code: int, summary: str) -> None:
         self._clock_timer.stop()
-        if self._state == "stopping" and self.engine.run_dir() is None:
-            self._set_state("stopped")  # SIGTERM before the run folder existed: nothing to keep
+        state, run_dir = self.run_state.state, self.run_state.run_dir
+        if state == "stopping" and self.engine.run_dir() is None:
+            # SIGTERM before the run folder existed: nothing to keep
+            self._end("stopped", code, "stopped before the run began")
             self.note_label.setText("stopped before the run began")
         elif code == 0:
-            final = effective_state(RunFolder(self._run_dir).read_status()) if self._run_dir else "finished"
-            self._set_state(self._state if self._state in ("stopped", "finished") else final)
+            final = effective_state(RunFolder(run_dir).read_status()) if run_dir else "finished"
+            self._end(state if state in ("stopped", "finished") else final, code, summary)
             self.note_label.setText(summary)
         else:
-            self._set_state("failed")
-            self._show_failure(code, summary, self.engine.last_log_lines(BANNER_LOG_LINES))
+            self._fail(code, summary, self.engine.last_log_lines(BANNER_LOG_LINES))
         self._refresh_plots()
 
     def _on_rewound(self) -> None:
@@ -331,38 +352,41 @@ class TrainingPanel(QWidget):
         self.loss_plot.reset()
         for plot in (self.memory_plot, self.step_plot):
             plot.clear_data()
-        self._iter = None
+        self.run_state.set_progress(None, self.run_state.max_steps)
 
     def _on_caught_up(self) -> None:
         if not self._replaying:
             return
         self._replaying = False
-        if self._state == "failed":
-            self._show_failure(self._error_code(), "")
-        elif self._state in LIVE_STATES:
+        if self.run_state.state == "failed":
+            self._fail(self._error_code(), "")
+        elif self.run_state.state in LIVE_STATES:
             self._poll_status()  # a state change hidden in the replayed history
         self._update_numbers()
 
     def _poll_status(self) -> None:
         """A reattached run: the process may end (or die) without us seeing a final event."""
-        if self._run_dir is None or self.engine.is_running():
+        run_dir = self.run_state.run_dir
+        if run_dir is None or self.engine.is_running():
             return
-        self._status = RunFolder(self._run_dir).read_status() or {}
+        self._status = RunFolder(run_dir).read_status() or {}
         state = effective_state(self._status)
         if state in LIVE_STATES:
-            if self._state in _LIVE:  # a final event (stopped, finished, error) is never undone
+            if self.run_state.is_live():  # a final event (stopped, finished, error) is never undone
                 self._set_state(state)
         elif self._follower is not None and self._follower.is_active():
             self._follower.stop_when_caught_up()  # read its last events first; `ended` calls us again
-        elif state != self._state:
+        elif state == "failed" and self.run_state.state != "failed":
+            self._fail(self._error_code(), "")
+        elif state != self.run_state.state:
             self._set_state(state)
-            if state == "failed":
-                self._show_failure(self._error_code(), "")
 
     # ------------------------------------------------------------ display
 
-    def _show_failure(self, code: Optional[int], summary: str, log_lines: Optional[list[str]] = None) -> None:
+    def _fail(self, code: Optional[int], summary: str, log_lines: Optional[list[str]] = None) -> None:
+        """The run failed: run_state records the code and the reason, the banner says it all."""
         title, details = failure_report(code, summary, self._error or {}, self._status)
+        self._end("failed", code, details[0])
         lines = [f"<b>{html.escape(title)}</b>"] + [html.escape(line) for line in details]
         tail = log_lines if log_lines is not None else self._log_lines(BANNER_LOG_LINES)
         if tail:
@@ -375,8 +399,8 @@ class TrainingPanel(QWidget):
         return code if isinstance(code, int) else None
 
     def _update_numbers(self) -> None:
-        m = self._metric
-        self.iter_label.setText(f"iteration {'-' if self._iter is None else self._iter} / {self._max_steps or '-'}")
+        m, it, max_steps = self._metric, self.run_state.iteration, self.run_state.max_steps
+        self.iter_label.setText(f"iteration {'-' if it is None else it} / {max_steps or '-'}")
         step = m.get("step_time_s")
         self.rate_label.setText(f"{1.0 / step:.2f} it/s" if isinstance(step, (int, float)) and step > 0 else "- it/s")
         self.eta_label.setText("ETA " + (_clock(m.get("eta_s")) if self.is_live() else "-"))
@@ -418,7 +442,8 @@ class TrainingPanel(QWidget):
             self.loss_plot.refresh(self.store, dirty)
             self.memory_plot.refresh(self.store, dirty)
             self.step_plot.refresh(self.store, dirty)
-            self.plots_refreshed.emit(-1 if self._iter is None else self._iter)
+            it = self.run_state.iteration
+            self.plots_refreshed.emit(-1 if it is None else it)
         self._last_refresh = time.monotonic()
         # setData on million-point series costs tens of ms: keep redraws under ~1/4 of the GUI thread
         self._refresh_gap_ms = max(REFRESH_MS, 4000.0 * (self._last_refresh - t0))
@@ -426,8 +451,6 @@ class TrainingPanel(QWidget):
     # ------------------------------------------------------------ reset
 
     def _clear_run_facts(self) -> None:
-        self._iter: Optional[int] = None
-        self._max_steps: Optional[int] = None
         self._metric: dict = {}
         self._error: Optional[dict] = None
         self._status: dict = {}
@@ -442,7 +465,7 @@ class TrainingPanel(QWidget):
             self._follower = None
         self._status_timer.stop()
         self._clock_timer.stop()
-        self._run_dir, self._replaying = None, False
+        self._replaying = False
         self._clear_run_facts()
         self._reset_plots()
         self.memory_plot.set_total(None)

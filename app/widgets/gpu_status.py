@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal
+from PySide6.QtCore import QThreadPool, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QWidget
+
+from app.engine.background import Task
 
 GIB = 1024 ** 3
 POLL_MS = 2000
@@ -91,23 +93,6 @@ def _text(name: Any) -> str:
     return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
 
 
-class _Poll(QRunnable):
-    def __init__(self, probe: NvmlProbe, relay: "_Relay"):
-        super().__init__()
-        self._probe, self._relay = probe, relay
-
-    def run(self) -> None:
-        readings = self._probe.read()
-        try:
-            self._relay.polled.emit(readings)
-        except RuntimeError:  # the label went away while NVML answered
-            pass
-
-
-class _Relay(QObject):
-    polled = Signal(object)  # list[GpuReading] or None
-
-
 class GpuStatusLabel(QLabel):
     """A status-bar label; hidden until NVML answers with at least one GPU."""
 
@@ -119,9 +104,9 @@ class GpuStatusLabel(QLabel):
         self.probe = NvmlProbe(load_nvml)
         self._pool = QThreadPool(self)
         self._pool.setMaxThreadCount(1)  # NVML calls never pile up
-        self._relay = _Relay(self)
-        self._relay.polled.connect(self._on_polled)
-        self._in_flight = False
+        self._poll = Task(self, self._pool)
+        self._poll.done.connect(self._on_polled)
+        self._poll.failed.connect(lambda _message: self._on_polled(None))  # NvmlProbe.read raised: as no GPU
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self.poll)
@@ -135,13 +120,11 @@ class GpuStatusLabel(QLabel):
         self._timer.stop()
 
     def poll(self) -> None:
-        if self._in_flight or self.probe.failed is not None:
+        if self._poll.busy() or self.probe.failed is not None:
             return
-        self._in_flight = True
-        self._pool.start(_Poll(self.probe, self._relay))
+        self._poll.submit(self.probe.read)
 
     def _on_polled(self, readings: Optional[list[GpuReading]]) -> None:
-        self._in_flight = False
         if not readings:
             self._timer.stop()  # failure is cached in the probe: no more ticks
             self.hide()

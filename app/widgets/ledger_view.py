@@ -1,10 +1,10 @@
 """The Config panel's "Memory estimate" side tab: the engine's memory ledger for what the form shows.
 
 `dmad ledger --config FILE --json` (the engine reads teacher configs, never weights, and imports
-torch: 2-3 s) runs in a QProcess DEBOUNCE_MS after the last valid change, and only while the tab is
-on screen (a hidden tab is marked stale and refreshed when shown). A newer request supersedes an
-older one: the old process is disconnected and killed, so a slow stale answer can never overwrite a
-newer one. The numbers are the engine's framework-scope estimate (torch's allocator, per device);
+torch: 2-3 s) runs as a DmadCommand DEBOUNCE_MS after the last valid change, and only while the tab
+is on screen (a hidden tab is marked stale and refreshed when shown). A newer request supersedes an
+older one: the old command is discarded (silenced and killed), so a slow stale answer can never
+overwrite a newer one. The numbers are the engine's framework-scope estimate (torch's allocator, per device);
 the GPU's total, when NVML knows it, is device-wide, and the two are labelled as such. The status
 names the teacher family the engine sized. With teacher_cpu_offload the ledger has a host-RAM line
 (scope "cpu"): it is listed under its own heading below the GPU lines and stated apart from the GPU
@@ -13,15 +13,17 @@ total, which is the engine's own sum of the GPU lines and never includes it.
 from __future__ import annotations
 
 import html
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from PySide6.QtCore import QProcess, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from app.engine.process import LineBuffer, engine_command, engine_qprocess, keep_error_line
+from app.engine.command import DmadCommand
 from app.models.probe_result import Ledger, parse_ledger
 
 DEBOUNCE_MS = 800
@@ -50,12 +52,13 @@ class LedgerView(QWidget):
         `command` replaces engine_command() (tests run a stand-in)."""
         super().__init__(parent)
         self._materialize = materialize
-        self._cmd = list(command) if command is not None else engine_command()
-        self._tmp = tempfile.TemporaryDirectory(prefix="dmad-ledger-")
-        self._proc: Optional[QProcess] = None
-        self._out, self._err = b"", LineBuffer()
-        self._error_line = ""
-        self._generation = 0      # bumped per request; a finished process of an older one is ignored
+        self._program = list(command) if command is not None else None
+        # the configs handed to `dmad ledger`; removed with the widget (or at exit), never left behind
+        self._tmp = Path(tempfile.mkdtemp(prefix="dmad-ledger-"))
+        weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
+        self._dmad: Optional[DmadCommand] = None  # the request in flight; one command per request
+        self._out: list[str] = []
+        self._generation = 0      # bumped per request: names its config file
         self._stale = True        # the form changed since the table was filled
         self._valid = True
         self._ledger: Optional[Ledger] = None
@@ -114,10 +117,10 @@ class LedgerView(QWidget):
         return self._ledger
 
     def is_running(self) -> bool:
-        return self._proc is not None
+        return self._dmad is not None
 
     def is_pending(self) -> bool:
-        return self._timer.isActive() or self._proc is not None
+        return self._timer.isActive() or self._dmad is not None
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
@@ -132,68 +135,40 @@ class LedgerView(QWidget):
         self._supersede()
         self._generation += 1
         try:
-            path = self._materialize(Path(self._tmp.name) / f"config-{self._generation}.json")
+            path = self._materialize(self._tmp / f"config-{self._generation}.json")
         except (ValueError, OSError) as e:
             self._fail(f"Not estimated: {e}")
             return
         self._stale = False
-        proc = engine_qprocess(self, self._cmd + ["ledger", "--config", str(path), "--json"])
-        gen = self._generation
-        proc.readyReadStandardOutput.connect(lambda: self._read(proc, gen))
-        proc.readyReadStandardError.connect(lambda: self._read(proc, gen))
-        proc.finished.connect(lambda code, status: self._on_finished(proc, gen, code, status))
-        proc.errorOccurred.connect(lambda err: self._on_error(proc, gen, err))
-        self._proc, self._out, self._err, self._error_line = proc, b"", LineBuffer(), ""
+        dmad = DmadCommand(self, program=self._program)
+        dmad.stdout_line.connect(self._out_line)
+        dmad.finished.connect(self._on_finished)
+        self._dmad, self._out = dmad, []
         self._set_status("Estimating (dmad ledger) ...")
-        proc.start()
+        dmad.start(["ledger", "--config", str(path), "--json"])
 
     def _supersede(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        self._generation += 1  # anything it still delivers is stale
-        for sig in (proc.readyReadStandardOutput, proc.readyReadStandardError, proc.finished, proc.errorOccurred):
-            sig.disconnect()
-        if proc.state() != QProcess.NotRunning:
-            proc.finished.connect(proc.deleteLater)
-            proc.kill()
-        else:
-            proc.deleteLater()
+        dmad, self._dmad = self._dmad, None
+        if dmad is not None:
+            dmad.discard()  # anything it still delivers is stale
 
-    def _read(self, proc: QProcess, gen: int) -> None:
-        if gen != self._generation:
-            return
-        self._out += bytes(proc.readAllStandardOutput())
-        for line in self._err.feed(bytes(proc.readAllStandardError())):
-            self._error_line = keep_error_line(self._error_line, line)
+    def _out_line(self, line: str) -> None:
+        self._out.append(line)
 
-    def _on_error(self, proc: QProcess, gen: int, err: QProcess.ProcessError) -> None:
-        if gen == self._generation and err == QProcess.ProcessError.FailedToStart:
-            self._finish(proc)
-            self._fail(f"could not start dmad ledger: {proc.errorString()}")
-
-    def _on_finished(self, proc: QProcess, gen: int, code: int, status: QProcess.ExitStatus) -> None:
-        if gen != self._generation:
-            return
-        self._read(proc, gen)
-        for line in self._err.flush():
-            self._error_line = keep_error_line(self._error_line, line)
-        self._finish(proc)
-        if status == QProcess.ExitStatus.CrashExit or code != 0:
-            what = "crashed" if status == QProcess.ExitStatus.CrashExit else f"exited with code {code}"
-            self._fail(self._error_line or f"dmad ledger {what}")
+    def _on_finished(self, code: int, line: str) -> None:
+        out, self._out = self._out, []
+        dmad, self._dmad = self._dmad, None
+        if dmad is not None:
+            dmad.deleteLater()
+        if code != 0:
+            self._fail(line)
             return
         try:
-            ledger = parse_ledger(self._out.decode("utf-8", "replace"))
+            ledger = parse_ledger("\n".join(out))
         except ValueError as e:
             self._fail(str(e))
             return
         self._show(ledger)
-
-    def _finish(self, proc: QProcess) -> None:
-        if self._proc is proc:
-            self._proc = None
-        proc.deleteLater()
 
     # ------------------------------------------------------------ display
 

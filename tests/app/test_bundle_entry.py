@@ -1,6 +1,5 @@
-"""The bundle's one executable (packaging/entry.py) and `dmad-studio --self-test` (issue 8,
-part 3), checked from the source checkout; bench/package.py builds the real bundle and runs the
-same self-test in it."""
+"""The bundle's one executable (packaging/entry.py) and `dmad-studio --self-test`, checked from the
+source checkout; bench/package.py builds the real bundle and runs the same self-test in it."""
 from __future__ import annotations
 
 import os

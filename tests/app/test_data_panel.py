@@ -341,7 +341,11 @@ def test_the_fast_check_says_which_checks_it_skipped(qtbot, tmp_path):
 # ---------------------------------------------------------------- the warning before Start
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
+def stand_in_window(qtbot, tmp_path, data, monkeypatch):
+    """The window as the app builds it, with its Data panel running a stand-in for check-data."""
+    stand_in = StandIn(tmp_path / "standin", report=make_report(data, usable=5))
+    monkeypatch.setattr(window_module, "DataPanel",
+                        lambda: DataPanel(command=stand_in.command, cache=ThumbCache(tmp_path / "thumbs", px=48)))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
     w = MainWindow(settings, runs_root=tmp_path / "runs", load_nvml=lambda: (_ for _ in ()).throw(ImportError()),
@@ -351,11 +355,10 @@ def window(qtbot, tmp_path, monkeypatch):
     w.training._clear()
 
 
-def test_start_asks_when_the_last_check_of_the_configs_data_found_errors(window, qtbot, tmp_path, data,
+def test_start_asks_when_the_last_check_of_the_configs_data_found_errors(stand_in_window, qtbot, tmp_path, data,
                                                                          monkeypatch):
-    stand_in = StandIn(tmp_path / "standin", report=make_report(data, usable=5))
-    panel = DataPanel(command=stand_in.command, cache=ThumbCache(tmp_path / "thumbs", px=48))
-    window.set_panel("Data", panel)
+    window = stand_in_window
+    panel = window.data
     raw = window.config.config()
     raw["identity"]["train_data_dir"] = str(data)
     window.config.set_config(raw, window.config.base_dir())

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.process import EngineProcess, LineBuffer, engine_command
+from app.engine.command import LineBuffer, engine_command
+from app.engine.process import EngineProcess
 from app.engine.follow import EventFollower
 from app.models.series import Series, SeriesStore
 from dmad.contract.events import make_event

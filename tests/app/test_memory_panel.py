@@ -1,9 +1,9 @@
-"""Issue 7 in the app: the Config panel's live "Memory estimate" (dmad ledger --json), the Memory tab's
+"""Memory in the app: the Config panel's live "Memory estimate" (dmad ledger --json), the Memory tab's
 probe (dmad probe: run, progress, cancel, the trade-off table, curves, recommendation and Apply) and
 the OOM advice in the Training panel's failure banner.
 
 The engine is a stand-in written by each test (a small script that speaks the `ledger` and `probe`
-command lines of issue 7's agreed interfaces), so these tests need neither torch nor a GPU; the
+command lines as docs/memory.md describes them), so these tests need neither torch nor a GPU; the
 probe.json and ledger fixtures are in tests/app/fixtures/probe/ (ledger_sd3_offload.json is what the
 real `dmad ledger --json` printed for a configs-only SD3-medium folder with an int8 teacher offloaded
 to CPU, the SD3-medium 24 GB preset). Slow tests run the real CLI (the probe one when `dmad probe`

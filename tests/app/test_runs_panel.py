@@ -15,6 +15,7 @@ from PySide6.QtGui import QDesktopServices
 
 from app.dialogs.config_diff import ConfigDiffDialog
 from app.models.run_scan import NOT_A_RUN, TAIL_BYTES, ScanCache
+from app.models.run_state import RunState
 from app.panels.runs import COLUMNS, RunsPanel
 from dmad.contract.config import TrainConfig
 from dmad.contract.events import Event, make_event
@@ -271,6 +272,24 @@ def test_the_timer_picks_up_a_new_run_while_visible(qtbot, tmp_path):
     qtbot.waitUntil(lambda: "new" in by_name(panel))
     panel.hide()
     assert not panel._timer.isActive()
+
+
+def test_the_shown_runs_state_changes_rescan_and_its_progress_does_not(qtbot, tmp_path):
+    write_run(tmp_path, "r1", "running")
+    panel = open_panel(qtbot, tmp_path)
+    state = RunState()
+    panel.watch(state)
+    with qtbot.waitSignal(panel.runs_scanned):
+        state.open(tmp_path / "r1", "running")  # a run opened in the Training panel
+    rescans = []
+    panel.runs_scanned.connect(rescans.append)
+    state.set_progress(11, 1000)
+    qtbot.wait(200)
+    assert rescans == []  # an iteration changes no state: the timer picks it up
+    write_run(tmp_path, "r2", "finished")
+    with qtbot.waitSignal(panel.runs_scanned):
+        state.end("finished", 0, "finished 1000 iterations")
+    assert sorted(by_name(panel)) == ["r1", "r2"]
 
 
 def test_the_last_iteration_is_not_a_memory_sampler_reading(tmp_path):

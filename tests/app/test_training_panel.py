@@ -273,6 +273,9 @@ def test_own_run_plots_stdout_events_and_stops_gracefully(qtbot, engine_panel, t
     qtbot.waitUntil(lambda: panel.state() == "stopped", timeout=WAIT_MS)
     assert states == ["starting", "running", "stopping", "stopped"]
     assert panel.banner.isHidden() and panel.buttons["start"].isEnabled()
+    run = panel.run_state  # what the window and the Runs panel read
+    assert (run.state, run.run_dir, run.iteration) == ("stopped", tmp_path / "runs" / "engine-run", 5)
+    qtbot.waitUntil(lambda: run.exit_code == 0, timeout=WAIT_MS)
 
 
 def test_crashed_engine_shows_the_banner_with_cause_and_exit_code(qtbot, engine_panel, tmp_path):
@@ -286,6 +289,8 @@ def test_crashed_engine_shows_the_banner_with_cause_and_exit_code(qtbot, engine_
     assert "Cause: out of memory during first-forward" in text
     assert "INFO dmad: step 5" in text and "dmad: error: out of memory during first-forward" in text
     assert len(xs(panel, "loss_dm")) == 5
+    run = panel.run_state
+    assert (run.state, run.exit_code) == ("failed", 3) and run.message.startswith("out of memory during first-forward")
 
 
 def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path):

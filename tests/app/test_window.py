@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from PySide6.QtCore import QObject, QSettings, Signal
-from PySide6.QtGui import QFontInfo, QImage
+from PySide6.QtGui import QFontMetrics, QImage
 from PySide6.QtWidgets import QMessageBox
 
 from app.dialogs import close as close_dialog
@@ -55,28 +55,21 @@ def test_window_has_the_six_places_in_order(window):
     assert window.panel("Training") is window.training and window.panel("Memory") is window.memory
 
 
-def test_set_panel_replaces_a_place_without_reshaping(window, qtbot, recorded_run):
-    from PySide6.QtWidgets import QLabel
-
-    window.show_panel("Runs")
-    new = QLabel("the data panel of a later issue")
-    window.set_panel("Data", new)
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == list(PANELS)
-    assert window.panel("Data") is new
-    assert window.tabs.currentWidget() is window.runs  # the user's place is kept
-    raw = window.config.config()
-    raw["resources"]["seed"] = 1
-    window.config.set_config(raw, window.config.base_dir())  # a panel without set_config is skipped
-
-    class Samples(QLabel):
-        def set_run(self, run_dir):
-            self.seen = run_dir
-    samples = Samples()
-    window.set_panel("Samples", samples)
+def test_the_run_state_drives_the_title_and_the_run_bound_tabs(window, recorded_run):
     window.open_run(recorded_run)
-    assert samples.seen == recorded_run and window.panel("Samples") is samples
-    with pytest.raises(ValueError, match="cannot be replaced"):
-        window.set_panel("Training", QLabel())
+    state = window.run_state
+    assert state is window.training.run_state and state.state == "finished" and state.run_dir == recorded_run
+    assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
+    runs = []
+    window.run_changed.connect(runs.append)
+    state.start()  # what the Training panel does when Start is pressed: the old run's tabs go blank
+    assert runs == [None] and window.samples.run_dir() is None and window.windowTitle() == "DMAD Studio"
+    state.set_run_dir(recorded_run)
+    state.set_state("running")
+    assert runs == [None, recorded_run] and window.samples.run_dir() == recorded_run
+    assert window.windowTitle() == f"{recorded_run.name} [running] - DMAD Studio"
+    state.end("finished", 0, "finished 120 iterations")
+    assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
 
 
 # ---------------------------------------------------------------- wiring
@@ -175,11 +168,12 @@ def test_status_bar_shows_the_gpu_from_a_fake_nvml_and_nothing_without_one(qtbot
 # ---------------------------------------------------------------- closing during a run
 
 class _LiveRun:
-    """Stands in for the Training panel's live-run methods: the choice is what is tested here."""
+    """A live run in the Training panel's RunState, whose stop / leave methods only record the
+    choice: the choice is what is tested here."""
 
-    def __init__(self, monkeypatch, training):
-        self.live, self.calls = True, []
-        monkeypatch.setattr(training, "is_live", lambda: self.live)
+    def __init__(self, monkeypatch, training, run_dir: Path):
+        self.calls = []
+        training.run_state.open(run_dir, "running")
         monkeypatch.setattr(training, "stop_run", lambda: self.calls.append("stop"))
         monkeypatch.setattr(training, "leave_running", lambda: self.calls.append("leave"))
 
@@ -188,40 +182,40 @@ def _answer(monkeypatch, button):
     asked = []
 
     def exec_(box):
-        asked.append([b.text() for b in box.buttons()])
+        asked.append([b.text() for b in box.buttons()] + [box.text()])
         return button
     monkeypatch.setattr(QMessageBox, "exec", exec_)
     return asked
 
 
-def test_close_during_a_run_cancel_keeps_the_window(window, monkeypatch):
-    run = _LiveRun(monkeypatch, window.training)
+def test_close_during_a_run_cancel_keeps_the_window(window, monkeypatch, tmp_path):
+    run = _LiveRun(monkeypatch, window.training, tmp_path / "runs" / "my-run")
     asked = _answer(monkeypatch, QMessageBox.Cancel)
     window.show()
     assert not window.close()
     assert window.isVisible() and run.calls == []
     assert {"Stop the run (save a checkpoint)", "Leave it running", "Cancel"} <= set(asked[0])
+    assert "my-run is still training. What should happen to it?" in asked[0]
 
 
-def test_close_during_a_run_leave_it_running_detaches_and_closes(window, monkeypatch):
-    run = _LiveRun(monkeypatch, window.training)
+def test_close_during_a_run_leave_it_running_detaches_and_closes(window, monkeypatch, tmp_path):
+    run = _LiveRun(monkeypatch, window.training, tmp_path / "runs" / "my-run")
     _answer(monkeypatch, QMessageBox.No)
     window.show()
     assert window.close()
     assert run.calls == ["leave"] and not window.isVisible()
 
 
-def test_close_during_a_run_stop_waits_for_the_checkpoint_then_closes(window, monkeypatch, qtbot):
-    run = _LiveRun(monkeypatch, window.training)
+def test_close_during_a_run_stop_waits_for_the_checkpoint_then_closes(window, monkeypatch, qtbot, tmp_path):
+    run = _LiveRun(monkeypatch, window.training, tmp_path / "runs" / "my-run")
     _answer(monkeypatch, QMessageBox.Yes)
     window.show()
     assert not window.close()  # the engine is still saving its checkpoint
     assert run.calls == ["stop"] and window.isVisible()
     assert "saving a checkpoint" in window.statusBar().currentMessage()
-    window.training.run_state_changed.emit("stopping")
+    window.run_state.set_state("stopping")
     assert window.isVisible()
-    run.live = False
-    window.training.run_state_changed.emit("stopped")
+    window.run_state.end("stopped", 0, "stopped at iteration 3 (checkpoint iter_3)")
     assert not window.isVisible()
 
 
@@ -267,7 +261,10 @@ def test_estimate_memory_shows_the_engines_ledger_in_monospace(qtbot, tmp_path):
     assert engine.started == [tmp_path / "c.json"] and engine.overrides == ['identity.output_dir="/r"']
     assert tab.ledger.toPlainText().startswith("Run folder:") and "student weights      0.04" in tab.ledger.toPlainText()
     assert "config_version" not in tab.ledger.toPlainText()  # the Config panel shows the resolved config
-    assert QFontInfo(tab.ledger.font()).fixedPitch()  # the ledger's columns line up
+    # the ledger's columns line up: every character is as wide as any other (QFontInfo.fixedPitch
+    # is not used: fontconfig leaves some monospace fonts, Noto Sans Mono among them, unflagged)
+    metrics = QFontMetrics(tab.ledger.font())
+    assert metrics.horizontalAdvance("i" * 20) == metrics.horizontalAdvance("W" * 20) == metrics.horizontalAdvance("0" * 20)
 
 
 def test_estimate_memory_failures_are_one_line(qtbot):
