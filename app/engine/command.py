@@ -107,6 +107,47 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+# pgid -> the SIGKILL that follows a kill()'s SIGTERM. Not owned by a DmadCommand: it must still
+# fire if the command object is deleted meanwhile. Stopped once the group has no process left, so
+# no timer outlives its purpose and a later group that reuses the id is never signalled.
+_PENDING_KILLS: dict[int, QTimer] = {}
+
+
+def _kill_group_later(pgid: int, grace_ms: int) -> None:
+    old = _PENDING_KILLS.pop(pgid, None)
+    if old is not None:  # kill() again: the new grace replaces the old one
+        old.stop()
+        old.deleteLater()
+    timer = QTimer()
+    timer.setSingleShot(True)
+    timer.setInterval(max(0, grace_ms))
+    timer.timeout.connect(lambda: _kill_group_now(pgid))
+    _PENDING_KILLS[pgid] = timer
+    timer.start()
+
+
+def _kill_group_now(pgid: int) -> None:
+    timer = _PENDING_KILLS.pop(pgid, None)
+    if timer is not None:
+        timer.stop()
+        timer.deleteLater()
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _forget_group_if_empty(pgid: int) -> None:
+    """The group's last process has ended: its pending SIGKILL is not needed any more."""
+    if pgid not in _PENDING_KILLS:
+        return
+    try:
+        os.killpg(pgid, 0)
+        return  # a process of the group is still there (a child that ignores SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    timer = _PENDING_KILLS.pop(pgid)
+    timer.stop()
+    timer.deleteLater()
+
+
 def _leads_group(pid: int) -> bool:
     """The command leads its own process group (own_session took effect)."""
     if not pid or os.name != "posix" or not hasattr(os, "killpg"):
@@ -142,6 +183,7 @@ class DmadCommand(QObject):
         self._error_line = ""
         self._start_error = ""
         self._discarded = False
+        self._killed_group: Optional[int] = None  # the process group kill() signalled
 
     # ------------------------------------------------------------ queries
 
@@ -173,6 +215,7 @@ class DmadCommand(QObject):
         self._args = list(args)
         self._out, self._err = LineBuffer(), LineBuffer()
         self._error_line = self._start_error = ""
+        self._killed_group = None
         proc = QProcess(self)
         proc.setProgram(self._program[0])
         proc.setArguments(self._program[1:] + self._args)
@@ -202,8 +245,8 @@ class DmadCommand(QObject):
             self._proc.kill()
             return
         _signal_group(pid, signal.SIGTERM)
-        # No context object: the SIGKILL still goes out if this object is deleted meanwhile
-        QTimer.singleShot(max(0, grace_ms), lambda: _signal_group(pid, signal.SIGKILL))
+        self._killed_group = pid
+        _kill_group_later(pid, grace_ms)
 
     def discard(self) -> None:
         """Nobody wants this command's answer any more (a newer request replaced it): its signals
@@ -268,6 +311,8 @@ class DmadCommand(QObject):
         self._end(-1, self._start_error)
 
     def _on_finished(self, code: int, status: QProcess.ExitStatus) -> None:
+        if self._killed_group is not None:
+            _forget_group_if_empty(self._killed_group)
         self._read_stdout()
         self._read_stderr()
         for line in self._out.flush():

@@ -1,0 +1,34 @@
+"""App tests: a test that leaves a repeating QTimer of its own running fails (a timer that outlives
+its widget keeps firing into a closed panel: rescans, polls and heartbeats that never stop). A
+single-shot timer fires once and is gone (DmadCommand's SIGKILL after a kill's grace period)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+
+def _active_timers() -> dict[int, object]:
+    import shiboken6
+    from PySide6.QtCore import QTimer
+
+    return {id(o): o for o in gc.get_objects()
+            if isinstance(o, QTimer) and shiboken6.isValid(o) and o.isActive() and not o.isSingleShot()}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_timers(request):
+    if "qtbot" not in request.fixturenames and "qapp" not in request.fixturenames:
+        yield
+        return
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    before = set(_active_timers())
+    yield  # pytest-qt closes and deletes the test's widgets when qtbot is torn down, before this
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
+    leaked = [t for key, t in _active_timers().items() if key not in before]
+    for t in leaked:
+        t.stop()
+    assert not leaked, ("the test left timers running: "
+                        f"{[(t.objectName() or type(t.parent()).__name__, t.interval()) for t in leaked]}")
