@@ -45,6 +45,15 @@ def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
+def gone(pid: int) -> bool:
+    """The process is dead: no longer in /proc, or a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 @pytest.fixture(scope="session")
 def tiny_teacher(tmp_path_factory) -> Path:
     """A tiny random SD-layout diffusers pipeline folder, built once per session (~1 s + torch import)."""

@@ -8,13 +8,13 @@ import json
 import os
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from app.engine.command import DmadCommand, keep_error_line, progress_of
 from dmad import __version__
 from dmad.contract.events import make_event
+from tests.conftest import gone
 
 WAIT_MS = 60_000  # generous: the machine is shared; nothing here is a timing test
 
@@ -38,15 +38,6 @@ def run(qtbot, cmd: DmadCommand, args: list[str], timeout: int = WAIT_MS) -> lis
         cmd.start(args)
     assert not cmd.is_running()
     return done.args
-
-
-def gone(pid: int) -> bool:
-    """The process is dead: no longer in /proc, or a zombie nobody reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 # ---------------------------------------------------------------- the real `python -m dmad`

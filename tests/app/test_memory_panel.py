@@ -26,6 +26,7 @@ from app.models.probe_result import load_probe, parse_int_list
 from app.panels.training import TrainingPanel
 from app.window import MainWindow
 from tests.app.test_training_panel import _event, write_run
+from tests.conftest import gone
 
 FIXTURES = Path(__file__).parent / "fixtures" / "probe"
 WAIT_MS = 60_000  # generous: the machine is shared; nothing here is a timing test
@@ -98,15 +99,6 @@ class StandIn:
         path = self.dir / "calls.jsonl"
         lines = path.read_text().splitlines() if path.is_file() else []
         return [c for c in map(json.loads, lines) if c["args"][0] == sub]
-
-
-def gone(pid: int) -> bool:
-    """The process is dead: no longer in /proc, or a zombie nobody reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 # ---------------------------------------------------------------- Config panel: the memory estimate
