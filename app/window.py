@@ -95,6 +95,7 @@ class MainWindow(QMainWindow):
         self.run_state.state_changed.connect(self._on_run_state)
         self.runs.watch(self.run_state)
         self.runs.run_opened.connect(self.open_run)
+        self.runs.continue_requested.connect(self.continue_run)
         self.runs.root_changed.connect(lambda root: self._settings.setValue(ROOT_KEY, str(root)))
         self.gpu.readings_received.connect(self._on_gpu)
         self.training.processes.valueChanged.connect(self.data.set_processes)
@@ -131,14 +132,20 @@ class MainWindow(QMainWindow):
         self.training.start(Path(path), self.runs.root())
         self.show_panel("Training")
 
-    def open_run(self, run_dir: Path) -> None:
+    def open_run(self, run_dir: Path) -> bool:
         """Show a run folder: its curves (reattaching when it is live), samples and memory."""
         run_dir = Path(run_dir)
-        if self.training.open_run(run_dir) is False:  # our own engine is live: the panel says why
-            self.show_panel("Training")
-            return
-        self._set_run(run_dir)
         self.show_panel("Training")
+        if self.training.open_run(run_dir) is False:  # our own engine is live: the panel says why
+            return False
+        self._set_run(run_dir)
+        return True
+
+    def continue_run(self, run_dir: Path) -> None:
+        """Show a stopped or failed run and continue it in its folder. The panel decides from the
+        status.json it just read, not from the Runs panel's last scan (the run may have moved)."""
+        if self.open_run(run_dir):
+            self.training.continue_run()
 
     def _on_run_state(self, state: str) -> None:
         self._state = state

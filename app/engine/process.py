@@ -213,13 +213,18 @@ def _final_summary(ev: Optional[dict]) -> str:
         return "the engine exited normally"
     if ev["kind"] == "stopped":
         ckpt = ev["data"].get("last_checkpoint")
+        if not ev["iter"]:  # None or 0: Stop while it was still loading, no iteration ran
+            return "stopped before the first iteration" + (f" (checkpoint iter_{ckpt})" if ckpt is not None else "")
         return f"stopped at iteration {ev['iter']}" + (f" (checkpoint iter_{ckpt})" if ckpt is not None else "")
     elapsed = ev["data"].get("elapsed_s")
     return f"finished {ev['iter']} iterations" + (f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else "")
 
 
 CAUSES = {"out_of_memory": "out of memory", "non_finite_loss": "a loss became NaN or infinite",
-          "exception": "unexpected error in the engine", "interrupted": "interrupted"}  # dmad/train/loop.py _fail
+          "exception": "unexpected error in the engine", "interrupted": "interrupted",
+          "disk_full": "out of disk space"}  # dmad/train/loop.py _fail
+# What to do when the engine gave no advice of its own
+CAUSE_ADVICE = {"disk_full": "free space on the run folder's drive, then Continue the run (Training or Runs tab)"}
 
 
 def failure_report(code: Optional[int], summary: str, error: dict, status: dict) -> tuple[str, list[str]]:
@@ -233,7 +238,8 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     if error.get("cause"):
         where = f" during {error['phase']}" if error.get("phase") else ""
         lines.append(f"Cause: {CAUSES.get(error['cause'], str(error['cause']))}{where}")
-    advice = error.get("advice") or status.get("advice")  # out of memory: the engine says what to change
+    # out of memory: the engine says what to change
+    advice = error.get("advice") or status.get("advice") or CAUSE_ADVICE.get(str(error.get("cause")))
     if advice:
         lines.append(f"Advice: {advice}")
     if error.get("last_checkpoint") is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
+from app.models.resume import CONTINUABLE
 from dmad.contract.events import is_iteration_metric, parse_line
 from dmad.contract.runs import RunFolder, effective_state, list_runs, pid_alive
 
@@ -39,7 +40,8 @@ class RunRow:
     is_run: bool = True
     iter: Optional[int] = None
     max_steps: Optional[int] = None
-    last_checkpoint: Optional[int] = None
+    last_checkpoint: Optional[int] = None  # status.json's word
+    resume_from: Optional[int] = None  # the complete checkpoint on disk Continue would use (CONTINUABLE rows)
     started: Optional[float] = None  # unix time of the run's first "started" event
     teacher: str = ""
     dataset: str = ""
@@ -88,8 +90,10 @@ class ScanCache:
         return value
 
     def keep_only(self, folders: set[Path]) -> None:
-        """Forget the files of folders that are gone, so the cache does not grow forever."""
-        self._files = {k: v for k, v in self._files.items() if k[0].parent in folders}
+        """Forget the files of folders that are gone, so the cache does not grow forever
+        (checkpoints/latest.json sits one level down)."""
+        self._files = {k: v for k, v in self._files.items()
+                       if k[0].parent in folders or k[0].parent.parent in folders}
 
     def read_head_tail(self, path: Path, head: bool, tail: bool) -> tuple[bytes, bytes]:
         """(the first line if head, the last TAIL_BYTES after it cut to start at a line if tail)."""
@@ -254,6 +258,17 @@ def _fill_progress(cache: ScanCache, run: RunFolder, row: RunRow, status: dict) 
         row.iter = int(row.metrics["iter"])  # type: ignore[arg-type]
     row.max_steps = _int(status.get("max_train_steps")) or row.max_steps
     row.last_checkpoint = _int(status.get("last_checkpoint"))
+    if row.state in CONTINUABLE:
+        row.resume_from = scan_resume_point(cache, run)
+
+
+def scan_resume_point(cache: ScanCache, run: RunFolder) -> Optional[int]:
+    """resume.resume_point with latest.json cached: one stat per scan while nothing changes."""
+    latest = cache.load(run.latest_json, "latest_checkpoint", lambda _: run.latest_checkpoint())
+    if latest is not None and latest[1].is_dir():
+        return latest[0]
+    found = run.list_checkpoints()  # no latest.json, or its folder was deleted: what is on disk
+    return found[-1][0] if found else None
 
 
 # ---------------------------------------------------------------- the root

@@ -4,10 +4,10 @@ The Training panel is the only writer: it starts engines and follows run folders
 when a run starts, moves, ends. The window (title, the run-bound tabs, the close question) and the
 Runs panel only read and observe it, so none of them reaches into the panel.
 
-States: "idle" (nothing shown), "starting" (our engine, before its run folder and first event), then
-the run folder states of dmad.contract.runs (created, running, paused, stopping, stopped, finished,
-failed). An ended run also has the engine's exit code (when this app ran it or the run recorded one)
-and one line saying how it ended.
+States: "idle" (nothing shown), "starting" (our engine, before its first event; a continued run keeps
+its folder, a new one has none yet), then the run folder states of dmad.contract.runs (created,
+running, paused, stopping, stopped, finished, failed). An ended run also has the engine's exit code
+(when this app ran it or the run recorded one) and one line saying how it ended.
 """
 from __future__ import annotations
 
@@ -74,11 +74,12 @@ class RunState(QObject):
 
     # ------------------------------------------------------------ the writer's side
 
-    def start(self) -> None:
-        """Our own engine is starting a new run: nothing of the previous one is kept."""
+    def start(self, run_dir: Optional[Path] = None) -> None:
+        """Our own engine is starting: a new run (its folder is not known yet), or `run_dir` continued
+        in its own folder. Nothing of the previous run's progress or end is kept."""
         if self.is_live():
             raise RuntimeError(f"a run is already {self._state}")
-        self._replace(STARTING, None)
+        self._replace(STARTING, None if run_dir is None else Path(run_dir))
 
     def open(self, run_dir: Path, state: str) -> None:
         """A run shown from its folder, in the state its status.json gives (effective_state)."""

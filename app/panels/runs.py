@@ -2,8 +2,10 @@
 
 Scans run in a one-thread pool (app.models.run_scan) every REFRESH_MS while the panel is visible, on
 demand, and whenever the state of the run the Training panel shows changes (watch); the table model
-only ever receives plain rows. Opening a run, comparing two configs and revealing a folder are
-buttons; the shell remembers the root (root_changed) and opens runs (run_opened).
+only ever receives plain rows. Opening a run, continuing one that is not live, comparing two configs
+and revealing a folder are buttons; the shell remembers the root (root_changed), opens runs
+(run_opened) and continues them (continue_requested). What Continue will do (go on from iteration N,
+or start again from 0) comes from the scan (RunRow.resume_from), never from a read here.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
 
 from app.dialogs.config_diff import ConfigDiffDialog
 from app.engine.background import Task
+from app.models.resume import CONTINUABLE, continue_text
 from app.models.run_scan import RunRow, ScanCache, ScanResult, scan_or_error
 from app.models.run_state import RunState
+from app.widgets.run_controls import reserve_width
 
 REFRESH_MS = 2000
 STATE_COLOURS = {
@@ -167,6 +171,7 @@ class RunsPanel(QWidget):
     """Root chooser, runs table and the actions on the selected runs."""
 
     run_opened = Signal(Path)    # a run folder to show in the Training panel
+    continue_requested = Signal(Path)  # a stopped or failed run folder to show and continue there
     root_changed = Signal(Path)  # the shell remembers it (QSettings)
     runs_scanned = Signal(int)   # a scan's rows are in the table (row count)
 
@@ -203,6 +208,9 @@ class RunsPanel(QWidget):
         self.refresh_button.clicked.connect(self.refresh)
         self.open_button = QPushButton("Open")
         self.open_button.clicked.connect(self._open_selected)
+        self.continue_button = QPushButton("Continue")
+        self.continue_button.clicked.connect(self._continue_selected)
+        reserve_width(self.continue_button)
         self.compare_button = QPushButton("Compare configs")
         self.compare_button.setToolTip("Select exactly two runs")
         self.compare_button.clicked.connect(self._compare_selected)
@@ -213,7 +221,8 @@ class RunsPanel(QWidget):
         top, actions, layout = QHBoxLayout(), QHBoxLayout(), QVBoxLayout(self)
         for w in (QLabel("Runs folder:"), self.root_edit, browse):
             top.addWidget(w)
-        for w in (self.refresh_button, self.open_button, self.compare_button, self.reveal_button):
+        for w in (self.refresh_button, self.open_button, self.continue_button, self.compare_button,
+                  self.reveal_button):
             actions.addWidget(w)
         actions.addStretch(1)
         layout.addLayout(top)
@@ -308,6 +317,7 @@ class RunsPanel(QWidget):
             self.model.set_rows(rows)
             if selected and [r.path for r in self.selected_rows()] != selected:
                 self.select_paths(selected)  # a reset model lost the selection
+            self._update_buttons()  # the selected run's state or checkpoints may have changed
             self._show_summary(rows)
             self.runs_scanned.emit(len(rows))
         if self._rescan or root != self._root:
@@ -347,6 +357,12 @@ class RunsPanel(QWidget):
     def _update_buttons(self) -> None:
         rows = self.selected_rows()
         self.open_button.setEnabled(len(rows) == 1 and rows[0].is_run)
+        row = rows[0] if len(rows) == 1 and rows[0].is_run else None
+        state = row.state if row is not None else ""
+        text, tip = continue_text(state, row.resume_from if row is not None else None, True)
+        self.continue_button.setText(text)
+        self.continue_button.setToolTip(tip + ("" if row is not None else " (select one run)"))
+        self.continue_button.setEnabled(state in CONTINUABLE)
         self.compare_button.setEnabled(len(rows) == 2)
         self.reveal_button.setEnabled(len(rows) <= 1)
 
@@ -374,6 +390,11 @@ class RunsPanel(QWidget):
             self.message.setText(f"{row.name}: {row.reason}")
             return
         self.run_opened.emit(row.path)
+
+    def _continue_selected(self) -> None:
+        rows = self.selected_rows()
+        if len(rows) == 1 and rows[0].is_run and rows[0].state in CONTINUABLE:
+            self.continue_requested.emit(rows[0].path)
 
     def _compare_selected(self) -> None:
         rows = self.selected_rows()

@@ -3,45 +3,45 @@
 Two sources feed the same plots: the stdout events of the engine this panel started (EngineProcess),
 or events.jsonl of a run opened from disk (EventFollower: its history, then, if the run is still
 live, everything it writes next — a reattach). Events only append to the SeriesStore; a
-rate-limited single-shot timer (<= 15 Hz) pushes changed series to their curves.
+PlotFeed (app/widgets/plot_feed.py) pushes changed series to their curves at <= 15 Hz.
 
 The run's lifecycle lives in `run_state` (app/models/run_state.py), which this panel alone writes and
 the window and the Runs panel observe. For an opened run the state comes from status.json read with
 effective_state (a dead pid or a stale heartbeat means failed), then from the live events; history
 events never change it.
+
+Continue (`continue_run`) runs `dmad train --resume latest` on the shown run, in its own folder. Its
+history is in events.jsonl, not in the new engine's stdout, so the panel follows the file (a resume
+cuts it back to the checkpoint: the follower rewinds and replays it) and takes only the lifecycle
+from the engine's stdout and exit code, which are live, while the file still replays old "stopped"s.
 """
 from __future__ import annotations
 
-import html
 import json
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from app.engine.command import exit_meaning
 from app.engine.process import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
 from app.engine.follow import EventFollower
+from app.widgets.failure_banner import FailureBanner
+from app.widgets.log_tail import LogTail
+from app.widgets.plot_feed import PlotFeed
 from app.widgets.plots import LossPlot, MemoryPlot, StepTimePlot
+from app.widgets.run_controls import RunControls
+from app.widgets.run_numbers import RunNumbers
+from app.models.resume import CONTINUABLE, ResumeLookup, continue_text
 from app.models.run_state import ENDED, LIVE, RunState
 from app.models.series import SeriesStore
 from dmad.contract.runlog import append_control
 from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
 
-REFRESH_MS = 66  # plots redraw at most ~15 times a second
 STATUS_POLL_MS = 2000  # a reattached run: is its process still alive?
-LOG_LINES = 500
 BANNER_LOG_LINES = 8
-
-
-def _clock(seconds: Optional[float]) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 class TrainingPanel(QWidget):
@@ -63,9 +63,9 @@ class TrainingPanel(QWidget):
         self._pending = ""
         self._start_allowed, self._start_reason = True, ""
         self._replaying = False
+        self.resume = ResumeLookup(self)  # what Continue would do: the checkpoints on disk, read in a worker
+        self.resume.found.connect(self._update_buttons)
         self._clear_run_facts()
-        self._refresh = QTimer(self, singleShot=True, timeout=self._refresh_plots)
-        self._last_refresh, self._refresh_gap_ms = 0.0, float(REFRESH_MS)
         self._status_timer = QTimer(self, interval=STATUS_POLL_MS, timeout=self._poll_status)
         self._clock_timer = QTimer(self, interval=1000, timeout=self._update_numbers)
         self._build()
@@ -74,48 +74,25 @@ class TrainingPanel(QWidget):
     # ------------------------------------------------------------ layout
 
     def _build(self) -> None:
-        self.buttons = {}
-        row = QHBoxLayout()
-        for key, text, slot in (("start", "Start", lambda: self.start_requested.emit()),
-                                ("pause", "Pause", lambda: self._send("pause")),
-                                ("resume", "Resume", lambda: self._send("resume")), ("stop", "Stop", self.stop_run),
-                                ("sample", "Sample now", lambda: self._send("sample_now")),
-                                ("checkpoint", "Checkpoint now", lambda: self._send("checkpoint_now"))):
-            b = self.buttons[key] = QPushButton(text)
-            b.clicked.connect(slot)
-            row.addWidget(b)
-        self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
-        row.addSpacing(12)
-        row.addWidget(QLabel("Processes"))
-        self.processes = QSpinBox(minimum=1, maximum=64, value=1)
-        self.processes.setToolTip("Processes for Start, one per GPU: more than 1 runs `accelerate launch` (DDP). The "
-                                  "effective batch is batch x accumulation x processes; learning rates are not "
-                                  "rescaled. Over several machines this is the total (Machines...).")
-        row.addWidget(self.processes)
+        self.controls = RunControls()
+        self.buttons, self.processes = self.controls.buttons, self.controls.processes
+        self.machines_button, self.state_label = self.controls.machines_button, self.controls.state_label
         self.machines = LaunchMachines()
-        self.machines_button = QPushButton("Machines: 1")
-        self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
-                                        "--main-process-ip, --main-process-port)")
-        self.machines_button.clicked.connect(self._edit_machines)
-        row.addWidget(self.machines_button)
-        row.addStretch(1)
-        self.state_label = QLabel()
-        row.addWidget(self.state_label)
-        self.banner = QLabel(wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse)
-        self.banner.setStyleSheet("QLabel { background: #8b1a1a; color: white; padding: 8px; border-radius: 4px; }")
-        self.banner.hide()
-        numbers = QHBoxLayout()
-        labels = [QLabel() for _ in range(5)]
-        self.iter_label, self.rate_label, self.eta_label, self.elapsed_label, self.note_label = labels
-        for w in (self.iter_label, self.rate_label, self.eta_label, self.elapsed_label):
-            numbers.addWidget(w)
-            numbers.addSpacing(18)
-        numbers.addWidget(self.note_label, 1)
+        for key, slot in (("start", lambda: self.start_requested.emit()), ("continue", self.continue_run),
+                          ("pause", lambda: self._send("pause")), ("resume", lambda: self._send("resume")),
+                          ("stop", self.stop_run), ("sample", lambda: self._send("sample_now")),
+                          ("checkpoint", lambda: self._send("checkpoint_now"))):
+            self.buttons[key].clicked.connect(slot)
+        self.controls.machines_requested.connect(self._edit_machines)
+        self.banner = FailureBanner()
+        self.numbers = RunNumbers()
+        self.note_label = self.numbers.note_label
         self.loss_plot, self.memory_plot, self.step_plot = LossPlot(), MemoryPlot(), StepTimePlot()
-        self.loss_plot.smoothing_changed.connect(lambda _: self._mark_all(self.loss_plot.loss_keys()))
-        self.log_view = QPlainTextEdit(readOnly=True)
-        self.log_view.setMaximumBlockCount(LOG_LINES)
-        self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+        self.feed = PlotFeed(self.store, (self.loss_plot, self.memory_plot, self.step_plot), self)
+        self.feed.refreshed.connect(lambda: self.plots_refreshed.emit(
+            -1 if self.run_state.iteration is None else self.run_state.iteration))
+        self.loss_plot.smoothing_changed.connect(lambda _: self.feed.mark(self.loss_plot.loss_keys()))
+        self.log_view = LogTail()
         lower = QSplitter(Qt.Horizontal)
         lower.addWidget(self.memory_plot)
         lower.addWidget(self.step_plot)
@@ -124,9 +101,9 @@ class TrainingPanel(QWidget):
             split.addWidget(w)
         split.setSizes([450, 300, 130])  # proportions: the splitter scales them to the panel
         layout = QVBoxLayout(self)
-        layout.addLayout(row)
+        layout.addWidget(self.controls)
         layout.addWidget(self.banner)
-        layout.addLayout(numbers)
+        layout.addWidget(self.numbers)
         layout.addWidget(split, 1)
 
     # ------------------------------------------------------------ public API
@@ -142,8 +119,7 @@ class TrainingPanel(QWidget):
 
     def set_machines(self, machines: LaunchMachines) -> None:
         self.machines = machines
-        self.machines_button.setText(f"Machines: {machines.count}"
-                                     + (f" (rank {machines.rank})" if machines.count > 1 else ""))
+        self.controls.show_machines(machines)
 
     def _edit_machines(self) -> None:
         from app.dialogs.launch import LaunchDialog
@@ -185,20 +161,34 @@ class TrainingPanel(QWidget):
         folder = RunFolder(run_dir)
         self._status = folder.read_status() or {}
         state = effective_state(self._status)
-        self._load_log_tail(folder.engine_log)
-        self._replaying = True
-        self._follower = EventFollower(folder.events_jsonl, self)
-        self._follower.events_received.connect(self._on_events)
-        self._follower.rewound.connect(self._on_rewound)
-        self._follower.caught_up.connect(self._on_caught_up)
-        self._follower.ended.connect(self._poll_status)
+        self.log_view.load_tail(folder.engine_log)
         self.run_state.open(run_dir, state)
         self._refresh_labels()
         live = state in LIVE_STATES
-        self._follower.start(live=live)
+        self._follow(run_dir, live)
+        self._look_up_resume_point()  # the state may be the one shown before: no state_changed then
         if live:
             self._status_timer.start()
             self._clock_timer.start()
+        return True
+
+    def continue_run(self) -> bool:
+        """Continue the shown run in its own folder with this panel's process settings: `dmad train
+        --config <run>/config.json --run-dir <run> --resume latest` goes on from its newest complete
+        checkpoint, or starts again from iteration 0 when it has none."""
+        run_dir, state = self.run_state.run_dir, self.run_state.state
+        if run_dir is None or state not in CONTINUABLE or self.engine.is_running():
+            self.note_label.setText(f"only a stopped or failed run can be continued (this one is {state})")
+            return False
+        self._clear()
+        self._continuing = True
+        self.run_state.start(run_dir)
+        self._started_t = time.time()
+        self._follow(run_dir, live=True)
+        self._refresh_labels()
+        self.engine.start_train(run_dir / "config.json", run_dir=run_dir, resume="latest",
+                                num_processes=self.processes.value(), machines=self.machines)
+        self._clock_timer.start()
         return True
 
     def stop_run(self) -> None:
@@ -218,6 +208,20 @@ class TrainingPanel(QWidget):
         self.engine.detach()
         if run_dir is not None and self.run_state.is_live():
             self.open_run(run_dir)
+
+    def _follow(self, run_dir: Path, live: bool) -> None:
+        """Replay events.jsonl into the plots and, if `live`, keep reading what is appended."""
+        self._replaying = True
+        self._follower = EventFollower(RunFolder(run_dir).events_jsonl, self)
+        self._follower.events_received.connect(self._on_events)
+        self._follower.rewound.connect(self._on_rewound)
+        self._follower.caught_up.connect(self._on_caught_up)
+        self._follower.ended.connect(self._poll_status)
+        self._follower.start(live=live)
+
+    def _look_up_resume_point(self) -> None:
+        if self.run_state.run_dir is not None and self.run_state.state in CONTINUABLE:
+            self.resume.look_up(self.run_state.run_dir)
 
     # ------------------------------------------------------------ commands
 
@@ -245,6 +249,13 @@ class TrainingPanel(QWidget):
         b["stop"].setEnabled((s in ("running", "paused") and ctrl) or (s == "starting" and self.engine.is_running()))
         b["sample"].setEnabled(ctrl and s in ("running", "paused"))
         b["checkpoint"].setEnabled(ctrl and s in ("running", "paused"))
+        known, checkpoint = self.resume.point_for(self.run_state.run_dir)
+        self.controls.show_continue(ctrl and s in CONTINUABLE and not self.engine.is_running(),
+                                    *continue_text(s, checkpoint, known))
+        self._show_state_line()
+
+    def _show_state_line(self) -> None:
+        s = self.run_state.state
         self.state_label.setText(s + (f" ({self._pending})" if self._pending else "")
                                  + (f" - {self._phase}" if self._phase and s == "running" else ""))
 
@@ -272,20 +283,26 @@ class TrainingPanel(QWidget):
             self._clock_timer.stop()
             if self._follower is not None and self._follower.is_active() and not self._replaying:
                 self._follower.stop_when_caught_up()
+        self._look_up_resume_point()  # an ended run's checkpoints are final: what would Continue do?
         self.run_state_changed.emit(state)
 
     # ------------------------------------------------------------ events
 
     def _on_engine_event(self, ev: dict) -> None:
-        self._apply(ev)
+        if self._follower is None:
+            self._record(ev)  # a new run: stdout is its only reader (a continued one reads the file)
+        self._follow_state(ev)  # our own engine's events are live, whatever the file is replaying
         self._update_numbers()
 
     def _on_events(self, events: list) -> None:
         for ev in events:
-            self._apply(ev)
+            self._record(ev)
+            if not (self._replaying or self._continuing):
+                self._follow_state(ev)
         self._update_numbers()
 
-    def _apply(self, ev: dict) -> None:
+    def _record(self, ev: dict) -> None:
+        """Everything an event tells but the lifecycle: plots, progress, phase, the log."""
         kind, it, data = ev["kind"], ev["iter"], ev["data"]
         self._last_t = ev["t"] or self._last_t
         if kind == "metric" and data.get("source") == "sampler":
@@ -293,7 +310,7 @@ class TrainingPanel(QWidget):
         rs = self.run_state
         if kind == "metric":
             if self.store.add_metric(it, data):
-                self._schedule_refresh()
+                self.feed.schedule()
             self._metric = data
             rs.set_progress(it, data.get("max_train_steps", rs.max_steps))
             if isinstance(data.get("mem_device_total_gb"), (int, float)):
@@ -307,6 +324,7 @@ class TrainingPanel(QWidget):
                                         f"({data.get('num_processes', 1)} process(es))")
         elif kind == "phase":
             self._phase = phase_text(data)
+            self._show_state_line()  # "running - teacher-samples 3/10": loading can take minutes
         elif kind == "error":
             self._error = data
         elif (kind, self._pending) in (("samples", "sampling requested"), ("checkpoint", "checkpoint requested")):
@@ -315,11 +333,15 @@ class TrainingPanel(QWidget):
         if it is not None and kind != "phase":
             rs.set_progress(max(it, rs.iteration or 0), rs.max_steps)
         self._log(describe_event(kind, it, data))
+
+    def _follow_state(self, ev: dict) -> None:
+        kind, data = ev["kind"], ev["data"]
         state = {"started": "running", "resumed": "running", "paused": "paused", "stopped": "stopped",
                  "finished": "finished", "error": "failed"}.get(kind)
-        if state == "failed" and not self._replaying:
+        if state == "failed":
+            self._error = data
             self._fail(data.get("exit_code"), str(data.get("reason", "")))
-        elif state and not self._replaying:
+        elif state:
             self._set_state(state)
 
     def _on_run_dir(self, path: Path) -> None:
@@ -329,7 +351,11 @@ class TrainingPanel(QWidget):
     def _on_engine_finished(self, code: int, summary: str) -> None:
         self._clock_timer.stop()
         state, run_dir = self.run_state.state, self.run_state.run_dir
-        if state == "stopping" and self.engine.run_dir() is None:
+        if self._follower is not None:
+            self._follower.stop_when_caught_up()  # a continued run: read its last lines, then stop
+        if code == 2 and self._continuing and run_dir is not None:
+            self._refused(run_dir, summary)
+        elif state == "stopping" and self.engine.run_dir() is None:
             # SIGTERM before the run folder existed: nothing to keep
             self._end("stopped", code, "stopped before the run began")
             self.note_label.setText("stopped before the run began")
@@ -340,6 +366,12 @@ class TrainingPanel(QWidget):
         else:
             self._fail(code, summary, self.engine.last_log_lines(BANNER_LOG_LINES))
         self._refresh_plots()
+
+    def _refused(self, run_dir: Path, line: str) -> None:
+        """The engine would not continue the run (exit 2: another engine writes the folder, or its
+        config no longer passes) and changed nothing: show the folder as it is, and the one line why."""
+        self.open_run(run_dir)
+        self.banner.show_report(f"Could not continue {run_dir.name} - exit code 2 ({exit_meaning(2)})", [line])
 
     def _on_rewound(self) -> None:
         """events.jsonl was cut back (a resume): replay it from the start into empty plots. Its old
@@ -358,7 +390,7 @@ class TrainingPanel(QWidget):
         if not self._replaying:
             return
         self._replaying = False
-        if self.run_state.state == "failed":
+        if self.run_state.state == "failed" and not self._continuing:  # ours: its exit code has said it
             self._fail(self._error_code(), "")
         elif self.run_state.state in LIVE_STATES:
             self._poll_status()  # a state change hidden in the replayed history
@@ -367,7 +399,7 @@ class TrainingPanel(QWidget):
     def _poll_status(self) -> None:
         """A reattached run: the process may end (or die) without us seeing a final event."""
         run_dir = self.run_state.run_dir
-        if run_dir is None or self.engine.is_running():
+        if run_dir is None or self.engine.is_running() or self._continuing:
             return
         self._status = RunFolder(run_dir).read_status() or {}
         state = effective_state(self._status)
@@ -387,66 +419,26 @@ class TrainingPanel(QWidget):
         """The run failed: run_state records the code and the reason, the banner says it all."""
         title, details = failure_report(code, summary, self._error or {}, self._status)
         self._end("failed", code, details[0])
-        lines = [f"<b>{html.escape(title)}</b>"] + [html.escape(line) for line in details]
-        tail = log_lines if log_lines is not None else self._log_lines(BANNER_LOG_LINES)
-        if tail:
-            lines.append("<pre>" + html.escape("\n".join(tail)) + "</pre>")
-        self.banner.setText("<br>".join(lines))
-        self.banner.show()
+        self.banner.show_report(title, details, log_lines if log_lines is not None
+                                else self.log_view.last_lines(BANNER_LOG_LINES))
 
     def _error_code(self) -> Optional[int]:
         code = (self._error or {}).get("exit_code", self._status.get("exit_code"))
         return code if isinstance(code, int) else None
 
     def _update_numbers(self) -> None:
-        m, it, max_steps = self._metric, self.run_state.iteration, self.run_state.max_steps
-        self.iter_label.setText(f"iteration {'-' if it is None else it} / {max_steps or '-'}")
-        step = m.get("step_time_s")
-        self.rate_label.setText(f"{1.0 / step:.2f} it/s" if isinstance(step, (int, float)) and step > 0 else "- it/s")
-        self.eta_label.setText("ETA " + (_clock(m.get("eta_s")) if self.is_live() else "-"))
-        end = time.time() if self.is_live() else self._last_t
-        self.elapsed_label.setText("elapsed " + (_clock(end - self._started_t) if self._started_t and end else "-"))
+        live = self.is_live()
+        end = time.time() if live else self._last_t
+        eta = self._metric.get("eta_s") if live else None
+        self.numbers.show_numbers(self.run_state.iteration, self.run_state.max_steps, self._metric.get("step_time_s"),
+                                  eta if isinstance(eta, (int, float)) else None,
+                                  end - self._started_t if self._started_t and end else None)
 
     def _log(self, line: str) -> None:
         self.log_view.appendPlainText(line)
 
-    def _log_lines(self, n: int) -> list[str]:
-        doc = self.log_view.document()
-        return [doc.findBlockByNumber(i).text() for i in range(max(0, doc.blockCount() - n), doc.blockCount())]
-
-    def _load_log_tail(self, path: Path) -> None:
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 65536))  # the last 64 KiB hold the last few hundred lines
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            return
-        self.log_view.setPlainText("\n".join(text.splitlines()[-LOG_LINES:]))
-
-    # ------------------------------------------------------------ plots
-
-    def _schedule_refresh(self) -> None:
-        if not self._refresh.isActive():
-            wait_ms = self._refresh_gap_ms - (time.monotonic() - self._last_refresh) * 1000.0
-            self._refresh.start(max(0, int(wait_ms)))
-
-    def _mark_all(self, keys: list[str]) -> None:
-        self.store.mark_dirty(keys)
-        self._schedule_refresh()
-
     def _refresh_plots(self) -> None:
-        t0 = time.monotonic()
-        dirty = self.store.take_dirty()
-        if dirty:
-            self.loss_plot.refresh(self.store, dirty)
-            self.memory_plot.refresh(self.store, dirty)
-            self.step_plot.refresh(self.store, dirty)
-            it = self.run_state.iteration
-            self.plots_refreshed.emit(-1 if it is None else it)
-        self._last_refresh = time.monotonic()
-        # setData on million-point series costs tens of ms: keep redraws under ~1/4 of the GUI thread
-        self._refresh_gap_ms = max(REFRESH_MS, 4000.0 * (self._last_refresh - t0))
+        self.feed.refresh()
 
     # ------------------------------------------------------------ reset
 
@@ -457,6 +449,7 @@ class TrainingPanel(QWidget):
         self._phase = ""
         self._started_t: Optional[float] = None
         self._last_t: Optional[float] = None
+        self._continuing = False  # this panel's engine continues the shown run (continue_run)
 
     def _clear(self) -> None:
         if self._follower is not None:

@@ -87,11 +87,11 @@ def test_replayed_run_plots_every_series(qtbot, panel, tmp_path):
         qtbot.waitUntil(lambda: len(xs(panel, key)) == 10, timeout=WAIT_MS)
     assert xs(panel, "loss_dm") == list(range(1, 11))
     assert states == ["finished"] and panel.state() == "finished" and not panel.is_live()
-    assert panel.iter_label.text() == "iteration 10 / 100"
-    assert panel.rate_label.text() == "4.00 it/s"
+    assert panel.numbers.iter_label.text() == "iteration 10 / 100"
+    assert panel.numbers.rate_label.text() == "4.00 it/s"
     assert panel.banner.isHidden()
-    assert _enabled(panel) == {"start": True, "pause": False, "resume": False, "stop": False,
-                               "sample": False, "checkpoint": False}
+    assert _enabled(panel) == {"start": True, "continue": False, "pause": False, "resume": False, "stop": False,
+                               "sample": False, "checkpoint": False}  # finished: nothing left to continue
     assert "INFO dmad: log line 19" in panel.log_view.toPlainText()
 
 
@@ -191,7 +191,7 @@ def test_control_buttons_append_commands(qtbot, panel, tmp_path):
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     cmds = lambda: [json.loads(line)["cmd"] for line in run.control_jsonl.read_text().splitlines()]  # noqa: E731
-    assert _enabled(panel) == {"start": False, "pause": True, "resume": False, "stop": True,
+    assert _enabled(panel) == {"start": False, "continue": False, "pause": True, "resume": False, "stop": True,
                                "sample": True, "checkpoint": True}
     qtbot.mouseClick(panel.buttons["pause"], Qt.LeftButton)
     assert cmds() == ["pause"] and not panel.buttons["pause"].isEnabled()  # until the engine confirms
@@ -302,5 +302,5 @@ def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path):
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: panel.state() == "finished", timeout=WAIT_MS)
-    assert panel.rate_label.text() == "4.00 it/s"  # from the last iteration row, not the sampler's
+    assert panel.numbers.rate_label.text() == "4.00 it/s"  # from the last iteration row, not the sampler's
     assert "mem_used_gb" not in panel.store._series and len(xs(panel, "mem_device_used_gb")) == 10

@@ -1,0 +1,69 @@
+"""The Training panel's row of run controls: Start, Continue, Pause, Resume, Stop, Sample now,
+Checkpoint now, the process count, the machines, and the state line.
+
+Thin: it builds the row and shows what it is told. The panel decides what is enabled (it knows the
+run's state and its engine) and connects each button; `machines_requested` asks the panel for the
+machines dialog (a dialog sits above widgets in the app's layers).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
+
+from app.engine.process import LaunchMachines
+
+BUTTONS = (("start", "Start"), ("continue", "Continue"), ("pause", "Pause"), ("resume", "Resume"), ("stop", "Stop"),
+           ("sample", "Sample now"), ("checkpoint", "Checkpoint now"))
+
+
+LONGEST_CONTINUE = "Continue from iteration 000000"
+
+
+def reserve_width(button: QPushButton, longest: str = LONGEST_CONTINUE) -> None:
+    """Keep a button whose text changes ("Start again", "Continue from iteration 1200") as wide as its
+    longest text, so the buttons after it stay where the mouse expects them."""
+    text = button.text()
+    button.setText(longest)
+    button.setMinimumWidth(button.sizeHint().width())
+    button.setText(text)
+
+
+class RunControls(QWidget):
+    machines_requested = Signal()
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.buttons = {key: QPushButton(text) for key, text in BUTTONS}
+        for button in self.buttons.values():
+            row.addWidget(button)
+        self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
+        reserve_width(self.buttons["continue"])
+        row.addSpacing(12)
+        row.addWidget(QLabel("Processes"))
+        self.processes = QSpinBox(minimum=1, maximum=64, value=1)
+        self.processes.setToolTip("Processes for Start and Continue, one per GPU: more than 1 runs `accelerate "
+                                  "launch` (DDP). The effective batch is batch x accumulation x processes; learning "
+                                  "rates are not rescaled. Over several machines this is the total (Machines...).")
+        row.addWidget(self.processes)
+        self.machines_button = QPushButton("Machines: 1")
+        self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
+                                        "--main-process-ip, --main-process-port)")
+        self.machines_button.clicked.connect(lambda: self.machines_requested.emit())
+        row.addWidget(self.machines_button)
+        row.addStretch(1)
+        self.state_label = QLabel()
+        row.addWidget(self.state_label)
+
+    def show_machines(self, machines: LaunchMachines) -> None:
+        self.machines_button.setText(f"Machines: {machines.count}"
+                                     + (f" (rank {machines.rank})" if machines.count > 1 else ""))
+
+    def show_continue(self, enabled: bool, text: str, tooltip: str) -> None:
+        button = self.buttons["continue"]
+        button.setText(text)
+        button.setToolTip(tooltip)
+        button.setEnabled(enabled)
