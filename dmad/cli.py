@@ -45,6 +45,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserInputError(f"{where}{message} (see '{self.prog} --help')")
 
 
+def _path(value: str) -> str:
+    """argparse type of every path argument: a NUL byte or an over-long name is a usage error
+    (exit 2, naming the argument) before any OS call could raise on it."""
+    from dmad.contract.jsonfile import path_problem
+
+    problem = path_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 @dataclass
 class _Context:
     """What main() needs to know to place a crash log: the run folder, once preflight named it."""
@@ -65,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", allow_abbrev=False, help="train a student (or check a config with --dry-run)",
                            description="Train a student. Events go to stdout (one JSON object per line) and to "
                                        "<run>/events.jsonl; library output goes to stderr and <run>/logs/engine.log.")
-    train.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
-    train.add_argument("--run-dir", metavar="DIR", help="run folder (default: identity.output_dir / identity.run_name, "
+    train.add_argument("--config", required=True, type=_path, metavar="FILE", help="run config (JSON)")
+    train.add_argument("--run-dir", type=_path, metavar="DIR", help="run folder (default: identity.output_dir / identity.run_name, "
                                                         "or a dated name when run_name is empty)")
-    train.add_argument("--resume", metavar="latest|PATH",
+    train.add_argument("--resume", type=_path, metavar="latest|PATH",
                        help="continue from the run folder's latest checkpoint, or from a checkpoint folder "
                             "(overrides observation.resume_from_checkpoint)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -93,11 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "An existing folder is never replaced: the images go to the first free <name>-r2, -r3, ... "
                     "The same checkpoint and prompt set give byte-identical PNGs on a CPU. stdout: one samples "
                     "event (JSON); stderr: where the images went and the time per image.")
-    sample.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    sample.add_argument("--run", required=True, type=_path, metavar="DIR", help="run folder")
     sample.add_argument("--checkpoint", default="latest", metavar="latest|teacher|N",
                         help="the latest checkpoint (default), the teacher, or checkpoints/iter_N")
-    sample.add_argument("--prompt-set", metavar="FILE", help="prompt set (default: the run's prompt_set.json)")
-    sample.add_argument("--out", metavar="DIR", help="output base folder (default: <run>/samples)")
+    sample.add_argument("--prompt-set", type=_path, metavar="FILE", help="prompt set (default: the run's prompt_set.json)")
+    sample.add_argument("--out", type=_path, metavar="DIR", help="output base folder (default: <run>/samples)")
     sample.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                         help="render one prompt over steps and/or cfg values (e.g. steps=1,2,4 cfg=1,3: rows, then "
                              "columns) into a labelled grid <out>/sweep_<iter_N|teacher>_<id>.png with a .json beside it")
@@ -109,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", allow_abbrev=False, help="the built-in demo: distil the shipped shapes teacher",
                           description="Distil the shipped shapes teacher with resources/configs/demo.json into a run "
                                       "folder, then render the demo prompt set with the teacher and the student.")
-    demo.add_argument("--run-dir", metavar="DIR", help="run folder (default: a new dated folder under runs/)")
+    demo.add_argument("--run-dir", type=_path, metavar="DIR", help="run folder (default: a new dated folder under runs/)")
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a field of the demo config, as for train; repeatable")
     demo.set_defaults(handler=_cmd_demo)
@@ -118,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Train the demo teacher (VAE, then UNet + text encoder) on procedural "
                                            "shapes, seeded and deterministic on a CPU; writes a diffusers folder "
                                            "with training_config.json and training_log.jsonl beside the weights.")
-    make.add_argument("--out", required=True, metavar="DIR", help="new folder for the teacher (must not exist)")
+    make.add_argument("--out", required=True, type=_path, metavar="DIR", help="new folder for the teacher (must not exist)")
     from dmad.demo.make_teacher import add_training_arguments
     add_training_arguments(make)
     make.set_defaults(handler=_cmd_make_teacher)
@@ -131,9 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "sample the student at 1/2/4 steps, and score all with the shipped evaluator. The table goes "
                     "to stdout, progress to stderr.")
     distill.add_argument("--quick", action="store_true", help="fewer images and a 60-iteration distillation (minutes)")
-    distill.add_argument("--json", metavar="OUT", help="also write the results as JSON")
-    distill.add_argument("--out", metavar="DIR", help="keep the distillation run here (default: a temp folder)")
-    distill.add_argument("--config", metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
+    distill.add_argument("--json", type=_path, metavar="OUT", help="also write the results as JSON")
+    distill.add_argument("--out", type=_path, metavar="DIR", help="keep the distillation run here (default: a temp folder)")
+    distill.add_argument("--config", type=_path, metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
     distill.set_defaults(handler=_cmd_bench_distill)
 
     check = sub.add_parser(
@@ -141,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="One pass over a folder of captioned images or a dataset list JSON: reports every problem "
                     "with its path (docs/check-data.md), then usable images per dataset and bucket and caption "
                     "lengths. Exit 0 when clean, 1 when problems were found, 2 on a usage error.")
-    check.add_argument("source", metavar="DATASETS_JSON|FOLDER", help="a dataset list JSON or a folder of images")
-    check.add_argument("--json", metavar="REPORT", help="also write the report as JSON (written atomically)")
+    check.add_argument("source", type=_path, metavar="DATASETS_JSON|FOLDER", help="a dataset list JSON or a folder of images")
+    check.add_argument("--json", type=_path, metavar="REPORT", help="also write the report as JSON (written atomically)")
     check.add_argument("--min-size", type=int, metavar="N",
                        help="shorter side below N pixels is an error (default half of --resolution: 256 at "
                             "512; a dataset's minimum_image_size wins)")
@@ -167,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "text encoder, and a margin; each line with its assumption. Framework scope (what torch "
                     "allocates on one device), an estimate: `dmad probe` measures. Reads the teacher's configs "
                     "only (no weights).")
-    ledger.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    ledger.add_argument("--config", required=True, type=_path, metavar="FILE", help="run config (JSON)")
     ledger.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field by its dotted path, as for train; repeatable")
     ledger.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -180,12 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "peaks (separate scopes), step time split into data and compute, and the phase of any "
                     "out-of-memory; writes probe.json, probe.csv and probe.md (a trade-off table and a "
                     "recommendation) to --out. docs/memory.md documents the columns.")
-    probe.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    probe.add_argument("--config", required=True, type=_path, metavar="FILE", help="run config (JSON)")
     probe.add_argument("--batch", metavar="N,N,...", help="train_batch_size values (default: the config's)")
     probe.add_argument("--resolution", metavar="N,N,...", help="resolutions, multiples of 8 (default: the config's)")
     probe.add_argument("--steps", type=int, default=10, metavar="N", help="measured iterations per point (default 10)")
     probe.add_argument("--warmup", type=int, default=3, metavar="N", help="iterations before measuring (default 3)")
-    probe.add_argument("--out", metavar="DIR", help="new folder for the results (default: probes/<config>_<time>)")
+    probe.add_argument("--out", type=_path, metavar="DIR", help="new folder for the results (default: probes/<config>_<time>)")
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field by its dotted path, as for train; repeatable")
     probe.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
@@ -194,14 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     point = sub.add_parser("probe-point", allow_abbrev=False,
                            description="One point of dmad probe (internal: dmad probe starts it).")
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "probe-point"]  # not in --help
-    point.add_argument("--config", required=True)
+    point.add_argument("--config", required=True, type=_path)
     point.add_argument("--kind", required=True, choices=("baseline", "train"))
     point.add_argument("--batch", type=int, required=True)
     point.add_argument("--resolution", type=int, required=True)
     point.add_argument("--steps", type=int, required=True)
     point.add_argument("--warmup", type=int, required=True)
-    point.add_argument("--run-dir", required=True)
-    point.add_argument("--result", required=True)
+    point.add_argument("--run-dir", required=True, type=_path)
+    point.add_argument("--result", required=True, type=_path)
     point.add_argument("--set", action="append", default=[])
     point.set_defaults(handler=_cmd_probe_point)
 
@@ -211,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "config's datasets into the cache that training with resources.cache_latents reads. Entries are "
                     "keyed by file, size, mtime, bucket and model identity: what is cached is never encoded again, "
                     "and a changed file, resolution or model gets new entries.")
-    cache.add_argument("--config", required=True, metavar="FILE", help="run config (JSON)")
+    cache.add_argument("--config", required=True, type=_path, metavar="FILE", help="run config (JSON)")
     cache.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field by its dotted path, as for train; repeatable")
     cache.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
@@ -222,10 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a checkpoint's student: 'diffusers' writes a complete StableDiffusionPipeline folder "
                     "whose scheduler reproduces the student's timesteps; 'lora' (LoRA students) writes a LoRA "
                     "that diffusers' load_lora_weights puts on the teacher. Prints the output folder.")
-    export.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    export.add_argument("--run", required=True, type=_path, metavar="DIR", help="run folder")
     export.add_argument("--checkpoint", default="latest", metavar="latest|N", help="checkpoint (default: latest)")
     export.add_argument("--format", required=True, choices=("diffusers", "lora"), help="what to write")
-    export.add_argument("--out", metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
+    export.add_argument("--out", type=_path, metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
     export.set_defaults(handler=_cmd_export)
     return parser
 
@@ -402,7 +413,11 @@ def _crash_log(exc: BaseException, run_dir: Optional[Path]) -> Path:
     """Append the traceback to <run>/logs/engine.log, or a temp file when there is no run folder."""
     text = f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] dmad {' '.join(sys.argv[1:])}\n" + "".join(
         traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if run_dir is not None and run_dir.is_dir():
+    try:  # is_dir itself raises for a name the OS refuses: the log then goes to a temp file
+        usable = run_dir is not None and run_dir.is_dir()
+    except (OSError, ValueError):
+        usable = False
+    if usable:
         try:
             log = run_dir / "logs" / "engine.log"
             log.parent.mkdir(parents=True, exist_ok=True)

@@ -188,6 +188,8 @@ def parse_json_text(text: str) -> Any:
         raise JsonTextError(f"line {e.lineno}, column {e.colno}: {e.msg}") from None
     except ValueError as e:  # a duplicate key
         raise JsonTextError(str(e)) from None
+    except RecursionError:  # thousands of nested brackets typed or pasted into the raw JSON
+        raise JsonTextError("nested too deeply") from None
 
 
 def ordered(raw: dict, spec: tuple[GroupSpec, ...]) -> dict:

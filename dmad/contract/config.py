@@ -11,19 +11,33 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
-from dmad.contract.jsonfile import read_json_file
+from dmad.contract.jsonfile import JsonSyntaxError, check_path, loads_json, path_problem, printable, read_json_file
 from dmad.contract.paths import resources_dir
 
 CONFIG_VERSION = 2  # migrate() brings older files up to it
 
 
+def _usable_path(v: str) -> str:
+    problem = path_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+# A path field: refused here (one line naming the field) when no OS call could take it, instead
+# of a ValueError / ENAMETOOLONG deep in preflight.
+PathStr = Annotated[str, AfterValidator(_usable_path)]
+
+
 class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: true is not a batch size and "2" is not a learning rate (a JSON integer still is a
+    # float); a typo is an error, never a guess.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class Identity(_Group):
@@ -32,19 +46,19 @@ class Identity(_Group):
     run_name: Optional[str] = Field(
         None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$",
         description="Run folder name under output_dir. Empty: dmad_<YYYYMMDD-HHMM>_<dataset id>_<prompt set>-<version>.")
-    output_dir: str = Field("runs", min_length=1, description="Folder that holds the run folders.")
-    pretrained_model_name_or_path: str = Field(
+    output_dir: PathStr = Field("runs", min_length=1, description="Folder that holds the run folders.")
+    pretrained_model_name_or_path: PathStr = Field(
         ..., min_length=1,
         description="The teacher: a local diffusers pipeline folder, or a single-file .safetensors checkpoint "
                     "(then teacher_config_dir gives its configs). Nothing is ever downloaded.")
-    teacher_config_dir: Optional[str] = Field(
+    teacher_config_dir: Optional[PathStr] = Field(
         None, description="For a single-file teacher: a local diffusers pipeline folder whose configs and tokenizer describe it.")
     model_family: Literal["auto", "sd1", "sd2", "sdxl", "sd3", "flux"] = Field(
         "auto", description="Teacher family. auto: read from model_index.json. sd1/sd2: Stable Diffusion 1.x/2.x "
                             "(UNet + CLIP; epsilon or v-prediction); sdxl: SDXL (UNet + two CLIP encoders, pooled "
                             "embeddings, size/crop conditioning); sd3: Stable Diffusion 3.x (MMDiT transformer, flow "
                             "matching, true CFG); flux: FLUX.1 (transformer, flow matching, guidance embedding).")
-    train_data_dir: str = Field(
+    train_data_dir: PathStr = Field(
         ..., min_length=1, description="The training images: a captioned folder (each image with a .txt caption of the same "
                                        "stem), or a dataset list JSON (several folders mixed by weight, caption strategies, "
                                        "buckets and crops per folder: docs/datasets.md).")
@@ -154,8 +168,8 @@ class Observation(_Group):
         None, ge=1, le=10**6, description="Keep at most this many checkpoints (oldest removed); empty: keep all.")
     validation_steps: Optional[int] = Field(
         None, ge=1, le=10**8, description="Render the prompt set with the student every N iterations; empty: only at checkpoints.")
-    prompt_set: Optional[str] = Field(None, description="Prompt set file (JSON); empty: the built-in demo prompt set.")
-    resume_from_checkpoint: Optional[str] = Field(
+    prompt_set: Optional[PathStr] = Field(None, description="Prompt set file (JSON); empty: the built-in demo prompt set.")
+    resume_from_checkpoint: Optional[PathStr] = Field(
         None, description="'latest' or a checkpoint folder to resume from; empty: start fresh.")
     gpu_mem_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="Seconds between device-wide memory samples (gpu_mem.csv).")
 
@@ -193,21 +207,36 @@ def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(cur, "model_fields", {}).keys())
 
 
+def _override_keys(item: str) -> list[str]:
+    return item.partition("=")[0].strip().split(".")
+
+
+def _override_label(item: str) -> str:
+    """'--set key=value' for messages: one line, and a 200 KB value cut short."""
+    shown = printable(item)
+    return f"--set {shown[:80]}..." if len(shown) > 80 else f"--set {shown}"
+
+
 def _override_source(loc: tuple, overrides: list[str]) -> str | None:
     """The --set item that put the bad value at `loc` (the last one wins, as when applied)."""
     for item in reversed(overrides):
-        keys, _ = parse_override(item)
+        keys = _override_keys(item)
         if [str(p) for p in loc[:len(keys)]] == keys:
-            return f"--set {item}"
+            return _override_label(item)
     return None
+
+
+def _shown_value(got: Any) -> str:
+    text = json.dumps(got, default=str)
+    return f"{text[:60]}..." if len(text) > 60 else text
 
 
 def format_validation_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
     """One line naming the first problem: file (or the --set item), dotted field path, what is wrong."""
     err = e.errors()[0]
     loc = tuple(err["loc"])
-    path = ".".join(str(p) for p in loc) or "(top level)"
-    source = _override_source(loc, overrides or []) or source
+    path = printable(".".join(str(p) for p in loc)) or "(top level)"
+    source = _override_source(loc, overrides or []) or printable(source)
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     if err["type"] == "extra_forbidden":
         valid = _field_names(TrainConfig, loc[:-1])
@@ -216,9 +245,9 @@ def format_validation_error(e: ValidationError, source: str, overrides: list[str
         return f"{source}: unknown key '{path}'{hint}{more}"
     if err["type"] == "missing":
         return f"{source}: missing required field '{path}'{more}"
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = printable(err["msg"].removeprefix("Value error, "))
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None or "got" in msg else f" (got {json.dumps(got)})"
+    shown = "" if isinstance(got, (dict, list)) or got is None or "got" in msg else f" (got {_shown_value(got)})"
     return f"{source}: {path}: {msg}{shown}{more}"
 
 
@@ -247,8 +276,8 @@ def migrate(raw: dict) -> dict:
     """Bring an older config file up to CONFIG_VERSION, one version at a time (_MIGRATIONS); files
     without a version are taken as version 1. The input is never modified."""
     v = raw.get("config_version", 1)
-    if not isinstance(v, int) or v < 1 or v > CONFIG_VERSION:
-        raise UserInputError(f"config_version {v!r} is not supported (this engine reads 1..{CONFIG_VERSION})")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v > CONFIG_VERSION:
+        raise UserInputError(f"config_version {_shown_value(v)} is not supported (this engine reads 1..{CONFIG_VERSION})")
     raw = dict(raw)
     for version in range(v, CONFIG_VERSION):
         raw = _MIGRATIONS[version](raw)
@@ -256,27 +285,52 @@ def migrate(raw: dict) -> dict:
     return raw
 
 
+def _wants_text(annotation: Any) -> bool:
+    """The field takes free text (str, Optional[str], a path), not a Literal of fixed words."""
+    if annotation is str:
+        return True
+    return get_origin(annotation) is not Literal and any(_wants_text(a) for a in get_args(annotation))
+
+
+def _is_text_field(keys: list[str]) -> bool:
+    cur: Any = TrainConfig
+    for k in keys:
+        fields = getattr(cur, "model_fields", None)
+        if not fields or k not in fields:
+            return False
+        cur = fields[k].annotation
+    return _wants_text(cur)
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """'optimization.generator_lr=1e-5' -> (['optimization', 'generator_lr'], 1e-5). Values are JSON
-    when they parse as JSON (numbers, true/false/null, lists), otherwise plain strings."""
+    when they parse as JSON (numbers, true/false/null, lists), otherwise plain strings; a text field
+    takes the text as typed (identity.run_name=123 is the name "123"), or a JSON string or null."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise UserInputError(f"--set {item!r}: expected key=value with a dotted key, e.g. resources.train_batch_size=2")
+        raise UserInputError(f"{_override_label(item)}: expected key=value with a dotted key, "
+                             f"e.g. resources.train_batch_size=2")
+    keys = key.strip().split(".")
+    if _is_text_field(keys):
+        try:
+            parsed = loads_json(value, _override_label(item))
+        except UserInputError:
+            return keys, value
+        return keys, parsed if parsed is None or isinstance(parsed, str) else value
     try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        parsed = value
-    return key.strip().split("."), parsed
+        return keys, loads_json(value, _override_label(item))
+    except JsonSyntaxError:
+        return keys, value
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    raw = json.loads(json.dumps(raw))
+    raw = json.loads(json.dumps(raw))  # a deep copy; read_json_file bounded its depth
     for item in overrides:
         keys, value = parse_override(item)
         node = raw
         for k in keys[:-1]:
             if not isinstance(node.setdefault(k, {}), dict):
-                raise UserInputError(f"--set {item!r}: '{k}' is not a group")
+                raise UserInputError(f"{_override_label(item)}: '{printable(k)}' is not a group")
             node = node[k]
         node[keys[-1]] = value
     return raw
@@ -287,7 +341,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
     p = Path(path)
     raw = read_json_file(p, "config")
     if not isinstance(raw, dict):
-        raise UserInputError(f"{p}: the config must be a JSON object, got {type(raw).__name__}")
+        raise UserInputError(f"{printable(str(p))}: the config must be a JSON object, got {type(raw).__name__}")
     raw = apply_overrides(migrate(raw), overrides or [])
     return validate_config(raw, str(p), base_dir=p.parent, overrides=overrides)
 
@@ -300,27 +354,35 @@ def validate_config(raw: dict, source: str = "config", base_dir: Path | None = N
         cfg = TrainConfig.model_validate(migrate(raw) if isinstance(raw, dict) else raw)
     except ValidationError as e:
         raise UserInputError(format_validation_error(e, source, overrides)) from None
-    return resolve_paths(cfg, base_dir) if base_dir is not None else cfg
+    return resolve_paths(cfg, base_dir, source) if base_dir is not None else cfg
 
 
-def resolve_paths(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
+# The fields resolve_paths makes absolute (app.models.config_doc.PATH_FIELDS lists the same).
+_PATH_FIELDS = {"identity": ("output_dir", "pretrained_model_name_or_path", "teacher_config_dir", "train_data_dir"),
+                "observation": ("prompt_set", "resume_from_checkpoint")}
+
+
+def _resolved(v: Optional[str], base_dir: Path, where: str) -> Optional[str]:
+    if v is None or v == "latest":
+        return v
+    try:  # ~ without a home folder (RuntimeError), a path the OS refuses
+        out = str((base_dir / Path(v).expanduser()).resolve())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise UserInputError(f"{where}: cannot resolve {printable(v)!r} ({e.__class__.__name__}: "
+                             f"{printable(str(e))})") from None
+    check_path(out, f"{where} (resolved against {printable(str(base_dir))})")  # the joined path can be too long
+    return out
+
+
+def resolve_paths(cfg: TrainConfig, base_dir: Path, source: str = "config") -> TrainConfig:
     """Relative paths in a config file are relative to the file, so configs can be moved with their
     data. The resolved config (written to the run folder) holds absolute paths."""
-    def res(v: Optional[str]) -> Optional[str]:
-        if v is None or v == "latest":
-            return v
-        return str((base_dir / Path(v).expanduser()).resolve())
-    ident, obs = cfg.identity, cfg.observation
-    return cfg.model_copy(update={
-        "identity": ident.model_copy(update={
-            "output_dir": res(ident.output_dir),
-            "pretrained_model_name_or_path": res(ident.pretrained_model_name_or_path),
-            "teacher_config_dir": res(ident.teacher_config_dir),
-            "train_data_dir": res(ident.train_data_dir)}),
-        "observation": obs.model_copy(update={
-            "prompt_set": res(obs.prompt_set),
-            "resume_from_checkpoint": res(obs.resume_from_checkpoint)}),
-    })
+    groups = {}
+    for group, names in _PATH_FIELDS.items():
+        g = getattr(cfg, group)
+        where = f"{printable(source)}: {group}."
+        groups[group] = g.model_copy(update={n: _resolved(getattr(g, n), base_dir, where + n) for n in names})
+    return cfg.model_copy(update=groups)
 
 
 def json_schema() -> dict:

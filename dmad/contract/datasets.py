@@ -4,21 +4,23 @@ Torch-free: `dmad check-data` reads it. Relative folders resolve against the JSO
 so a list can move with its data."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dmad.contract.config import PathStr
+from dmad.contract.jsonfile import check_path, printable, read_json_file
 from dmad.errors import UserInputError
 
 
 class DatasetEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict, as the run config: "crop": 1 and "repeats": "2" are typos, not values
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str = Field(min_length=1, description="unique name of the dataset (reports and events use it)")
     type: Literal["local"] = Field("local", description="where the images are: only local folders for now")
-    instance_data_dir: str = Field(min_length=1, description="folder of images (relative: to the JSON file)")
+    instance_data_dir: PathStr = Field(min_length=1, description="folder of images (relative: to the JSON file)")
     caption_strategy: Literal["textfile", "filename", "instanceprompt"] = Field(
         "textfile", description="textfile: <stem>.txt beside the image; filename: the stem (_ and - as spaces); "
                                 "instanceprompt: instance_prompt for every image")
@@ -35,7 +37,7 @@ class DatasetEntry(BaseModel):
     crop: bool = Field(False, description="crop to the bucket (else resize)")
     crop_style: Literal["center", "random", "corner"] = Field("center", description="where to crop")
     crop_aspect: Literal["square", "preserve"] = Field("preserve", description="square crops or the bucket's aspect")
-    cache_dir: Optional[str] = Field(None, description="latent and text-embedding cache folder (relative: to the JSON "
+    cache_dir: Optional[PathStr] = Field(None, description="latent and text-embedding cache folder (relative: to the JSON "
                                                        "file; default: a folder per dataset under the user cache)")
     bucket_step: Optional[int] = Field(None, ge=8, le=1024, multiple_of=8,
                                        description="bucket rounding: bucket sides are multiples of this (default 64, "
@@ -66,22 +68,31 @@ class DatasetEntry(BaseModel):
         return self.bucket_step or min(64, self.target_resolution(run_resolution))
 
 
-def _resolve(entry: DatasetEntry, base: Path) -> DatasetEntry:
-    dirs = {"instance_data_dir": str((base / entry.instance_data_dir).expanduser().resolve())}
+def _resolved_dir(base: Path, folder: str, where: str) -> str:
+    try:  # ~ without a home folder (RuntimeError)
+        out = str((base / folder).expanduser().resolve())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise UserInputError(f"{where}: cannot resolve it ({e.__class__.__name__}: {printable(str(e))})") from None
+    check_path(out, where)  # the folder joined to the list's own can be too long
+    return out
+
+
+def _resolve(entry: DatasetEntry, base: Path, where: str) -> DatasetEntry:
+    dirs = {"instance_data_dir": _resolved_dir(base, entry.instance_data_dir, f"{where} 'instance_data_dir'")}
     if entry.cache_dir:
-        dirs["cache_dir"] = str((base / entry.cache_dir).expanduser().resolve())
+        dirs["cache_dir"] = _resolved_dir(base, entry.cache_dir, f"{where} 'cache_dir'")
     return entry.model_copy(update=dirs)
 
 
 def _entry_error(e: ValidationError, source: Path, index: int) -> str:
     err = e.errors()[0]
-    field = ".".join(str(p) for p in err["loc"])
-    where = f"{source}: entry {index}" + (f" '{field}'" if field else "")
+    field = printable(".".join(str(p) for p in err["loc"]))
+    where = f"{printable(str(source))}: entry {index}" + (f" '{field}'" if field else "")
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key (valid keys: {', '.join(DatasetEntry.model_fields)})"
     if err["type"] == "missing":
         return f"{where}: missing required field"
-    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
+    return f"{where}: {printable(err['msg'].removeprefix('Value error, '))}"
 
 
 def parse_dataset_list(raw: object, source: Path) -> list[DatasetEntry]:
@@ -93,18 +104,19 @@ def parse_dataset_list(raw: object, source: Path) -> list[DatasetEntry]:
         if not isinstance(item, dict):
             raise UserInputError(f"{source}: entry {i} is not a JSON object")
         try:
-            entries.append(_resolve(DatasetEntry.model_validate(item), source.parent))
+            entries.append(_resolve(DatasetEntry.model_validate(item), source.parent, f"{printable(str(source))}: entry {i}"))
         except ValidationError as e:
             raise UserInputError(_entry_error(e, source, i)) from None
     ids = [e.id for e in entries]
     dup = next((x for x in ids if ids.count(x) > 1), None)
     if dup is not None:
-        raise UserInputError(f"{source}: dataset id '{dup}' is used twice")
+        raise UserInputError(f"{printable(str(source))}: dataset id '{printable(dup)}' is used twice")
     if not any(e.probability > 0 for e in entries):
         raise UserInputError(f"{source}: every dataset has probability 0: nothing to train on")
     for e in entries:
         if not e.root.is_dir():
-            raise UserInputError(f"{source}: dataset '{e.id}': instance_data_dir is not a folder: {e.root}")
+            raise UserInputError(f"{printable(str(source))}: dataset '{printable(e.id)}': instance_data_dir is not a "
+                                 f"folder: {printable(str(e.root))}")
     return entries
 
 
@@ -115,13 +127,9 @@ def dataset_name(path: str | Path, entries: list[DatasetEntry]) -> str:
 
 def load_dataset_list(path: str | Path) -> list[DatasetEntry]:
     """A dataset list JSON, or a folder (one 'textfile' entry whose id is the folder's name)."""
-    path = Path(path).expanduser().resolve()
+    path = check_path(path, "dataset list").expanduser().resolve()
     if path.is_dir():
         return [DatasetEntry(id=path.name or "data", instance_data_dir=str(path))]
     if not path.is_file():
-        raise UserInputError(f"not a folder or a dataset list file: {path}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserInputError(f"{path}: not a readable JSON dataset list ({e})") from None
-    return parse_dataset_list(raw, path)
+        raise UserInputError(f"not a folder or a dataset list file: {printable(str(path))}")
+    return parse_dataset_list(read_json_file(path, "dataset list"), path)

@@ -16,7 +16,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
-from dmad.contract.jsonfile import read_json_file
+from dmad.contract.jsonfile import printable, read_json_file
 from dmad.contract.paths import resource
 
 # Names follow the usual UI spellings; each maps to one diffusers scheduler class.
@@ -142,18 +142,20 @@ def _one_line(e: ValidationError, raw: dict, source: str) -> str:
         return f"{source}: items: the set needs at least one item{more}"
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or "got" in msg or "not a safe" in msg else f" (got {json.dumps(got)})"
+    text = json.dumps(got, default=str)
+    text = f"{text[:60]}..." if len(text) > 60 else text
+    shown = "" if isinstance(got, (dict, list)) or "got" in msg or "not a safe" in msg else f" (got {text})"
     return f"{source}: {where}{note}: {msg}{shown}{more}"
 
 
 def validate_prompt_set(raw: object, source: str = "prompt set") -> PromptSet:
     """A parsed JSON value -> PromptSet, or UserInputError with one line naming `source`."""
     if not isinstance(raw, dict):
-        raise UserInputError(f"{source}: a prompt set must be a JSON object, got {type(raw).__name__}")
+        raise UserInputError(f"{printable(source)}: a prompt set must be a JSON object, got {type(raw).__name__}")
     try:
         return PromptSet.model_validate(raw)
     except ValidationError as e:
-        raise UserInputError(_one_line(e, raw, source)) from None
+        raise UserInputError(printable(_one_line(e, raw, source))) from None
 
 
 def load_prompt_set(path: str | Path) -> PromptSet:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import shutil
 import time
@@ -42,8 +43,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
+from dmad.demo import TEACHER_IMAGE_SIZE, TEACHER_PATCH
+from dmad.errors import UserInputError
+
 LogFn = Callable[[dict], None]
-STATE_FILE, STATE_JSON = "state.safetensors", "state.json"
 
 
 @dataclass
@@ -77,43 +80,26 @@ class TeacherTraining:
     guidance_scale: float = 4.0
 
 
-# ------------------------------------------------------------------------------------- state on disk
-
-def save_state(work: Path, tensors: dict, meta: dict) -> None:
-    """Both files written to temp names and renamed; state.json last, so it never names weights
-    that are not there."""
-    from safetensors.torch import save_file
-
-    tmp = work / f".{STATE_FILE}.tmp"
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, work / STATE_FILE)
-    tmp_json = work / f".{STATE_JSON}.tmp"
-    tmp_json.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp_json, work / STATE_JSON)
+# Options that count something that must exist; the other integers may be 0 (eval_every 0: never).
+_AT_LEAST_ONE = ("vae_steps", "vae_batch", "pool_size", "steps", "batch", "image_size", "layers", "final_steps")
+_FRACTIONS = ("vae_mosaic_fraction", "lr_floor", "ema_decay", "caption_dropout")
+# The VAE halves the image, the transformer takes 4x4 latent patches, and its position embedding
+# (sized in build_teacher) covers up to twice the teacher's 64 px.
+_SIZE_STEP, _MAX_SIZE = 2 * TEACHER_PATCH, 2 * TEACHER_IMAGE_SIZE
 
 
-def module_tensors(prefix: str, module) -> dict:
-    return {f"{prefix}.{k}": v for k, v in module.state_dict().items()}
-
-
-def load_module(module, prefix: str, tensors: dict) -> None:
-    n = len(prefix) + 1
-    module.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
-
-
-def optimizer_tensors(opt) -> tuple[dict, list]:
-    sd = opt.state_dict()
-    flat = {f"opt.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
-    return flat, sd["param_groups"]
-
-
-def load_optimizer(opt, tensors: dict, groups: list) -> None:
-    state: dict = {}
-    for key, v in tensors.items():
-        if key.startswith("opt."):
-            _, i, name = key.split(".", 2)
-            state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({"state": state, "param_groups": groups})
+def check_training(cfg: TeacherTraining) -> None:
+    """One line naming the option when a value cannot train a teacher (before anything is built)."""
+    for f in fields(cfg):
+        v, flag = getattr(cfg, f.name), f"--{f.name.replace('_', '-')}"
+        if not math.isfinite(v) or (v < 0 and f.name != "logit_mean"):
+            raise UserInputError(f"{flag} {v}: must be a finite number, not negative")
+        if f.name in _AT_LEAST_ONE and v < 1:
+            raise UserInputError(f"{flag} {v}: must be at least 1")
+        if f.name in _FRACTIONS and v > 1:
+            raise UserInputError(f"{flag} {v}: must be in [0, 1]")
+    if cfg.image_size % _SIZE_STEP or cfg.image_size > _MAX_SIZE:
+        raise UserInputError(f"--image-size {cfg.image_size}: must be a multiple of {_SIZE_STEP} up to {_MAX_SIZE}")
 
 
 # ------------------------------------------------------------------------------------- stages
@@ -121,7 +107,8 @@ def load_optimizer(opt, tensors: dict, groups: list) -> None:
 def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) -> None:
     import torch
 
-    from dmad.demo.teacher_stages import encode_latents, reconstruction_adherence, render_batch, vae_step
+    from dmad.demo.teacher_stages import (encode_latents, load_module, module_tensors, reconstruction_adherence,
+                                          render_batch, save_state, vae_step)
 
     vae = pipe.vae
     if resume.get("stage_done", 0) >= 1:
@@ -181,8 +168,8 @@ def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume
     start, cpu_before, wall_before = 0, 0.0, 0.0
     if resume.get("stage_done", 0) >= 2:
         for name, m in (("transformer", tr), ("ema", ema), ("te1", pipe.text_encoder), ("te2", pipe.text_encoder_2)):
-            load_module(m, name, resume["tensors"])
-        load_optimizer(opt, resume["tensors"], resume["meta"]["param_groups"])
+            ts.load_module(m, name, resume["tensors"])
+        ts.load_optimizer(opt, resume["tensors"], resume["meta"]["param_groups"])
         gen.set_state(resume["tensors"]["generator"])
         start = resume["meta"]["step"]
         cpu_before, wall_before = resume["meta"]["cpu_s"], resume["meta"]["wall_s"]
@@ -221,11 +208,12 @@ def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume
             log({"stage": "transformer", "step": done, "check": "ema; euler 20 + cfg", **diagnostics(ema, text, pipe, cfg)})
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
             wall, cpu = clocks()
-            flat, groups = optimizer_tensors(opt)
-            tensors = {**module_tensors("vae", vae), **module_tensors("transformer", tr), **module_tensors("ema", ema),
-                       **module_tensors("te1", pipe.text_encoder), **module_tensors("te2", pipe.text_encoder_2),
+            flat, groups = ts.optimizer_tensors(opt)
+            tensors = {**ts.module_tensors("vae", vae), **ts.module_tensors("transformer", tr),
+                       **ts.module_tensors("ema", ema), **ts.module_tensors("te1", pipe.text_encoder),
+                       **ts.module_tensors("te2", pipe.text_encoder_2),
                        **flat, "generator": gen.get_state()}
-            save_state(work, tensors, {"stage_done": 2, "step": done, "scaling_factor": vae.config.scaling_factor,
+            ts.save_state(work, tensors, {"stage_done": 2, "step": done, "scaling_factor": vae.config.scaling_factor,
                                        "shift_factor": vae.config.shift_factor, "param_groups": groups,
                                        "cpu_s": cpu, "wall_s": wall, "recipe": asdict(cfg)})
     tr.eval()
@@ -276,7 +264,7 @@ def make_teacher(out_dir: Path, work: Path, cfg: TeacherTraining, log: LogFn, re
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     from dmad.demo import build_teacher, parameter_counts
-    from dmad.demo.teacher_stages import EVAL_CAPTION_SEED
+    from dmad.demo.teacher_stages import EVAL_CAPTION_SEED, log_rows
 
     torch.manual_seed(cfg.seed)
     pipe = build_teacher(cfg.seed, layers=cfg.layers)
@@ -292,7 +280,7 @@ def make_teacher(out_dir: Path, work: Path, cfg: TeacherTraining, log: LogFn, re
                                        cfg.image_size)
     log({"stage": "final", "check": f"StableDiffusion3Pipeline {cfg.final_steps} steps + cfg {cfg.guidance_scale}",
          "adherence": final})
-    rows = [json.loads(x) for x in (work / "training_log.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    rows = log_rows(work / "training_log.jsonl")
     done = next((r for r in reversed(rows) if r.get("done")), {})
     return {**asdict(cfg), "parameters": parameter_counts(pipe), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "train_wall_s": done.get("elapsed_s"), "train_cpu_s": done.get("cpu_s"),
@@ -320,22 +308,6 @@ def learning_curve_markdown(rows: list[dict], sigma: str = "0.95") -> str:
 
 # ------------------------------------------------------------------------------------- command line
 
-def read_resume(work: Path, cfg: TeacherTraining) -> dict:
-    """{} for a fresh start; else the saved tensors and meta of an interrupted run of the same recipe."""
-    from safetensors.torch import load_file
-
-    from dmad.errors import UserInputError
-
-    if not (work / STATE_JSON).is_file():
-        return {}
-    meta = json.loads((work / STATE_JSON).read_text(encoding="utf-8"))
-    if meta.get("recipe") != asdict(cfg):
-        changed = sorted(k for k, v in asdict(cfg).items() if (meta.get("recipe") or {}).get(k) != v)
-        raise UserInputError(f"{work}: an interrupted make-teacher with other settings ({', '.join(changed)}) is "
-                             f"there; run it again with its settings or remove that folder to start over")
-    return {"meta": meta, "tensors": load_file(str(work / STATE_FILE)), "stage_done": meta["stage_done"]}
-
-
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     for f in fields(TeacherTraining):
         default = f.default
@@ -347,22 +319,26 @@ def main_make_teacher(*, out: str | Path, training: TeacherTraining) -> int:
     """`dmad demo make-teacher --out DIR [...]`: DIR must not exist; it appears complete or not at all.
     Progress lives in .DIR.partial beside it; the same command resumes from there. `training`: the
     recipe (one field per command-line option)."""
-    from dmad.errors import UserInputError
+    from dmad.contract.jsonfile import check_output_folder, check_path
 
-    out = Path(out).expanduser().resolve()
+    check_training(training)
+    out = check_path(out, "--out").expanduser().resolve()
     if out.exists():
         raise UserInputError(f"--out {out}: already exists; choose a new folder (the teacher is written whole)")
     if not out.parent.is_dir():
         raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
-    work = out.with_name(f".{out.name}.partial")
+    check_output_folder(out, "--out")  # a writable parent
+    work, tmp = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    check_path(tmp, "--out (with the temp folder's suffix)")  # a name near 255 bytes has no room for it
+    from dmad.demo.teacher_stages import open_log, read_resume  # torch: only once the request is known good
+
     work.mkdir(exist_ok=True)
     resume = read_resume(work, training)
     if resume:
         print(f"resuming {work} at stage {resume['stage_done']}, step {resume['meta'].get('step', 0)}", flush=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.mkdir()
     try:
-        with open(work / "training_log.jsonl", "a", encoding="utf-8") as f:
+        with open_log(work) as f:
             def log(row: dict) -> None:
                 f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -1,5 +1,6 @@
 """The pieces of `dmad demo make-teacher`: data, the VAE stage, the text + transformer step, exact
-sampling and the diagnostics that make the learning curve visible.
+sampling, the diagnostics that make the learning curve visible, and an interrupted run's state on
+disk (safetensors and JSON only: never a pickle).
 
 Shapes and units: images (B, 3, 64, 64) in [-1, 1]; latents (B, 4, 32, 32), scaled as the
 pipeline scales them ((z - shift) * scale, unit variance); token ids (B, 32); context
@@ -10,16 +11,25 @@ sigma * 1000.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dmad.contract.jsonfile import read_json_file
 from dmad.demo import SD3_ZERO_TOKENS
+from dmad.errors import UserInputError
+from dmad.models.teacher_files import read_safetensors_header
 
 TRAIN_INDEX_OFFSET = 10_000_000  # training renders use indices from here on (disjoint from shipped/held-out data)
 EVAL_CAPTION_SEED = 5_000_001    # captions of the adherence checks: attributes_for(i, EVAL_CAPTION_SEED)
 SWAP_SIGMAS = (0.5, 0.8, 0.95)   # noise levels of the word-swap diagnostic
+STATE_FILE, STATE_JSON = "state.safetensors", "state.json"  # an interrupted run's progress, in its work folder
 
 
 # ------------------------------------------------------------------------------------- data
@@ -273,3 +283,101 @@ def logit_normal_sigmas(n: int, gen: torch.Generator, mean: float, std: float) -
 def log_every(step: int, total: int, every: int) -> bool:
     return step % every == 0 or step == total - 1
 
+
+# ------------------------------------------------------------------------------------- state on disk
+
+def save_state(work: Path, tensors: dict, meta: dict) -> None:
+    """Both files written to temp names and renamed; state.json last, so it never names weights
+    that are not there."""
+    from safetensors.torch import save_file
+
+    tmp = work / f".{STATE_FILE}.tmp"
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, work / STATE_FILE)
+    tmp_json = work / f".{STATE_JSON}.tmp"
+    tmp_json.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp_json, work / STATE_JSON)
+
+
+def module_tensors(prefix: str, module) -> dict:
+    return {f"{prefix}.{k}": v for k, v in module.state_dict().items()}
+
+
+def load_module(module, prefix: str, tensors: dict) -> None:
+    n = len(prefix) + 1
+    module.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
+
+
+def optimizer_tensors(opt) -> tuple[dict, list]:
+    sd = opt.state_dict()
+    flat = {f"opt.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+    return flat, sd["param_groups"]
+
+
+def load_optimizer(opt, tensors: dict, groups: list) -> None:
+    state: dict = {}
+    for key, v in tensors.items():
+        if key.startswith("opt."):
+            _, i, name = key.split(".", 2)
+            state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def read_resume(work: Path, cfg) -> dict:
+    """{} for a fresh start; else the saved tensors and meta of an interrupted run of the same recipe.
+    Only state.json and state.safetensors are read (never a pickle), each checked first."""
+    if not (work / STATE_JSON).is_file():
+        return {}
+    meta = read_json_file(work / STATE_JSON, "make-teacher state")
+    if not isinstance(meta, dict) or not isinstance(meta.get("stage_done"), int):
+        raise UserInputError(f"{work / STATE_JSON}: not a make-teacher state (no stage_done); remove {work} to "
+                             f"start over")
+    if meta.get("recipe") != asdict(cfg):
+        changed = sorted(k for k, v in asdict(cfg).items() if (meta.get("recipe") or {}).get(k) != v)
+        raise UserInputError(f"{work}: an interrupted make-teacher with other settings ({', '.join(changed)}) is "
+                             f"there; run it again with its settings or remove that folder to start over")
+    return {"meta": meta, "tensors": _state_tensors(work / STATE_FILE), "stage_done": meta["stage_done"]}
+
+
+def _state_tensors(f: Path) -> dict:
+    """The tensors of state.safetensors, its header checked first (a truncated or foreign file is
+    the user's to remove, exit 2, not a crash in the middle of loading)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not f.is_file():
+        raise UserInputError(f"{f}: missing (the state.json beside it names it); remove {f.parent} to start over")
+    read_safetensors_header(f)
+    try:
+        return load_file(str(f))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UserInputError(f"{f}: cannot read ({e.__class__.__name__}: {e}); remove {f.parent} to start over") from e
+
+
+def log_rows(f: Path) -> list[dict]:
+    """The rows of training_log.jsonl; a line torn by an interruption (and whatever the resumed run
+    appended to it) is skipped, never a crash at the end of training."""
+    rows = []
+    for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def open_log(work: Path):
+    """training_log.jsonl for appending, on a fresh line: an interrupted run may have left its last
+    row half written."""
+    f = open(work / "training_log.jsonl", "a+b")
+    f.seek(0, os.SEEK_END)
+    if f.tell():
+        f.seek(-1, os.SEEK_END)
+        torn = f.read(1) != b"\n"
+        f.seek(0, os.SEEK_END)
+        if torn:
+            f.write(b"\n")
+    f.close()
+    return open(work / "training_log.jsonl", "a", encoding="utf-8")

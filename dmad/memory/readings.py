@@ -80,7 +80,7 @@ def _nvml_handle(index: int) -> Any:
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible:
         entry = visible[index]
-        return (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+        return (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isascii() and entry.isdigit()
                 else pynvml.nvmlDeviceGetHandleByUUID(entry))
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 

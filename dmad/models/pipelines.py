@@ -125,8 +125,9 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> Teac
     if p.is_file():
         header = {k: v for h in headers.values() for k, v in h[0].items()}
         for key, dim, what, want in SINGLE_FILE_CHECKS[family_name]:
-            if key in header and header[key]["shape"][dim] != want(models):
-                raise UserInputError(f"{p}: {what} is {header[key]['shape'][dim]} in the file but {want(models)} in "
+            shape = header[key]["shape"] if key in header else None
+            if shape is not None and (not shape or shape[dim] != want(models)):  # a 0-d tensor cannot be it either
+                raise UserInputError(f"{p}: {what} is {shape[dim] if shape else shape} in the file but {want(models)} in "
                                      f"teacher_config_dir {cdir}: the configs describe a different model")
     den = models[family.denoiser_name].config
     vae = models["vae"].config

@@ -23,10 +23,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from dmad.contract.jsonfile import check_path, printable
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES, make_family
 from dmad.models.pipelines import inspect_pipeline, load_pipeline_modules, scheduler_of
-from dmad.models.teacher_files import (LORA_TARGETS, PICKLE_SUFFIXES, TeacherInfo, read_json, read_safetensors_header,
+from dmad.models.teacher_files import (LORA_TARGETS, PICKLE_SUFFIXES, TeacherInfo, check_config_values,
+                                       check_param_count, check_scheduler_values, read_json, read_safetensors_header,
                                        stored_dtype, weight_variant, weights_in_folder)
 
 COMPONENTS = ("unet", "vae", "text_encoder")
@@ -94,8 +96,8 @@ def _read_index(cdir: Path) -> dict:
         raise UserInputError(f"{cdir}: not a diffusers pipeline folder (no model_index.json)")
     index = read_json(f)
     cls = index.get("_class_name")
-    if cls not in PIPELINE_FAMILIES:
-        raise UserInputError(f"{f}: unsupported model family ({cls}): this engine supports "
+    if not isinstance(cls, str) or cls not in PIPELINE_FAMILIES:
+        raise UserInputError(f"{f}: unsupported model family ({printable(str(cls))[:80]}): this engine supports "
                              f"{', '.join(PIPELINE_FAMILIES)}")
     if cls != "StableDiffusionPipeline":
         return index
@@ -121,6 +123,25 @@ def _read_configs(cdir: Path) -> dict[str, dict]:
             raise UserInputError(f"{f}: missing ({name} config)")
         configs[name] = read_json(f)
     return configs
+
+
+def _check_component_configs(cdir: Path, index: dict) -> None:
+    """Every network config and the scheduler config that model_index.json names, checked for
+    sizes no network can have (teacher_files.check_config_values) before anything is built from
+    them, whatever the family. Names are taken only as plain folder names, never as paths."""
+    for name in index:
+        if not name.isidentifier():
+            continue
+        f = cdir / name / "config.json"
+        if not f.is_file():
+            continue
+        cfg = read_json(f)
+        check_config_values(cfg, f)
+        if name == "unet" and cfg.get("sample_size") is None:  # diffusers' default None: no latent size to train at
+            raise UserInputError(f"{f}: sample_size is missing (the latent side the UNet was trained at, e.g. 64)")
+    sched = cdir / "scheduler" / CONFIG_FILES["scheduler"]
+    if sched.is_file():
+        check_scheduler_values(read_json(sched), sched)
 
 
 def _weights_of_folder(p: Path) -> tuple[dict, dict, tuple[str, ...]]:
@@ -163,11 +184,14 @@ def _meta_models(configs: dict[str, dict], cdir: Path) -> dict[str, torch.nn.Mod
         "unet": UNet2DConditionModel.from_config, "vae": AutoencoderKL.from_config,
         "text_encoder": lambda c: CLIPTextModel(CLIPTextConfig.from_dict(c))}
     models = {}
-    with init_empty_weights():
+    # include_buffers: under torch.device("meta") every tensor, including the transient CPU one that
+    # plain init_empty_weights makes for each parameter before moving it (17 TB for a UNet with
+    # block_out_channels [1000000, 1000000]), is created on the meta device: nothing is allocated.
+    with init_empty_weights(include_buffers=True):
         for name, make in makers.items():
             try:
                 models[name] = make(configs[name])
-            except (TypeError, ValueError, KeyError, IndexError) as e:
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError, ZeroDivisionError) as e:
                 raise UserInputError(f"{cdir / name / CONFIG_FILES[name]}: invalid {name} config "
                                      f"({e.__class__.__name__}: {e})") from e
     return models
@@ -198,12 +222,17 @@ def _check_file_matches(p: Path, header: dict, unet_cfg: Any, text_hidden: int, 
                "text encoder width"),
               ("cond_stage_model.model.positional_embedding", -1, text_hidden, "text encoder width")]
     for key, dim, want, what in checks:
+        if key in header and len(header[key]["shape"]) < 2:
+            raise UserInputError(f"{p}: tensor {key} has shape {header[key]['shape']}, not a weight matrix")
         if key in header and header[key]["shape"][dim] != want:
             raise UserInputError(f"{p}: {what} is {header[key]['shape'][dim]} in the file but {want} in "
                                  f"teacher_config_dir {cdir}: the configs describe a different model")
 
 
 def _config_dir(p: Path, teacher_config_dir: Optional[str]) -> Path:
+    check_path(p, "teacher")
+    if teacher_config_dir is not None:
+        check_path(teacher_config_dir, "teacher_config_dir")
     if not p.exists():
         raise UserInputError(f"teacher not found: {p}")
     if p.is_dir():
@@ -223,16 +252,27 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
     p = Path(path).expanduser()
     cdir = _config_dir(p, teacher_config_dir)
     index = _read_index(cdir)
+    _check_component_configs(cdir, index)
     cls = index.get("_class_name")
     if cls != "StableDiffusionPipeline":
         family = PIPELINE_FAMILIES[cls][0]
         if model_family not in ("auto", family):
             raise UserInputError(f"{p}: model_family is '{model_family}' but the teacher is {family} ({cls}); "
                                  f"set model_family to auto or {family}")
-        return inspect_pipeline(p, cdir, index, family)
+        with torch.device("meta"):  # its meta models: no tensor allocated, whatever the configs' sizes
+            info = inspect_pipeline(p, cdir, index, family)
+        check_param_count(info.param_counts, cdir)
+        return info
+    return _inspect_sd(p, cdir, model_family)
+
+
+def _inspect_sd(p: Path, cdir: Path, model_family: str) -> TeacherInfo:
+    """inspect_teacher of a StableDiffusionPipeline (SD 1.x / 2.x): a folder or a single file."""
     files, headers, missing = _weights_of_folder(p) if p.is_dir() else _weights_of_file(p)
     configs = _read_configs(cdir)
     models = _meta_models(configs, cdir)
+    params = {c: sum(t.numel() for t in m.parameters()) for c, m in models.items()}
+    check_param_count(params, cdir)
     unet_cfg, vae_cfg = models["unet"].config, models["vae"].config
     text_hidden = int(models["text_encoder"].config.hidden_size)
     prediction_type = configs["scheduler"].get("prediction_type", "epsilon")
@@ -250,7 +290,7 @@ def inspect_teacher(path: str, model_family: str = "auto", teacher_config_dir: O
     return TeacherInfo(
         path=str(p), kind="folder" if p.is_dir() else "single_file", config_dir=str(cdir), family=family,
         prediction_type=prediction_type,
-        param_counts={c: sum(t.numel() for t in m.parameters()) for c, m in models.items()},
+        param_counts=params,
         weights_dtype={c: stored_dtype(headers[c]) for c in COMPONENTS},
         weights_present={c: bool(files[c]) for c in COMPONENTS},
         weights_files={c: tuple(str(f) for f in files[c]) for c in COMPONENTS}, missing_weights=missing,

@@ -9,13 +9,14 @@ neither torch nor diffusers: encode_prompts only calls the modules it is given.
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from dmad.contract.jsonfile import MAX_FILE_BYTES, loads_json, path_problem, printable
 from dmad.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -26,6 +27,11 @@ PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+# Bits per element of every dtype the safetensors format defines (its Dtype enum).
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6,
+                    "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+                    "I64": 64, "U64": 64, "F64": 64, "C64": 64}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 
 @dataclass(frozen=True)
@@ -74,34 +80,165 @@ class TeacherInfo:
 def read_json(f: Path) -> dict:
     """A JSON object from a teacher's config file; UserInputError (one line naming the file) otherwise."""
     try:
-        data = json.loads(f.read_text(encoding="utf-8"))
+        if f.stat().st_size > MAX_FILE_BYTES:
+            raise UserInputError(f"{printable(str(f))}: {f.stat().st_size} bytes is too large for a config file")
+        text = f.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{f}: cannot read ({e.__class__.__name__}: {e})") from e
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"{f}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+        raise UserInputError(f"{printable(str(f))}: cannot read ({e.__class__.__name__}: {printable(str(e))})") from e
+    data = loads_json(text, str(f))
     if not isinstance(data, dict):
-        raise UserInputError(f"{f}: expected a JSON object")
+        raise UserInputError(f"{printable(str(f))}: expected a JSON object")
     return data
+
+
+# --------------------------------------------------------------------------- config values
+
+# Sizes a network config gives (channels, widths, heads, layer counts, vocabulary, sample size):
+# keys ending so. Each must be a count, or a list of counts, before diffusers or transformers
+# builds anything from it: NaN, -5 or "64" would fail deep inside their constructors.
+SIZE_SUFFIXES = ("channels", "_dim", "dims", "_size", "heads", "groups", "embeddings", "layers", "_block",
+                 "d_model", "d_ff", "d_kv")
+MAX_SIZE = 2**24        # no real width, vocabulary or sample size comes near; keeps products finite
+MAX_LAYERS = 256        # per entry: FLUX.1 has 57 blocks; each layer is Python objects even on the meta device
+MAX_LIST = 32           # entries of a per-block list (down_block_types, block_out_channels: 3-4)
+MAX_PARAMS = 200 * 10**9  # a teacher above this (4x FLUX.1) cannot be trained on one machine
+
+
+def _flat(value: Any) -> list:
+    """[1, [2, 3]] -> [1, 2, 3]: per-block values may nest (transformer_layers_per_block)."""
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(reversed(v))
+        else:
+            out.append(v)
+    return out
+
+
+def _size_problem(key: str, value: Any) -> Optional[str]:
+    limit = MAX_LAYERS if key.endswith(("layers", "_block")) else MAX_SIZE
+    values = _flat(value)
+    if len(values) > MAX_LIST * MAX_LIST:
+        return f"{len(values)} entries (at most {MAX_LIST} per block)"
+    for v in values:
+        if v is not None and not (_is_count(v) and v <= limit):
+            return f"{printable(str(v))[:40]} is not a whole number in [0, {limit}]"
+    if key == "sample_size" and (not values or any(v is not None and v < 1 for v in values)):
+        return "must be at least 1"
+    return None
+
+
+def check_config_values(cfg: dict, f: Path) -> None:
+    """Refuse a network config whose sizes (SIZE_SUFFIXES keys) or lists could not build a network,
+    or would build an absurd one, before any constructor runs: one line naming the file and key."""
+    for key, value in cfg.items():
+        if isinstance(value, list) and len(value) > MAX_LIST and key.endswith(SIZE_SUFFIXES + ("_types",)):
+            raise UserInputError(f"{printable(str(f))}: {printable(key)}: {len(value)} entries (at most {MAX_LIST})")
+        if key.endswith(SIZE_SUFFIXES) and not isinstance(value, (dict, bool)):  # tie_word_embeddings: a flag
+            problem = _size_problem(key, value)
+            if problem:
+                raise UserInputError(f"{printable(str(f))}: {printable(key)}: {problem}")
+
+
+def check_scheduler_values(cfg: dict, f: Path) -> None:
+    """The numbers of a scheduler config that size arrays (num_train_timesteps betas)."""
+    n = cfg.get("num_train_timesteps", 1000)
+    if not (_is_count(n) and 1 <= n <= 100_000):
+        raise UserInputError(f"{printable(str(f))}: num_train_timesteps {printable(str(n))[:40]} is not a whole "
+                             f"number in [1, 100000]")
+
+
+def check_param_count(counts: dict[str, int], cdir: Path) -> None:
+    total = sum(counts.values())
+    if total > MAX_PARAMS:
+        raise UserInputError(f"{printable(str(cdir))}: the component configs describe {total / 1e9:,.0f} B "
+                             f"parameters (more than {MAX_PARAMS // 10**9} B): not a teacher this engine can train")
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _tensor_problem(t: Any) -> Optional[str]:
+    """Why a header entry is not {"dtype": known, "shape": [n, ...], "data_offsets": [begin, end]}
+    with end - begin the bytes that dtype and shape need; None when it is."""
+    if not isinstance(t, dict):
+        return "entry is not an object"
+    dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+    if dtype not in SAFETENSORS_BITS:
+        return f"unknown dtype {printable(str(dtype))[:40]!r}"
+    if not isinstance(shape, list) or len(shape) > 16 or not all(_is_count(n) for n in shape):
+        return f"shape {printable(str(shape))[:60]} is not a list of sizes"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        return f"data_offsets {printable(str(offsets))[:60]} are not [begin, end]"
+    need = (math.prod(shape) * SAFETENSORS_BITS[dtype] + 7) // 8
+    if offsets[1] - offsets[0] != need:
+        return f"data_offsets span {offsets[1] - offsets[0]} bytes, but {dtype} {shape} needs {need}"
+    return None
+
+
+def _parse_header(f: Path, raw: bytes) -> dict[str, dict]:
+    try:
+        header = loads_json(raw.decode("utf-8"), f"{f} (safetensors header)")
+    except UnicodeDecodeError as e:
+        raise UserInputError(f"{printable(str(f))}: not a readable .safetensors file (header: {e})") from e
+    if not isinstance(header, dict):
+        raise UserInputError(f"{printable(str(f))}: not a readable .safetensors file (header is not a JSON object)")
+    header.pop("__metadata__", None)
+    for name, t in header.items():
+        problem = _tensor_problem(t)
+        if problem:
+            raise UserInputError(f"{printable(str(f))}: not a readable .safetensors file (tensor "
+                                 f"{printable(name)[:80]!r}: {problem})")
+    return header
 
 
 def read_safetensors_header(f: Path) -> dict[str, dict]:
     """{tensor name: {"dtype", "shape", "data_offsets"}} from the file's JSON header (a few KB to
-    a few hundred KB; tensors are never read). Also checks that the file is long enough for every
-    tensor, so a truncated download fails here with its name, not halfway through loading."""
+    a few hundred KB; tensors are never read), each entry checked (known dtype, sizes, offsets that
+    match them). Also checks that the file is long enough for every tensor, so a truncated download
+    fails here with its name, not halfway through loading."""
     try:
         size = f.stat().st_size
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
-            if not 2 <= n <= size - 8:
+            if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
                 raise ValueError(f"header length {n} does not fit a {size}-byte file")
-            header = json.loads(fh.read(n))
-        header.pop("__metadata__", None)
-        end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise UserInputError(f"{f}: not a readable .safetensors file ({e.__class__.__name__}: {e})") from e
+            raw = fh.read(n)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"{printable(str(f))}: not a readable .safetensors file ({e.__class__.__name__}: "
+                             f"{printable(str(e))})") from e
+    header = _parse_header(f, raw)
+    end = max((t["data_offsets"][1] for t in header.values()), default=0)
     if 8 + n + end > size:
-        raise UserInputError(f"{f}: truncated .safetensors file ({size} bytes; its header needs {8 + n + end})")
+        raise UserInputError(f"{printable(str(f))}: truncated .safetensors file ({size} bytes; its header needs "
+                             f"{8 + n + end})")
     return header
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The shard files an index names, each a plain file name or a relative path inside the index's
+    folder: a weight_map entry such as "../../x.safetensors" is refused, never followed. Checked on
+    the names, not resolved: a folder of symlinks into a blob store (the Hugging Face cache) is fine."""
+    weight_map = read_json(index).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise UserInputError(f"{printable(str(index))}: weight_map must be an object of tensor name -> file")
+    for key, name in weight_map.items():
+        if not _inside_name(index.parent, name):
+            raise UserInputError(f"{printable(str(index))}: weight_map entry {printable(key)[:80]!r} names "
+                                 f"{printable(str(name))[:120]!r}: not a .safetensors file inside "
+                                 f"{printable(str(index.parent))}")
+    return sorted(set(weight_map.values()))
+
+
+def _inside_name(folder: Path, name: Any) -> bool:
+    """`name` is a relative .safetensors path below `folder` that the OS can take."""
+    if not isinstance(name, str) or not name or path_problem(str(folder / name)):
+        return False
+    parts = name.replace("\\", "/").split("/")
+    return not os.path.isabs(name) and ".." not in parts and Path(name).suffix == ".safetensors"
 
 
 def _folder_weights(d: Path, base: str) -> tuple[Path, ...]:
@@ -111,7 +248,7 @@ def _folder_weights(d: Path, base: str) -> tuple[Path, ...]:
         return (d / f"{base}.safetensors",)
     index = d / f"{base}.safetensors.index.json"
     if index.is_file():
-        shards = tuple(d / s for s in sorted(set(read_json(index).get("weight_map", {}).values())))
+        shards = tuple(d / s for s in _shard_names(index))
         return shards if shards and all(s.is_file() for s in shards) else ()
     variants = sorted(d.glob(f"{base}.*.safetensors"))
     return (variants[0],) if variants else ()

@@ -13,16 +13,24 @@ plus a .json beside it (the same -rK rule).
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dmad.contract.jsonfile import check_output_folder, check_path, printable
 from dmad.errors import UserInputError
 
 SWEEP_KEYS = {"steps": int, "cfg": float}
+# Each cell is a full render: 16 values per key and 64 cells keep a sweep to minutes, not days.
+MAX_SWEEP_VALUES, MAX_SWEEP_CELLS = 16, 64
+# ASCII digits only: str.isdigit also accepts '²' and '١', which int() then refuses or reads; 12
+# digits stay far below int()'s 4300-digit limit.
+ITERATION = re.compile(r"[0-9]{1,12}")
 
 
 @dataclass(frozen=True)
@@ -36,11 +44,11 @@ def open_run(run: str):
     """The run folder, or UserInputError when `run` is not one (no config.json)."""
     from dmad.contract.runs import RunFolder
 
-    folder = RunFolder(Path(run).expanduser().resolve())
+    folder = RunFolder(check_path(run, "--run").expanduser().resolve())
     if not folder.path.is_dir():
-        raise UserInputError(f"--run {run}: run folder not found")
+        raise UserInputError(f"--run {printable(str(run))}: run folder not found")
     if not folder.config_json.is_file():
-        raise UserInputError(f"--run {run}: not a run folder (no config.json)")
+        raise UserInputError(f"--run {printable(str(run))}: not a run folder (no config.json)")
     return folder
 
 
@@ -56,13 +64,13 @@ def resolve_target(folder, spec: str) -> Target:
         if not available:
             raise UserInputError(f"--checkpoint latest: no complete checkpoint in {folder.checkpoints_dir}")
         it, path = available[-1]
-    elif spec.isdigit():
+    elif ITERATION.fullmatch(spec):
         it, path = int(spec), folder.checkpoint_path(int(spec))
         if not (path / "training_state.json").is_file():
             raise UserInputError(f"--checkpoint {spec}: no checkpoint iter_{it} in {folder.checkpoints_dir} "
                                  f"(available: {names})")
     else:
-        raise UserInputError(f"--checkpoint {spec!r}: expected latest, teacher or an iteration number "
+        raise UserInputError(f"--checkpoint {printable(spec)[:40]!r}: expected latest, teacher or an iteration number "
                              f"(available: {names})")
     return Target(f"iter_{it}", path, list(read_training_state(path).student_timesteps))
 
@@ -72,23 +80,40 @@ def parse_sweep(tokens: list[str]) -> list[tuple[str, list]]:
     out: list[tuple[str, list]] = []
     for tok in tokens:
         key, eq, values = tok.partition("=")
+        shown = f"--sweep {printable(tok)[:60]!r}"
         if not eq or key not in SWEEP_KEYS:
-            raise UserInputError(f"--sweep {tok!r}: expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
+            raise UserInputError(f"{shown}: expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
         if any(k == key for k, _ in out):
             raise UserInputError(f"--sweep: {key} is given twice")
-        try:
-            vals = [SWEEP_KEYS[key](v) for v in values.split(",")]
-        except ValueError:
-            kind = "integers" if SWEEP_KEYS[key] is int else "numbers"
-            raise UserInputError(f"--sweep {tok!r}: {key} values must be {kind}, separated by commas") from None
-        if key == "steps" and not all(1 <= v <= 1000 for v in vals):
-            raise UserInputError(f"--sweep {tok!r}: steps must be in [1, 1000]")
-        if key == "cfg" and not all(0 <= v <= 100 for v in vals):
-            raise UserInputError(f"--sweep {tok!r}: cfg must be in [0, 100]")
-        out.append((key, vals))
+        if values.count(",") >= MAX_SWEEP_VALUES:
+            raise UserInputError(f"--sweep {key}: {values.count(',') + 1} values (at most {MAX_SWEEP_VALUES} per key)")
+        out.append((key, _sweep_values(key, values, shown)))
     if not 1 <= len(out) <= 2:
         raise UserInputError("--sweep: give one or two of KEY=V1,V2,... (rows, then columns)")
+    cells = math.prod(len(v) for _, v in out)
+    if cells > MAX_SWEEP_CELLS:
+        raise UserInputError(f"--sweep: {' x '.join(str(len(v)) for _, v in out)} = {cells} images "
+                             f"(at most {MAX_SWEEP_CELLS})")
     return out
+
+
+def _sweep_values(key: str, values: str, shown: str) -> list:
+    """'1,2,4' -> [1, 2, 4] for steps (ASCII integers in [1, 1000]), floats in [0, 100] for cfg."""
+    parts = values.split(",")
+    if key == "steps":
+        if not all(ITERATION.fullmatch(v.strip()) for v in parts):
+            raise UserInputError(f"{shown}: steps values must be integers, separated by commas")
+        vals: list = [int(v) for v in parts]
+        if not all(1 <= v <= 1000 for v in vals):
+            raise UserInputError(f"{shown}: steps must be in [1, 1000]")
+        return vals
+    try:
+        vals = [float(v) for v in parts]
+    except ValueError:
+        raise UserInputError(f"{shown}: cfg values must be numbers, separated by commas") from None
+    if not all(0 <= v <= 100 for v in vals):  # NaN fails this too
+        raise UserInputError(f"{shown}: cfg must be in [0, 100]")
+    return vals
 
 
 def free_path(base: Path, name: str, suffix: str = "") -> Path:
@@ -145,6 +170,7 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
     elif prompt_id:
         raise UserInputError("--prompt-id is for --sweep (without it every prompt is rendered)")
     out = Path(out).expanduser().resolve() if out else folder.samples_dir
+    check_output_folder(out, "--out", new=False)  # before the models load
     cfg = load_config(folder.config_json)
 
     import torch

@@ -49,7 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from dmad.contract.jsonfile import check_output_folder, check_path, printable
 from dmad.errors import UserInputError
+from dmad.sample.command import ITERATION
 
 FORMATS = ("diffusers", "lora")
 TIMESTEP_SCALING = 1e9  # makes LCM's c_out exactly 1 and c_skip negligible (module docstring)
@@ -72,7 +74,7 @@ def resolve_source(run_dir: str, checkpoint: str) -> ExportSource:
     from dmad.contract.config import load_config
     from dmad.contract.runs import RunFolder
 
-    folder = RunFolder.open(Path(run_dir).expanduser().resolve())
+    folder = RunFolder.open(check_path(run_dir, "--run").expanduser().resolve())
     cfg = load_config(folder.config_json)
     if checkpoint == "latest":
         latest = folder.latest_checkpoint()
@@ -80,10 +82,10 @@ def resolve_source(run_dir: str, checkpoint: str) -> ExportSource:
             raise UserInputError(f"no complete checkpoint in {folder.checkpoints_dir}")
         it, path = latest
     else:
-        try:
-            it = int(checkpoint)
-        except ValueError:
-            raise UserInputError(f"--checkpoint {checkpoint!r}: expected 'latest' or an iteration number") from None
+        if not ITERATION.fullmatch(checkpoint):
+            raise UserInputError(f"--checkpoint {printable(checkpoint)[:40]!r}: expected 'latest' or an iteration "
+                                 f"number")
+        it = int(checkpoint)
         found = dict(folder.list_checkpoints())
         if it not in found:
             have = ", ".join(str(i) for i in sorted(found)) or "none"
@@ -105,8 +107,7 @@ def check_request(src: ExportSource, fmt: str, out: Path) -> None:
     if fmt == "lora" and src.cfg.identity.student != "lora":
         raise UserInputError(f"--format lora: the student of {src.run} is a full UNet (identity.student "
                              f"'{src.cfg.identity.student}'), not a LoRA; use --format diffusers")
-    if out.exists():
-        raise UserInputError(f"--out {out} already exists (choose another folder or remove it)")
+    check_output_folder(out, "--out")  # below a file, unwritable, taken: found before the models load
 
 
 # --------------------------------------------------------------------------- the student
