@@ -339,7 +339,9 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
             args.main_process_port, cfg.resources.mixed_precision), pf.run_dir)
     from dmad.train.loop import run_training  # the training stack: only now that the inputs are known good
 
-    return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf))
+    r = pf.resume
+    return run_training(cfg, run_dir=pf.run_dir, resume=pf.resume_arg, argv=_canonical_argv(args, pf),
+                        restart=pf.restart, fallbacks=r.fallbacks if r else (), skipped=r.skipped if r else ())
 
 
 def _check_processes(args: argparse.Namespace) -> None:
@@ -358,8 +360,8 @@ def _rank_argv(args: argparse.Namespace, pf) -> list[str]:
     """What each rank runs after `dmad train`: the checked config, the fixed run folder and the
     resolved checkpoint (so no rank re-decides what 'latest' means)."""
     argv = ["--config", str(Path(args.config).resolve()), "--run-dir", str(pf.run_dir)]
-    if pf.resume_arg:
-        argv += ["--resume", pf.resume_arg]
+    if pf.resume_arg or pf.restart:  # a restart: each rank finds no checkpoint, as the launcher did
+        argv += ["--resume", pf.resume_arg or "latest"]
     for item in args.set:
         argv += ["--set", item]
     return argv

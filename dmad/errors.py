@@ -22,3 +22,19 @@ class RunFailed(DmadError):
     """The run started but could not finish (an error event says why): exit 1."""
 
     exit_code = EXIT_RUN_FAILED
+
+
+class CheckpointUnusable(UserInputError):
+    """A checkpoint that cannot be resumed from (a file missing, truncated, of the wrong shape or
+    not a plain tensor file). Resuming 'latest' falls back to an older complete checkpoint; with
+    none left it is exit 2."""
+
+
+class DiskFull(RunFailed):
+    """The disk filled up while the run was writing: exit 1; nothing complete is lost, temp files are
+    removed and the run continues with --resume latest once there is space."""
+
+
+class StopRequested(Exception):
+    """A stop command (control.jsonl, SIGTERM) arrived before training began: the engine stops at
+    the next phase boundary, writing no checkpoint. Not an error."""

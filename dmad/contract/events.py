@@ -56,7 +56,7 @@ def parse_line(line: str) -> Optional[Event]:
     """An Event, or None for a torn, empty or foreign line. Newer minor fields are kept in data."""
     try:
         d = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # torn, not JSON, or nested too deeply to be one of ours
         return None
     if not isinstance(d, dict) or d.get("kind") not in KINDS or not isinstance(d.get("data", {}), dict):
         return None

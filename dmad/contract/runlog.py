@@ -136,41 +136,93 @@ def read_metrics(path: PathLike) -> tuple[list[str], list[dict[str, Optional[flo
 
 # ---------------------------------------------------------------- control.jsonl
 
+MAX_CONTROL_LINE = 4096  # bytes; a command is ~40: a longer line is not one, and is never parsed
+_READ_CHUNK = 1 << 20  # bytes per poll: a huge file is read a megabyte at a time, never whole
+
+
 class ControlReader:
-    """New commands the app appended to control.jsonl since the last poll.
+    """The commands appended to control.jsonl for this engine, from the moment it starts.
 
-    Starts at the current end of the file: commands already there were meant for an earlier
-    process (the "stop" that ended the run being resumed)."""
+    `offset`: where the commands of earlier engines end (status.json `control_offset`, recorded by
+    the engine before this one); `since`: this engine's start time (unix s). Commands before the
+    offset, or stamped before `since` (one an earlier engine was killed before reading), were
+    meant for an earlier process; everything after, including a Stop pressed while this engine
+    was still loading, is for this one. since=None: the current end of the file is the offset.
+    No line, however long, deep or malformed, raises: it is counted in `ignored` and skipped."""
 
-    def __init__(self, path: PathLike, from_start: bool = False):
+    def __init__(self, path: PathLike, from_start: bool = False, offset: Optional[int] = None,
+                 since: Optional[float] = None):
         self.path = Path(path)
-        self._offset = 0
-        if not from_start:
+        self.since = since
+        self.ignored = 0  # lines that were not commands (bad JSON, unknown cmd, over-long)
+        self._skipping = False  # inside an over-long line: drop bytes up to its newline
+        self._deferred: list[dict] = []  # read before they could be applied (defer)
+        if offset is not None or from_start or since is not None:
+            self._offset = max(0, int(offset or 0))
+        else:
             try:
                 self._offset = self.path.stat().st_size
-            except FileNotFoundError:
-                pass
+            except OSError:
+                self._offset = 0
+
+    @property
+    def offset(self) -> int:
+        """Bytes consumed: what the next engine starts after (status.json `control_offset`)."""
+        return self._offset
+
+    def defer(self, command: dict) -> None:
+        """Hand `command` back: the next poll returns it first (a sample_now before training)."""
+        self._deferred.append(command)
 
     def poll(self) -> list[dict]:
+        deferred, self._deferred = self._deferred, []
+        return deferred + self._read()
+
+    def _read(self) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self._offset:
-                    self._offset = 0  # the file was replaced or cut: read it afresh
+                size = os.fstat(f.fileno()).st_size
+                if size < self._offset:  # the file was replaced or cut: read it afresh
+                    self._offset, self._skipping = 0, False
                 f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
+                data = f.read(min(size - self._offset, _READ_CHUNK))
+        except OSError:  # missing, unreadable, a folder: no commands, never an error
             return []
-        complete = data[:data.rfind(b"\n") + 1]  # a torn last line waits for the next poll
-        self._offset += len(complete)
-        return [c for c in map(_parse_control, complete.splitlines()) if c is not None]
+        commands, start = [], 0
+        while (nl := data.find(b"\n", start)) >= 0:
+            if self._skipping:
+                self._skipping = False  # the end of an over-long line
+            else:
+                cmd = _parse_control(data[start:nl])
+                if cmd is None:
+                    self.ignored += 1
+                elif self._is_new(cmd):
+                    commands.append(cmd)
+            start = nl + 1
+        if len(data) - start > MAX_CONTROL_LINE:  # an over-long line still being written: skip it
+            self.ignored += 0 if self._skipping else 1
+            self._skipping, start = True, len(data)
+        self._offset += start  # a torn last line waits for the next poll
+        return commands
+
+    def _is_new(self, cmd: dict) -> bool:
+        t = cmd.get("t")
+        return self.since is None or not isinstance(t, (int, float)) or t >= self.since
 
 
 def _parse_control(line: bytes) -> Optional[dict]:
+    if len(line) > MAX_CONTROL_LINE:
+        return None
     try:
         d = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    return d if isinstance(d, dict) and d.get("cmd") in CONTROL_COMMANDS else None
+    if not isinstance(d, dict) or d.get("cmd") not in CONTROL_COMMANDS:
+        return None
+    t = d.get("t")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t):
+        return None  # a time stamp that is not a number cannot be placed before or after a start
+    return d
 
 
 def append_control(run_dir: PathLike, cmd: str) -> dict:

@@ -3,7 +3,7 @@
     runs/<run_name>/
       config.json  prompt_set.json  env.json  command.txt  status.json  events.jsonl  metrics.csv
       gpu_mem.csv  control.jsonl  checkpoints/iter_<N>/  checkpoints/latest.json
-      samples/teacher/  samples/iter_<N>/  export/  logs/engine.log
+      samples/teacher/  samples/iter_<N>/  export/  logs/engine.log  engine.lock (RunLock: one writer)
 
 Torch-free and fast to import: the app imports it. Whole-file writes are atomic (temp file in the
 same folder, fsync, os.replace), so a kill at any moment leaves the old or the new file. Append-only
@@ -13,6 +13,7 @@ tolerate a torn last line.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -212,6 +213,8 @@ class RunFolder:
     logs_dir = _child("logs")
     engine_log = _child("logs", "engine.log")
 
+    is_writer = True  # a non-main rank's view (dmad.train.ranks.ReadOnlyFolder) is not
+
     def __init__(self, path: PathLike):
         self.path = Path(path)
         self._status: Optional[dict] = None  # last status written by this process
@@ -227,7 +230,7 @@ class RunFolder:
     @classmethod
     def create(cls, path: PathLike) -> "RunFolder":
         path = Path(path)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if not cls(path).has_no_run():
             raise UserInputError(f"run folder already exists: {path} (use --resume latest to continue "
                                  f"it, or choose another --run-dir / run_name)")
         run = cls(path)
@@ -250,9 +253,13 @@ class RunFolder:
         return target
 
     def read_json(self, name: str) -> Any:
-        """Raises FileNotFoundError / json.JSONDecodeError: the caller knows which file is optional."""
+        """Raises FileNotFoundError / ValueError (bad JSON, or nested too deeply): the caller knows which
+        file is optional."""
         with open(self.path / name, "r", encoding="utf-8") as f:
-            return json.load(f)
+            try:
+                return json.load(f)
+            except RecursionError:
+                raise ValueError(f"{self.path / name}: nested too deeply") from None
 
     def write_command(self, argv: list[str]) -> None:
         # shlex.join quotes for POSIX shells; the line can be pasted into a terminal as is.
@@ -274,6 +281,12 @@ class RunFolder:
             self._status = status
         return status
 
+    def update_status(self, **fields: Any) -> None:
+        """Add fields to status.json without changing its state."""
+        with self._status_lock:
+            state = (self._status if self._status is not None else (self.read_status() or {})).get("state", "created")
+        self.write_status(state if state in STATES else "created", **fields)
+
     def heartbeat(self) -> None:
         """Every few seconds: no fsync (see atomic_write_bytes), no read of the file."""
         with self._status_lock:
@@ -292,7 +305,7 @@ class RunFolder:
         try:
             with open(self.status_json, "r", encoding="utf-8") as f:
                 status = json.load(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
         return status if isinstance(status, dict) else None
 
@@ -345,20 +358,55 @@ class RunFolder:
             entries = list(self.checkpoints_dir.iterdir())
         except FileNotFoundError:
             return []
-        found = [(int(m.group(1)), p) for p in entries if (m := _ITER_DIR.match(p.name)) and p.is_dir()]
+        found = [(int(m.group(1)), p) for p in entries
+                 if (m := _ITER_DIR.match(p.name)) and p.is_dir() and self.inside(p)]
         return sorted(found)
 
     def latest_checkpoint(self) -> Optional[tuple[int, Path]]:
         try:
-            latest = json.loads(self.latest_json.read_text(encoding="utf-8"))
-            it = int(latest["iter"])
-            path = self.checkpoints_dir / str(latest.get("path") or f"iter_{it}")
-            if path.is_dir() and _ITER_DIR.match(path.name):
-                return it, path
-        except (OSError, ValueError, KeyError, TypeError):
+            latest = json.loads(self.latest_json.read_text(encoding="utf-8")[:4096])
+            it = latest["iter"]
+            name = latest.get("path") or f"iter_{it}"
+            # A plain iter_<N> name in checkpoints/ only: a path into another run would resume from
+            # that run's weights and then overwrite this run's checkpoints.
+            if isinstance(it, int) and not isinstance(it, bool) and name == f"iter_{it}":
+                path = self.checkpoints_dir / name
+                if path.is_dir() and self.inside(path):
+                    return it, path
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             pass  # absent or unreadable: fall back to what is on disk
         found = self.list_checkpoints()
         return found[-1] if found else None
+
+    def inside(self, path: PathLike) -> bool:
+        """Whether `path`, symbolic links followed, is inside this run folder."""
+        try:
+            return Path(path).resolve().is_relative_to(self.path.resolve())
+        except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+            return False
+
+    def check_confined(self) -> None:
+        """The engine writes only inside its run folder: refuses a symbolic link that leaves it
+        where the engine would write (a top-level file or folder, or an entry of checkpoints/,
+        samples/, logs/, export/), e.g. logs/engine.log linked to a file elsewhere."""
+        places = list(_entries(self.path))
+        for sub in (self.checkpoints_dir, self.samples_dir, self.logs_dir, self.export_dir):
+            if sub.is_dir() and self.inside(sub):
+                places += _entries(sub)
+        for p in places:
+            if p.is_symlink() and not self.inside(p):
+                raise UserInputError(f"{p} is a symbolic link to {os.path.realpath(p)}, outside the run folder "
+                                     f"{self.path}: the engine writes only inside its run folder (replace the link "
+                                     f"with a real file or folder)")
+
+    def has_no_run(self) -> bool:
+        """True for a folder a run may be created in: absent, empty, or only what an engine that
+        stopped before writing config.json leaves (empty sub-folders, status, events, logs)."""
+        if not self.path.exists():
+            return True
+        if not self.path.is_dir() or self.config_json.exists() or self.list_checkpoints():
+            return False
+        return all(p.name in _SKELETON for p in _entries(self.path))
 
     def clean_temp(self) -> None:
         """Remove what a killed save left behind; put back a checkpoint caught mid-replacement."""
@@ -417,6 +465,120 @@ def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
             yield line
 
 
+
+
+_SKELETON = {"checkpoints", "samples", "export", "logs", "status.json", "events.jsonl", "control.jsonl",
+             "gpu_mem.csv", "metrics.csv", "command.txt", "env.json", "engine.lock"}
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------- one writer
+
+LOCK_NAME = "engine.lock"
+
+
+class RunLock:
+    """One engine writes a run folder at a time: an exclusive lock on <run>/engine.lock (flock on
+    POSIX, a byte-range lock on Windows), held from before the engine touches anything until its
+    last status write. The operating system drops it when the process dies, however it dies, so a
+    killed engine's lock is taken over by the next one with nothing to clean up. The file holds the
+    holder's pid and host, for the error message only; it is never deleted (deleting a lock file
+    races with a process that has just opened it). On a filesystem without locks the live pid and
+    heartbeat in status.json decide (effective_state)."""
+
+    def __init__(self, run_dir: PathLike):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError as e:
+            raise UserInputError(f"run folder {self.run_dir}: cannot open {LOCK_NAME}: {e.strerror or e}") from None
+        try:
+            if not _lock_fd(fd):
+                raise RunInUse(self.run_dir, _read_holder(self.path))
+            os.ftruncate(fd, 0)
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
+            _write_all(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the lock
+            self._fd = None
+
+
+class RunInUse(UserInputError):
+    def __init__(self, run_dir: Path, holder: dict):
+        pid = holder.get("pid", "?")
+        since = holder.get("started")
+        when = f", running since {datetime.fromtimestamp(since).strftime('%Y-%m-%d %H:%M')}" if isinstance(
+            since, (int, float)) else ""
+        host = f" on {holder['host']}" if holder.get("host") not in (None, socket.gethostname()) else ""
+        super().__init__(f"run folder {run_dir} is in use by engine pid {pid}{host}{when}: one engine writes a run "
+                         f"folder at a time (stop that one first, or choose another --run-dir)")
+
+
+def _lock_fd(fd: int) -> bool:
+    """Try to take the lock on an open fd: True when taken, False when another process holds it."""
+    try:
+        if os.name == "nt":
+            import msvcrt
+
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        return True  # no locks on this filesystem (ENOLCK, EOPNOTSUPP): the status check decides
+
+
+def _read_holder(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_bytes()[:4096].decode("utf-8", "replace") or "{}")
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def check_not_in_use(run_dir: PathLike) -> None:
+    """Refuses (RunInUse, exit 2) a run folder another engine is writing: its lock is held, or (a
+    filesystem without locks, an older engine) status.json names a live engine. Creates nothing."""
+    run = RunFolder(run_dir)
+    lock = RunLock(run_dir)
+    if lock.path.is_file() and not lock.path.is_symlink():
+        try:
+            fd = os.open(lock.path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                if not _lock_fd(fd):
+                    raise RunInUse(run.path, _read_holder(lock.path))
+            finally:
+                os.close(fd)  # closing drops the lock this check may have taken
+    status = run.read_status()
+    if status and status.get("pid") != os.getpid() and effective_state(status) in LIVE_STATES:
+        raise RunInUse(run.path, {"pid": status.get("pid"), "host": status.get("host")})
 
 
 def list_runs(root: PathLike) -> list[RunFolder]:

@@ -6,8 +6,10 @@ checkpoints/iter_<N>/
   student_lora.safetensors LoRA student: the adapter's trainable weights (peft names)
   fake_score/ | fake_score_lora.safetensors      the same for the fake score
   gan_head.safetensors, ema.safetensors (when EMA is on)
-  optimizer_generator.pt, optimizer_critic.pt, grad_scaler.pt (fp16 only)
-                           torch.save of plain state dicts, read back with weights_only=True
+  optimizer_generator.safetensors, optimizer_critic.safetensors, grad_scaler.json (fp16 only)
+                           optimizer states as tensors + JSON (dmad.models.optim_state); checkpoints
+                           of format 1 have optimizer_*.pt / grad_scaler.pt instead, torch.save files
+                           read back with weights_only=True
   rng.safetensors          torch CPU/CUDA RNG states (training noise itself is per-sample, dmad.methods.noise)
   training_state.json      iteration, generator steps, data batches consumed, student timesteps,
                            lr schedulers, the config fingerprint
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +29,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dmad.errors import UserInputError
+from dmad.errors import CheckpointUnusable
+from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: optimizer states as torch.save .pt files (still read, weights_only=True)
+READABLE_FORMATS = (1, 2)
 
 
 def config_fingerprint(config: dict) -> str:
@@ -51,7 +56,7 @@ def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
     if mode == "full":
         files = sorted((ckpt / name).glob("*.safetensors"))
         if not files:
-            raise UserInputError(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
+            raise CheckpointUnusable(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
         state = {}
         for f in files:
             state.update(load_file(str(f)))
@@ -61,8 +66,8 @@ def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
     result = module.load_state_dict(state, strict=False)
     expected = {n for n, p in module.named_parameters() if p.requires_grad}
     if result.unexpected_keys or expected - set(state):
-        raise UserInputError(f"checkpoint {ckpt}: {name} LoRA weights do not match this config "
-                             f"(lora_rank or targets changed?)")
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {name} LoRA weights do not match this config "
+                                 f"(lora_rank or targets changed?)")
 
 
 def student_weight_files(ckpt: Path) -> list[Path]:
@@ -106,7 +111,7 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
         params = trainable_parameters(student)
         with safe_open(str(ema), framework="pt") as f, torch.no_grad():
             if set(f.keys()) != {f"shadow.{i}" for i in range(len(params))}:
-                raise UserInputError(f"{ema}: {len(list(f.keys()))} EMA tensors for {len(params)} student parameters")
+                raise CheckpointUnusable(f"{ema}: {len(list(f.keys()))} EMA tensors for {len(params)} student parameters")
             for i, p in enumerate(params):
                 p.copy_(f.get_tensor(f"shadow.{i}"))
     student.requires_grad_(False).eval()
@@ -153,10 +158,10 @@ def save_checkpoint(out: Path, *, nets, student_mode: str, fake_mode: str, opt_g
     save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()}, str(out / "gan_head.safetensors"))
     if nets.ema is not None:
         _save_ema(nets.ema, out / "ema.safetensors")
-    torch.save(opt_g.state_dict(), out / "optimizer_generator.pt")
-    torch.save(opt_c.state_dict(), out / "optimizer_critic.pt")
+    save_optimizer(opt_g, out / "optimizer_generator.safetensors")
+    save_optimizer(opt_c, out / "optimizer_critic.safetensors")
     if scaler is not None:
-        torch.save(scaler.state_dict(), out / "grad_scaler.pt")
+        save_scaler(scaler, out / "grad_scaler.json")
     save_file(_rng_state(), str(out / "rng.safetensors"))
     doc = {"format_version": FORMAT_VERSION, **state.__dict__}
     doc["lr_generator"], doc["lr_critic"] = _jsonable(sched_g.state_dict()), _jsonable(sched_c.state_dict())
@@ -168,33 +173,153 @@ def _jsonable(d: dict) -> dict:
     return json.loads(json.dumps(d, default=lambda o: None))
 
 
+_STATE_TYPES = {"iter": int, "generator_steps": int, "batches_used": int, "student_timesteps": list,
+                "prediction_type": str, "config_fingerprint": str, "lr_generator": dict, "lr_critic": dict}
+
+
 def read_training_state(ckpt: Path) -> TrainingState:
+    """training_state.json, every field of the type it must have (CheckpointUnusable otherwise)."""
     path = ckpt / "training_state.json"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserInputError(f"checkpoint {ckpt} is not readable: {path.name}: {e}") from None
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise UserInputError(f"checkpoint {ckpt}: format_version {doc.get('format_version')!r} is not supported")
-    doc.pop("format_version")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CheckpointUnusable(f"checkpoint {ckpt} is not readable: {path.name}: {_first_line(e)}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is not a JSON object")
+    if doc.get("format_version") not in READABLE_FORMATS:
+        raise CheckpointUnusable(f"checkpoint {ckpt}: format_version {doc.get('format_version')!r} is not supported")
+    doc = {k: v for k, v in doc.items() if k != "format_version"}
+    if set(doc) != set(_STATE_TYPES):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} has fields {sorted(doc)}, expected {sorted(_STATE_TYPES)}")
+    for k, kind in _STATE_TYPES.items():
+        v = doc[k]
+        ok = isinstance(v, kind) and not isinstance(v, bool) and (kind is not int or v >= 0)
+        if kind is list:
+            ok = ok and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+        if not ok:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name}: {k} must be a{'n' if kind is int else ''} "
+                                     f"{kind.__name__}{' >= 0' if kind is int else ''}, got {json.dumps(v)[:60]}")
     return TrainingState(**doc)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def _check_safetensors(path: Path, ckpt: Path) -> None:
+    """Present, inside the checkpoint, and a whole safetensors file: the header parses and its
+    tensors cover the file exactly (a truncated file fails here). Reads the header only."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} is missing")
+    if not path.resolve().is_relative_to(ckpt.resolve()):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} links outside the checkpoint")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # noqa: BLE001 - SafetensorError and friends: the file is not usable
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} is damaged: {_first_line(e)}") from None
+
+
+def _load_plain(path: Path, ckpt: Path, mmap: bool = False) -> dict:
+    """A torch.save'd state dict, read with weights_only=True: tensors, numbers, strings and
+    containers only. A file that holds anything else is refused, never unpickled another way."""
+    if not path.is_file():
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is missing")
+    if not path.resolve().is_relative_to(ckpt.resolve()):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} links outside the checkpoint")
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - a truncated or garbled zip, or a refused pickle
+        if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+            # torch's own message suggests weights_only=False: never pass that advice on
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} holds objects other than tensors and numbers; "
+                                     f"it is refused, since loading it could run code from the file") from None
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is damaged: {_first_line(e)}") from None
+    if not isinstance(state, dict):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is not a state dict")
+    return state
+
+
+def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: str) -> TrainingState:
+    """Before a resume picks `ckpt`: every file load_checkpoint reads is present, inside the
+    checkpoint and whole (safetensors headers and coverage; optimizer states memory-mapped, so
+    their tensors are not read), and training_state.json is well typed. Shapes are checked when
+    the weights load (load_checkpoint). Raises CheckpointUnusable naming the first problem."""
+    state = read_training_state(ckpt)
+    for name, mode in (("student", student_mode), ("fake_score", fake_mode)):
+        files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
+        if not files:
+            raise CheckpointUnusable(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
+        for f in files:
+            _check_safetensors(f, ckpt)
+    for name in ("gan_head.safetensors", "rng.safetensors"):
+        _check_safetensors(ckpt / name, ckpt)
+    if (ckpt / "ema.safetensors").exists():
+        _check_safetensors(ckpt / "ema.safetensors", ckpt)
+    for name in ("generator", "critic"):
+        _optimizer_state(ckpt, name, header_only=True)
+    return state
+
+
+def _format(ckpt: Path) -> int:
+    return 1 if (ckpt / "optimizer_generator.pt").exists() and not (ckpt / "optimizer_generator.safetensors").exists() \
+        else 2
+
+
+def _optimizer_state(ckpt: Path, name: str, header_only: bool = False) -> dict:
+    """optimizer_<name>.safetensors (format 2), or the .pt file of a format 1 checkpoint."""
+    if _format(ckpt) == 1:
+        return _load_plain(ckpt / f"optimizer_{name}.pt", ckpt, mmap=header_only)
+    path = ckpt / f"optimizer_{name}.safetensors"
+    _check_safetensors(path, ckpt)
+    try:
+        return read_optimizer(path, tensors=not header_only)
+    except Exception as e:  # noqa: BLE001 - metadata that is not ours
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is damaged: {_first_line(e)}") from None
+
+
+def _scaler_state(ckpt: Path) -> dict | None:
+    if (ckpt / "grad_scaler.json").is_file():
+        try:
+            return read_scaler(ckpt / "grad_scaler.json")
+        except (OSError, ValueError, RecursionError) as e:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: grad_scaler.json is damaged: {_first_line(e)}") from None
+    if (ckpt / "grad_scaler.pt").is_file():
+        return _load_plain(ckpt / "grad_scaler.pt", ckpt)
+    return None
 
 
 def load_checkpoint(ckpt: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
                     scaler) -> TrainingState:
-    """Restore everything save_checkpoint wrote, into already-built (unwrapped) networks."""
-    state = read_training_state(ckpt)
+    """Restore everything save_checkpoint wrote, into already-built (unwrapped) networks. Any
+    problem (a missing or damaged file, a shape or key that does not match these networks) is a
+    CheckpointUnusable naming the checkpoint; a resume of 'latest' then tries an older one."""
+    try:
+        return _load_checkpoint(ckpt, nets=nets, student_mode=student_mode, fake_mode=fake_mode, opt_g=opt_g,
+                                opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, scaler=scaler)
+    except CheckpointUnusable:
+        raise
+    except Exception as e:  # noqa: BLE001 - every way a file can fail to fit: one reason, no traceback
+        raise CheckpointUnusable(f"checkpoint {ckpt} does not fit this run: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _load_checkpoint(ckpt: Path, *, nets, student_mode, fake_mode, opt_g, opt_c, sched_g, sched_c,
+                     scaler) -> TrainingState:
+    state = verify_checkpoint(ckpt, student_mode, fake_mode)
     load_network(nets.student, ckpt, "student", student_mode)
     load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
     nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
     if nets.ema is not None:
         if not (ckpt / "ema.safetensors").is_file():
-            raise UserInputError(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
+            raise CheckpointUnusable(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
         _load_ema(nets.ema, ckpt / "ema.safetensors")
-    opt_g.load_state_dict(torch.load(ckpt / "optimizer_generator.pt", weights_only=True, map_location="cpu"))
-    opt_c.load_state_dict(torch.load(ckpt / "optimizer_critic.pt", weights_only=True, map_location="cpu"))
-    if scaler is not None and (ckpt / "grad_scaler.pt").is_file():
-        scaler.load_state_dict(torch.load(ckpt / "grad_scaler.pt", weights_only=True))
+    opt_g.load_state_dict(_optimizer_state(ckpt, "generator"))
+    opt_c.load_state_dict(_optimizer_state(ckpt, "critic"))
+    scaler_state = _scaler_state(ckpt)
+    if scaler is not None and scaler_state is not None:
+        scaler.load_state_dict(scaler_state)
     sched_g.load_state_dict(state.lr_generator)
     sched_c.load_state_dict(state.lr_critic)
     _restore_rng(load_file(str(ckpt / "rng.safetensors")))

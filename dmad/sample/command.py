@@ -169,6 +169,8 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
                                  f"(ids: {', '.join(it.id for it in ps.items)})")
     elif prompt_id:
         raise UserInputError("--prompt-id is for --sweep (without it every prompt is rendered)")
+    if not out:  # into the run folder: never through a link that leaves it
+        folder.check_confined()
     out = Path(out).expanduser().resolve() if out else folder.samples_dir
     check_output_folder(out, "--out", new=False)  # before the models load
     cfg = load_config(folder.config_json)

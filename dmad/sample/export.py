@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional
 
 from dmad.contract.jsonfile import check_output_folder, check_path, printable
+from dmad.contract.runs import RunFolder
 from dmad.errors import UserInputError
 from dmad.sample.command import ITERATION
 
@@ -72,8 +73,6 @@ def resolve_source(run_dir: str, checkpoint: str) -> ExportSource:
     """The run folder and checkpoint named on the command line; UserInputError for anything missing.
     Torch-free: the CLI answers these errors in a fraction of a second."""
     from dmad.contract.config import load_config
-    from dmad.contract.runs import RunFolder
-
     folder = RunFolder.open(check_path(run_dir, "--run").expanduser().resolve())
     cfg = load_config(folder.config_json)
     if checkpoint == "latest":
@@ -509,6 +508,8 @@ def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:
     """The `dmad export` command: prints the output folder on stdout."""
     src = resolve_source(run, checkpoint)
     target = Path(out).expanduser().resolve() if out else default_out(src, fmt)
+    if not out:  # into the run folder: never through a link that leaves it
+        RunFolder(src.run).check_confined()
     check_request(src, fmt, target)  # before torch is imported: bad requests answer fast
     print(export(src, fmt, target), flush=True)
     return 0

@@ -22,6 +22,7 @@ from dmad.methods.dmd2 import sample_student
 from dmad.methods.prediction import NoiseSchedule
 from dmad.contract.prompts import PromptSet, item_seed
 from dmad.contract.runs import atomic_write_bytes, atomic_write_json
+from dmad.errors import StopRequested
 
 
 def library_versions() -> dict:
@@ -285,7 +286,7 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
 
 
 def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device, events, log,
-                           iteration: Optional[int]) -> None:
+                           iteration: Optional[int], between_images: Optional[Callable[[], None]] = None) -> None:
     """Render the teacher reference into `out` unless its meta.json already names this prompt set
     + version (a resumed run: rendered once per run). A failure is a warning event, never the end
     of training. Events: phase `teacher-samples` with done/total (0/N, then after each image), then
@@ -294,16 +295,20 @@ def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device,
         meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
         if (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version):
             return
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         pass  # absent or unreadable: render
     def progress(done: int, total: int) -> None:
         events.emit("phase", iteration, phase="teacher-samples", done=done, total=total)
+        if between_images is not None and done < total:
+            between_images()  # a stop command ends the phase here (StopRequested)
 
     progress(0, len(prompt_set.items))
     try:
         paths = render_teacher_samples(out, teacher=teacher, prompt_set=prompt_set, versions=library_versions(),
                                        device=device, progress=progress)
         events.emit("samples", None, folder=str(out), paths=paths, model="teacher")
+    except StopRequested:
+        raise
     except Exception as e:  # noqa: BLE001 - reported, training goes on
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # an OOM here must not leave the cache full for training

@@ -6,7 +6,7 @@ import datetime
 import logging
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -106,9 +106,11 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
-                  log: logging.Logger, monitor: Monitor, acc=None, resume: Optional[str] = None) -> Session:
+                  log: logging.Logger, monitor: Monitor, acc=None, resume: Optional[str] = None,
+                  between_phases: Callable[[], None] = lambda: None) -> Session:
     """Everything the loop holds, in one go: data, teacher, networks, optimizers; restored from the
-    checkpoint `resume` (exact resume), with the data stream starting at the batch it reached."""
+    checkpoint `resume` (exact resume), with the data stream starting at the batch it reached.
+    `between_phases()` runs after each long step (control commands: a stop ends the build there)."""
     from accelerate.utils import set_seed
 
     from dmad.data.loading import open_dataset
@@ -124,8 +126,10 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     dataset, groups, skip_log = open_dataset(ident.train_data_dir, res.resolution, res.train_batch_size,
                                              cfg.effective_batch(acc.num_processes), res.seed, events, folder, log)
     events.emit("phase", None, phase="loading", device=str(acc.device))
+    between_phases()
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
+    between_phases()
     family = teacher.family
     family.guidance = dist.real_guidance_scale  # what a guidance-embedding student and fake score are given
     nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
@@ -161,6 +165,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                         gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
                         schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))
     timesteps = dist.resolved_student_timesteps()
+    between_phases()
     state = _load_checkpoint(cfg, resume, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps) if resume else None
     if state is not None:
         events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))

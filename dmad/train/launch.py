@@ -77,7 +77,11 @@ def run_launched(cmd: list[str], run_dir: Path) -> int:
     from dmad.contract.events import EventWriter
     from dmad.contract.runs import RunFolder
 
-    env = dict(os.environ, **{LAUNCHED_ENV: "1"})
+    import psutil
+
+    # The ranks start seconds after this process: a Stop pressed meanwhile is theirs too (ControlReader).
+    started = os.environ.get("DMAD_STARTED_AT") or str(psutil.Process().create_time())
+    env = dict(os.environ, **{LAUNCHED_ENV: "1", "DMAD_STARTED_AT": started})
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def forward(sig, _frame):

@@ -15,27 +15,28 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dmad.contract.config import TrainConfig
-from dmad.errors import DmadError
+from dmad.errors import CheckpointUnusable, DmadError, StopRequested
 from dmad.contract.events import EventWriter
 from dmad.train.monitor import Monitor
 from dmad.train.launch import world_rank
 from dmad.train.oom import Phase, advice, classify
 from dmad.contract.prompts import load_prompt_set
 from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, any_rank, broadcast, mean_logs, record_failure
-from dmad.contract.runs import ControlReader, RunFolder
+from dmad.contract.runs import ControlReader, RunFolder, RunLock
 from dmad.train.build import build_session, make_accelerator
-from dmad.train.session import (METRIC_COLUMNS, Session, StopFlag, close_logging, cut_back_to_checkpoint,
-                                PipeSafeStream, is_oom, prepare_folder, setup_logging)
+from dmad.train.session import (METRIC_COLUMNS, Session, StopFlag, close_logging, cut_back_to_checkpoint, disk_full,
+                                engine_started_at, is_disk_full, PipeSafeStream, is_oom, prepare_folder,
+                                setup_logging)
 from dmad.train.step import ITERATIONS, LogSum, NonFiniteLoss
 
 
 @dataclass
 class OpenRun:
-    """A run folder opened for training: its writers, the prompt set and the phase an out-of-memory
-    error would be blamed on. `exit_code` is what the command returns."""
+    """A run folder opened for training: its writers, the prompt set, the control commands and the
+    phase an out-of-memory error would be blamed on. `exit_code` is what the command returns."""
 
     cfg: TrainConfig
     folder: Any  # RunFolder on rank 0, ReadOnlyFolder on the others
@@ -45,6 +46,7 @@ class OpenRun:
     prompt_set: Any
     phase: Phase
     stop: StopFlag
+    control: ControlReader  # read from the engine's start: a Stop during loading counts
     accelerator: Any  # joined process group with several processes, else None (build_session makes one)
     resume: Optional[str]
     session: Optional[Session] = None
@@ -53,43 +55,113 @@ class OpenRun:
     def build(self) -> Session:
         self.phase.set("loading")
         self.session = build_session(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
-                                     self.accelerator, self.resume)
+                                     self.accelerator, self.resume, between_phases=self.between_phases)
         return self.session
 
+    def between_phases(self, collective: bool = True) -> None:
+        """Control commands at a boundary before training (data opened, teacher loaded, each teacher
+        sample): stop raises StopRequested, pause waits here for resume or stop, and sample_now /
+        checkpoint_now wait for the loop. Rank 0 reads; with several processes the outcome is
+        broadcast when `collective` (every rank is at the same boundary)."""
+        stopping = False
+        if self.folder.is_writer:
+            stopping = self._apply_early(self.control.poll())
+        if collective and self.accelerator is not None:
+            stopping = broadcast(self.accelerator, stopping)
+        if stopping:
+            raise StopRequested()
 
-def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> int:
-    """`dmad train`: creates (or reopens, to resume) the run folder, trains, returns the exit code."""
-    with open_run(cfg, run_dir, resume, argv) as run:
-        s = run.build()
-        run.phase.set("sampling")
-        s.render_teacher_reference()  # before iteration 1; a no-op on resume
-        run.exit_code = train_loop(s, run.stop, run.phase)
-    return run.exit_code
+    def _apply_early(self, commands: list[dict]) -> bool:
+        paused = False
+        while True:
+            for c in commands:
+                name = c.get("cmd")
+                if name == "stop":
+                    return True
+                if name == "pause" and not paused:
+                    paused = True
+                    self.folder.write_status("paused")
+                    self.events.emit("paused", None, phase=self.phase.name)
+                elif name == "resume" and paused:
+                    paused = False
+                    self.folder.write_status("running")
+                    self.events.emit("resumed", None, phase=self.phase.name)
+                elif name in ("sample_now", "checkpoint_now"):
+                    self.control.defer(c)  # there is no student to sample or save yet
+            if self.stop.is_set():
+                return True
+            if not paused:
+                return False
+            time.sleep(0.2)
+            commands = self.control.poll()
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str], restart: bool = False,
+                 fallbacks: Sequence[Path] = (), skipped: Sequence[str] = ()) -> int:
+    """`dmad train`: creates (or reopens, to resume or to start again) the run folder, trains,
+    returns the exit code. A checkpoint that fails to load falls back to the next of `fallbacks`
+    (older checkpoints, newest first), each passed over with a warning event; `skipped` are those
+    preflight already passed over."""
+    skipped, fallbacks = list(skipped), list(fallbacks)
+    while True:
+        try:
+            with open_run(cfg, run_dir, resume, argv, restart=restart, skipped=skipped) as run:
+                s = run.build()
+                run.phase.set("sampling")
+                s.render_teacher_reference(run.between_phases)  # before iteration 1; a no-op on resume
+                run.between_phases()
+                run.exit_code = train_loop(s, run.stop, run.phase, run.control)
+            return run.exit_code
+        except CheckpointUnusable as e:
+            if not fallbacks and not skipped:
+                raise  # the only checkpoint there was, or the one the user named
+            skipped.append(str(e))
+            if not fallbacks:
+                raise CheckpointUnusable(f"no usable checkpoint in {Path(resume).parent} ({len(skipped)} damaged; "
+                                         f"newest: {skipped[0]})") from None
+            resume = str(fallbacks.pop(0))
 
 
 @contextlib.contextmanager
-def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str]) -> Iterator[OpenRun]:
+def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str], restart: bool = False,
+             skipped: Sequence[str] = ()) -> Iterator[OpenRun]:
     """The run folder, logging, events, status and heartbeat around whatever trains in it (the loop,
     or a `dmad probe` point), and what a failure leaves there: an error event, a failed status,
     one line on stderr and the exit code (1, 3 out of memory, 130 interrupted) in `exit_code`.
-    A DmadError (bad input) is recorded and re-raised for the CLI to print."""
+    A DmadError (bad input) is recorded and re-raised for the CLI to print. Rank 0 holds the run
+    folder's lock (dmad.contract.runs.RunLock) from before its first write to after its last."""
     phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
     rank, world = world_rank()
     acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
     main = rank == 0
+    lock = None
     if main:
-        folder = RunFolder.open(run_dir) if resume else RunFolder.create(run_dir)
-        if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
-            cut_back_to_checkpoint(folder, Path(resume))
+        reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
+        folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
+        folder.check_confined()  # nothing is written before: a link out of the folder is refused
+        lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
+        try:
+            if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
+                cut_back_to_checkpoint(folder, Path(resume))
+            elif restart:
+                folder.clean_temp()
+                folder.truncate_after(0)
+        except BaseException:
+            lock.release()
+            raise
     if acc is not None:
         acc.wait_for_everyone()  # rank 0 made the folder
     if not main:
         folder = ReadOnlyFolder(run_dir)
+    previous = folder.read_status() or {} if main else {}
+    offset = previous.get("control_offset")
+    control = ControlReader(folder.control_jsonl, offset=offset if isinstance(offset, int) else 0,
+                            since=engine_started_at())
     real_stderr, sys.stderr = sys.stderr, PipeSafeStream(sys.stderr)  # before logging takes its handle
     log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
-    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), acc, resume)
+    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume)
 
     def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
         it = run.session.iter if run.session is not None else None
@@ -98,13 +170,20 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     run.monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
     try:
         if main:
-            run.prompt_set = prepare_folder(folder, cfg, resume, argv, events, world)
+            run.prompt_set = prepare_folder(folder, cfg, resume, argv, events, world, reopened=restart)
+            for reason in skipped:
+                events.emit("warning", None, message=f"passed over a damaged checkpoint: {reason}")
+            if restart:
+                events.emit("warning", None, message=f"no complete checkpoint in {folder.checkpoints_dir}: "
+                                                     f"starting again from iteration 0")
         if acc is not None:
             acc.wait_for_everyone()  # rank 0 wrote the run's prompt set
         if not main:
             run.prompt_set = load_prompt_set(folder.prompt_set_json)
         run.monitor.start()
         yield run
+    except StopRequested:
+        run.exit_code = _stopped_early(run)
     except NonFiniteLoss as e:
         run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
                               cause="non_finite_loss")
@@ -113,6 +192,10 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         raise
     except BaseException as e:
         s = run.session
+        if is_disk_full(e):
+            full = disk_full(folder, s, e)
+            _fail(folder, events, s, str(full), full.exit_code, cause="disk_full", quiet=True)
+            raise full from None
         if is_oom(e):
             where = classify(phase.name)
             tip = advice(where, cfg.resources)
@@ -134,18 +217,42 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.monitor.stop()
         if run.session is not None:
             run.session.metrics.close()
+        _quietly(folder.update_status, control_offset=control.offset)  # the next engine starts after these
         events.close()
         close_logging()
         sys.stdout, sys.stderr = real_stdout, real_stderr
+        if lock is not None:
+            lock.release()
+
+
+def _quietly(write: Callable, *args, **kwargs) -> None:
+    """A write while the run ends: a full disk must not hide the reason the run ended."""
+    try:
+        write(*args, **kwargs)
+    except OSError:
+        pass
+
+
+def _stopped_early(run: OpenRun) -> int:
+    """A stop before training began: no checkpoint is written (a resumed run keeps the one it
+    resumed from); the folder can be resumed, or started again when it has none."""
+    s = run.session
+    it = s.iter if s is not None else None
+    last = run.folder.latest_checkpoint() if run.folder.is_writer else None
+    run.folder.write_status("stopped", iter=it)
+    run.events.emit("stopped", it, last_checkpoint=last[0] if last else None, phase=run.phase.name)
+    return 0
 
 
 def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int,
           quiet: bool = False, **data) -> int:
-    """Error event + failed status; one line on stderr unless the CLI prints the exception itself."""
+    """Error event + failed status; one line on stderr unless the CLI prints the exception itself.
+    Each write is tried on its own: a full disk must not hide the reason."""
     last = folder.latest_checkpoint()
     it = s.iter if s is not None else None
-    events.emit("error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None, **data)
-    folder.write_status("failed", failure_reason=reason, exit_code=code)
+    _quietly(events.emit, "error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None,
+             **data)
+    _quietly(folder.write_status, "failed", failure_reason=reason, exit_code=code)
     if not quiet:
         print(f"dmad: error: {reason}", file=sys.stderr, flush=True)
     return code
@@ -153,7 +260,7 @@ def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: 
 
 # --------------------------------------------------------------------------- the loop
 
-def train_loop(s: Session, stop: "StopFlag", phase: Phase,
+def train_loop(s: Session, stop: "StopFlag", phase: Phase, control: Optional[ControlReader] = None,
                after_iteration: Optional[Callable[[Session], None]] = None) -> int:
     """Iterations until max_train_steps or a stop: control commands, the batches (data time), one
     iteration of the configured method (dmad.train.step), a metrics row every log_every_steps, then
@@ -161,7 +268,7 @@ def train_loop(s: Session, stop: "StopFlag", phase: Phase,
     cfg = s.cfg
     iteration = ITERATIONS[cfg.distillation.method]
     after_iteration = after_iteration or checkpoint_and_sample
-    control = ControlReader(s.folder.control_jsonl)
+    control = control if control is not None else ControlReader(s.folder.control_jsonl)
     window = _Window()
     s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
     s.events.emit("phase", s.iter, phase="training")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 from dmad.contract.config import TrainConfig
 from dmad.contract.datafiles import IMAGE_EXTS, caption_of, images_in
 from dmad.errors import UserInputError
-from dmad.contract.runs import RunFolder, default_run_name
+from dmad.contract.runs import RunFolder, check_not_in_use, default_run_name
 
 if TYPE_CHECKING:  # both import torch or pydantic models we only name here
     from dmad.models.teacher import TeacherInfo
@@ -39,7 +39,9 @@ class DataSummary:
 @dataclass(frozen=True)
 class ResumeTarget:
     iteration: int
-    checkpoint: Path  # <run>/checkpoints/iter_<N>, complete (checkpoints are renamed into place)
+    checkpoint: Path  # <run>/checkpoints/iter_<N>, complete (checkpoints are renamed into place) and verified
+    fallbacks: tuple[Path, ...] = ()  # older checkpoints, newest first, tried when this one fails to load
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over, and why (warning events)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Preflight:
     prompt_set: "PromptSet"
     data: DataSummary
     resume: Optional[ResumeTarget]
+    restart: bool = False  # --resume latest on a run that ended before its first checkpoint: from iteration 0
 
     @property
     def resume_arg(self) -> Optional[str]:
@@ -82,11 +85,17 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
         run_dir = default_run_dir(cfg, data.dataset_id, prompt_set.name, str(prompt_set.version),
                                   resume_latest=resume == "latest")
     run_dir = Path(run_dir).resolve()
-    target = find_resume_target(run_dir, resume) if resume else None
-    if target is None and not launched:
+    check_run_dir_place(run_dir)
+    if not launched:  # a rank's launcher checked, and rank 0 holds the lock by now
+        check_not_in_use(run_dir)
+    ident = cfg.identity
+    target = find_resume_target(run_dir, resume, ident.student, ident.fake_score) if resume else None
+    restart = resume is not None and target is None
+    if target is None and not restart and not launched:
         check_fresh_run_dir(run_dir)
     teacher_info = _inspect_teacher(cfg)  # last: it imports torch and diffusers (~1-3 s)
-    return Preflight(run_dir=run_dir, teacher_info=teacher_info, prompt_set=prompt_set, data=data, resume=target)
+    return Preflight(run_dir=run_dir, teacher_info=teacher_info, prompt_set=prompt_set, data=data, resume=target,
+                     restart=restart)
 
 
 def _inspect_teacher(cfg: TrainConfig) -> "TeacherInfo":
@@ -147,25 +156,67 @@ def _run_dir_of_checkpoint(path: Path) -> Path:
     return path
 
 
-def find_resume_target(run_dir: Path, resume: str) -> ResumeTarget:
+def find_resume_target(run_dir: Path, resume: str, student_mode: str = "full",
+                       fake_mode: str = "full") -> Optional[ResumeTarget]:
+    """The checkpoint to resume from, verified (dmad.models.checkpoint.verify_checkpoint). 'latest' (or
+    the run folder) takes the newest usable one, passing over damaged newer ones (named in
+    `skipped`); None when the run has no checkpoint at all: it ended before its first one, and
+    starts again from iteration 0 (diffusers' scripts do the same with a missing 'latest'). A
+    named checkpoint is used as it is or refused."""
+    from dmad.models.checkpoint import verify_checkpoint
+    from dmad.errors import CheckpointUnusable
+
     run = RunFolder(run_dir)
     if not run_dir.is_dir():
         raise UserInputError(f"--resume {resume}: run folder not found: {run_dir}")
+    if not run.config_json.is_file() and not run.has_no_run():
+        raise UserInputError(f"--resume {resume}: not a run folder (no config.json): {run_dir}")
+    found = run.list_checkpoints()
     path = Path(resume)
-    if resume == "latest" or path.resolve() == run_dir:
-        latest = run.latest_checkpoint()
-        if latest is None:
-            raise UserInputError(f"--resume {resume}: no complete checkpoint in {run.checkpoints_dir} "
-                                 f"(start without --resume, or pick another run folder)")
-        return ResumeTarget(iteration=latest[0], checkpoint=latest[1])
-    found = {p.resolve(): it for it, p in run.list_checkpoints()}
-    if path.resolve() not in found:
-        have = ", ".join(f"iter_{it}" for it in sorted(found.values())) or "none"
-        raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
-    return ResumeTarget(iteration=found[path.resolve()], checkpoint=path.resolve())
+    if resume != "latest" and path.resolve() != run_dir:
+        match = [it for it, p in found if p.resolve() == path.resolve()]
+        if not match:
+            have = ", ".join(f"iter_{it}" for it, _ in found) or "none"
+            raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
+        try:
+            verify_checkpoint(path.resolve(), student_mode, fake_mode)
+        except CheckpointUnusable as e:
+            raise UserInputError(f"--resume {resume}: {e}") from None
+        return ResumeTarget(iteration=match[0], checkpoint=path.resolve())
+    latest = run.latest_checkpoint()
+    order = ([latest] if latest else []) + [c for c in reversed(found) if latest is None or c[1] != latest[1]]
+    if not order:
+        return None
+    skipped = []
+    for k, (it, ckpt) in enumerate(order):
+        try:
+            verify_checkpoint(ckpt, student_mode, fake_mode)
+        except CheckpointUnusable as e:
+            skipped.append(str(e))
+            continue
+        return ResumeTarget(iteration=it, checkpoint=ckpt, fallbacks=tuple(p for _, p in order[k + 1:]),
+                            skipped=tuple(skipped))
+    raise UserInputError(f"--resume {resume}: no usable checkpoint in {run.checkpoints_dir} ({len(order)} damaged; "
+                         f"newest: {skipped[0]})")
+
+
+def check_run_dir_place(run_dir: Path) -> None:
+    """A run folder can only be made where every existing parent is a folder: a regular file on
+    the way would pass the checks and fail on the first write."""
+    for parent in [run_dir, *run_dir.parents]:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise UserInputError(f"run folder {run_dir}: {parent} is a file, not a folder")
+            return
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UserInputError(f"run folder already exists: {run_dir} (use --resume latest to continue it, "
-                             f"or choose another --run-dir / identity.run_name)")
+    run = RunFolder(run_dir)
+    if run.has_no_run():
+        return
+    if run_dir.is_dir() and run.config_json.is_file() and not run.list_checkpoints():
+        raise UserInputError(f"run folder already exists: {run_dir}, with no checkpoint (its engine ended before the "
+                             f"first one): --resume latest starts it again from iteration 0 in the same folder; or "
+                             f"choose another --run-dir / identity.run_name")
+    raise UserInputError(f"run folder already exists: {run_dir} (use --resume latest to continue it, "
+                         f"or choose another --run-dir / identity.run_name)")

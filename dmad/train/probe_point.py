@@ -30,7 +30,7 @@ def run_point(cfg: Any, run_dir: Path, baseline: bool) -> int:
     with open_run(cfg, run_dir, None, ["dmad", "probe-point"]) as run:
         s = run.build()
         run.exit_code = inference_loop(s, run.phase) if baseline else \
-            train_loop(s, run.stop, run.phase, after_iteration=lambda s: None)
+            train_loop(s, run.stop, run.phase, run.control, after_iteration=lambda s: None)
     return run.exit_code
 
 

@@ -14,6 +14,8 @@ class ReadOnlyFolder(RunFolder):
     """The run folder as a non-main rank sees it: readable (checkpoints, earlier events), never
     written."""
 
+    is_writer = False
+
     def write_status(self, state: str, **fields: Any) -> dict:
         return {}
 

@@ -20,7 +20,7 @@ import torch
 from dmad.memory import readings as memory
 from dmad.models.checkpoint import TrainingState, config_fingerprint, read_training_state, save_checkpoint
 from dmad.contract.config import TrainConfig
-from dmad.errors import UserInputError
+from dmad.errors import DiskFull, UserInputError
 from dmad.contract.events import EventWriter
 from dmad.methods.dmd2 import backward_simulate, sample_stop_index
 from dmad.methods.noise import SampleRNG, iteration_generator
@@ -67,13 +67,21 @@ class PipeSafeStream:
         return getattr(self._stream, name)
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """engine.log on a full disk: the line is lost (stderr still has it), and no 'Logging error'
+    traceback is printed for it."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def setup_logging(path: Path) -> logging.Logger:
     """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     close_logging()
     root = logging.getLogger()
-    for h in (logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
+    for h in (_QuietFileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
         h.setFormatter(fmt)
         h._dmad = True  # type: ignore[attr-defined]
         root.addHandler(h)
@@ -131,6 +139,43 @@ class StopFlag:
         self._old.clear()
 
 
+def engine_started_at() -> float:
+    """When this engine started (unix s): the launcher's start for a rank of a multi-process run
+    (DMAD_STARTED_AT), else this process's own. Control commands stamped earlier were meant for an
+    earlier engine (dmad.contract.runlog.ControlReader)."""
+    import os
+
+    import psutil
+
+    try:
+        return float(os.environ["DMAD_STARTED_AT"])
+    except (KeyError, ValueError):
+        return psutil.Process().create_time()
+
+
+def is_disk_full(e: BaseException) -> bool:
+    import errno
+
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def disk_full(folder: RunFolder, s: Optional["Session"], e: OSError) -> DiskFull:
+    """What a full disk leaves: the partial checkpoint removed (it must not keep holding the space),
+    and one line naming the folder, the space a checkpoint needs and the space free."""
+    import shutil
+
+    folder.clean_temp()
+    try:
+        free = shutil.disk_usage(folder.path).free
+    except OSError:
+        free = None
+    need = s.checkpoint_bytes() if s is not None else None
+    sizes = (f": a checkpoint needs about {need / 1e9:.2f} GB" if need else "") + (
+        f", {free / 1e9:.2f} GB free" if free is not None else "")
+    return DiskFull(f"out of disk space in {folder.path}{sizes}; nothing complete was lost: free some space, "
+                    f"then continue with --resume latest")
+
+
 def is_oom(e: BaseException) -> bool:
     if isinstance(e, torch.OutOfMemoryError):
         return True
@@ -148,14 +193,14 @@ def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
 
 
 def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
-                   events: EventWriter, world: int = 1) -> PromptSet:
-    """Writes config.json, prompt_set.json, env.json and command.txt; on resume, cuts metrics and
-    events back to the checkpoint so every iteration appears exactly once."""
+                   events: EventWriter, world: int = 1, reopened: bool = False) -> PromptSet:
+    """Writes config.json, prompt_set.json, env.json and command.txt. A resumed run (or one started
+    again, `reopened`) keeps its prompt set and appends its command; a changed config is a warning."""
     from dmad.train.env import collect_env
 
     prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
     resolved = cfg.model_dump(mode="json")
-    if resume:
+    if resume or (reopened and folder.config_json.is_file()):
         changed = _config_changes(folder, resolved)
         if changed:
             events.emit("warning", None, message=f"resuming with a changed config: {', '.join(changed)}")
@@ -199,7 +244,9 @@ def _resumed_prompt_set(folder: RunFolder, wanted: PromptSet, events: EventWrite
 def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
     try:
         old = json.loads(folder.config_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        return []
+    if not isinstance(old, dict):
         return []
     out = []
     for group, fields in resolved.items():
@@ -384,12 +431,28 @@ class Session:
         finally:
             self.barrier()
 
+    def checkpoint_bytes(self) -> int:
+        """About what a checkpoint takes on disk: the saved weights and the optimizer states."""
+        tensors = [t for net in (self.nets.student, self.nets.fake_score, self.nets.gan_head)
+                   for t in net.state_dict().values()]
+        if self.nets.ema is not None:
+            tensors += list(self.nets.ema.shadow_params)
+        for opt in (self.opt_g, self.opt_c):
+            tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _save_checkpoint(self) -> None:
         ident = self.cfg.identity
         tmp = self.folder.begin_checkpoint(self.iter)
-        save_checkpoint(tmp, nets=self.nets, student_mode=ident.student, fake_mode=ident.fake_score,
-                        opt_g=self.opt_g, opt_c=self.opt_c, sched_g=self.sched_g, sched_c=self.sched_c,
-                        scaler=self.accelerator.scaler, state=self.training_state())
+        try:
+            save_checkpoint(tmp, nets=self.nets, student_mode=ident.student, fake_mode=ident.fake_score,
+                            opt_g=self.opt_g, opt_c=self.opt_c, sched_g=self.sched_g, sched_c=self.sched_c,
+                            scaler=self.accelerator.scaler, state=self.training_state())
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint (a full disk) must not hold the space
+            raise
         path = self.folder.commit_checkpoint(self.iter, tmp, self.cfg.observation.checkpoints_total_limit)
         self.last_saved = self.iter
         self.folder.write_status(self.folder.read_status().get("state", "running"), last_checkpoint=self.iter)
@@ -439,18 +502,20 @@ class Session:
                 self.nets.ema.restore(params)
 
 
-    def render_teacher_reference(self) -> None:
+    def render_teacher_reference(self, between_images: Optional[Any] = None) -> None:
         """samples/teacher/, once per run, before iteration 1 (dmad.sample.render.ensure_teacher_samples);
-        rank 0 renders, the others wait."""
+        rank 0 renders, the others wait. `between_images(collective=False)` runs after each image:
+        a stop command ends the phase there (StopRequested)."""
         from dmad.sample.render import ensure_teacher_samples
 
         if not self.is_main:
             self.barrier()
             return
+        check = (lambda: between_images(collective=False)) if between_images is not None else None
         try:
             ensure_teacher_samples(self.folder.samples_dir / "teacher", teacher=self.teacher,
                                    prompt_set=self.prompt_set, device=self.device, events=self.events, log=self.log,
-                                   iteration=self.iter)
+                                   iteration=self.iter, between_images=check)
         finally:
             self.barrier()
 

@@ -214,6 +214,30 @@ def test_sigterm_stops_gracefully_with_a_checkpoint(write_config, tmp_path):
     assert json.loads((run / "status.json").read_text())["state"] == "stopped"
 
 
+def test_a_second_engine_on_a_live_run_is_refused_and_the_first_goes_on(write_config, dmad_cli, tmp_path):
+    cfg = write_config({"optimization": {"max_train_steps": 100000}, "observation": {"checkpointing_steps": 2}})
+    run = tmp_path / "run"
+    proc = _spawn(cfg, run)
+    try:
+        _wait_for(lambda: (run / "checkpoints" / "latest.json").is_file(), what="a checkpoint")
+        second = dmad_cli("train", "--config", str(cfg), "--run-dir", str(run), "--resume", "latest")
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.strip() == second.stderr.strip().splitlines()[0]
+        assert f"is in use by engine pid {proc.pid}" in second.stderr
+        n = len(_rows(run / "metrics.csv"))
+        _wait_for(lambda: len(_rows(run / "metrics.csv")) > n + 1, what="the first engine going on")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert [e.kind for e in read_events(run / "events.jsonl")].count("started") == 1
+    iters = [int(r["iter"]) for r in _rows(run / "metrics.csv")]
+    assert iters == list(range(1, len(iters) + 1))
+
+
 def test_control_file_pauses_resumes_and_stops(write_config, tmp_path):
     from dmad.contract.runs import append_control
 

@@ -123,7 +123,6 @@ CASES = [
     ("data_empty", _data(_empty_dir("empty_data")), ["train_data_dir", "empty_data", "no images"]),
     ("data_missing", _data(lambda tmp: tmp / "no_such_data"), ["train_data_dir not found", "no_such_data"]),
     ("run_folder_exists", _existing_run(), ["run folder already exists", "runs/tiny", "--resume latest"]),
-    ("resume_no_checkpoint", _existing_run("--resume", "latest"), ["--resume latest", "no complete checkpoint", "checkpoints"]),
     ("resume_bad_path", _existing_run("--resume", "runs/tiny/checkpoints/iter_7"),
      ["--resume", "iter_7", "not a complete checkpoint"]),
     ("set_without_equals", _cfg({}, "--set", "resources.resolution"), ["--set", "resources.resolution", "key=value"]),
@@ -227,8 +226,28 @@ def _preflight(config: Path, **kwargs):
 
 
 def _fake_checkpoints(run: Path, iters: list[int], latest: int | None = None) -> None:
+    """Checkpoints whose files are all there and whole (what resume verifies before it picks one),
+    holding one-number weights: enough to choose a resume target, not to train from."""
+    import torch
+    from safetensors.torch import save_file
+
+    from dmad.models.checkpoint import FORMAT_VERSION
+    from dmad.models.optim_state import save_optimizer
+
+    w = torch.zeros(1)
     for it in iters:
-        (run / "checkpoints" / f"iter_{it}").mkdir(parents=True)
+        ckpt = run / "checkpoints" / f"iter_{it}"
+        for name in ("student", "fake_score"):
+            (ckpt / name).mkdir(parents=True)
+            save_file({"w": w}, str(ckpt / name / "diffusion_pytorch_model.safetensors"))
+        for name in ("gan_head", "rng"):
+            save_file({"w": w}, str(ckpt / f"{name}.safetensors"))
+        for name in ("generator", "critic"):
+            save_optimizer(torch.optim.SGD([torch.nn.Parameter(w)], lr=1.0), ckpt / f"optimizer_{name}.safetensors")
+        (ckpt / "training_state.json").write_text(json.dumps({
+            "format_version": FORMAT_VERSION, "iter": it, "generator_steps": 0, "batches_used": 0,
+            "student_timesteps": [999], "prediction_type": "epsilon", "config_fingerprint": "x",
+            "lr_generator": {}, "lr_critic": {}}))
     (run / "config.json").write_text("{}\n")
     if latest is not None:
         (run / "checkpoints" / "latest.json").write_text(json.dumps({"iter": latest, "path": f"iter_{latest}"}))
