@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
-CONTROL_COMMANDS = ("stop", "pause", "resume", "sample_now", "checkpoint_now")
+CONTROL_COMMANDS = ("stop", "stop_now", "pause", "resume", "sample_now", "checkpoint_now")
+MAX_PROMPT_CHARS = 1000  # a one-off sample_now prompt: far more than any text encoder reads
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -225,11 +226,20 @@ def _parse_control(line: bytes) -> Optional[dict]:
     return d
 
 
-def append_control(run_dir: PathLike, cmd: str) -> dict:
-    """One line, one write() on an O_APPEND fd: concurrent writers never interleave inside a line."""
+def append_control(run_dir: PathLike, cmd: str, prompt: Optional[str] = None, seed: Optional[int] = None) -> dict:
+    """One line, one write() on an O_APPEND fd: concurrent writers never interleave inside a line.
+    stop: checkpoint, then stop; stop_now: stop without a checkpoint. sample_now with `prompt`
+    (and optionally `seed`): one image of that prompt instead of the prompt set."""
     if cmd not in CONTROL_COMMANDS:
         raise ValueError(f"unknown control command {cmd!r}; known: {', '.join(CONTROL_COMMANDS)}")
-    command = {"cmd": cmd, "t": round(time.time(), 3)}
+    command: dict[str, Any] = {"cmd": cmd, "t": round(time.time(), 3)}
+    if prompt is not None or seed is not None:
+        if cmd != "sample_now":
+            raise ValueError(f"{cmd}: only sample_now takes a prompt or a seed")
+        problem = one_off_problem(prompt, seed)
+        if problem:
+            raise ValueError(problem)
+        command.update({"prompt": prompt} if seed is None else {"prompt": prompt, "seed": seed})
     line = (json.dumps(command, separators=(",", ":")) + "\n").encode("utf-8")
     fd = os.open(Path(run_dir) / "control.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     try:
@@ -237,3 +247,14 @@ def append_control(run_dir: PathLike, cmd: str) -> dict:
     finally:
         os.close(fd)
     return command
+
+
+def one_off_problem(prompt: Any, seed: Any) -> Optional[str]:
+    """Why a sample_now prompt / seed cannot be rendered, or None (the app and the engine check alike)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        return "sample_now: the prompt must be non-empty text"
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return f"sample_now: the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}"
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+        return "sample_now: the seed must be a whole number from 0 to 4294967295"
+    return None

@@ -287,6 +287,12 @@ class RunFolder:
             state = (self._status if self._status is not None else (self.read_status() or {})).get("state", "created")
         self.write_status(state if state in STATES else "created", **fields)
 
+    def note(self, **fields: Any) -> None:
+        """Fields the next heartbeat writes (the current iteration), with no write of its own."""
+        with self._status_lock:
+            if self._status is not None:
+                self._status.update(fields)
+
     def heartbeat(self) -> None:
         """Every few seconds: no fsync (see atomic_write_bytes), no read of the file."""
         with self._status_lock:

@@ -3,7 +3,7 @@ over from another point: the run config at one (batch, resolution), trained for 
 iterations (kind "train") or put through the same networks without any backward (kind
 "baseline"), in a throwaway run folder; then the measurements as one JSON file.
 
-The point opens its run folder with dmad.train.loop.open_run and trains with train_loop itself (with no
+The point opens its run folder with dmad.train.run_open.open_run and trains with train_loop itself (with no
 samples and no checkpoints after each iteration), so the phases, the out-of-memory classification (loading, vae-encode, first-forward,
 first-backward, step-N) and DMAD_FAULT are exactly those of a real run.
 """
@@ -20,7 +20,8 @@ import torch
 
 from dmad.memory import readings as memory
 from dmad.contract.runs import atomic_write_json
-from dmad.train.loop import open_run, train_loop
+from dmad.train.loop import train_loop
+from dmad.train.run_open import open_run
 from dmad.train.step import FAKE_GUIDANCE
 
 

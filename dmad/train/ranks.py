@@ -22,6 +22,9 @@ class ReadOnlyFolder(RunFolder):
     def heartbeat(self) -> None:
         return None
 
+    def note(self, **fields: Any) -> None:
+        return None
+
     def write_json(self, name: str, obj: Any) -> None:
         return None
 

@@ -6,28 +6,23 @@ thing each (encode a batch, make the student's input, step an optimizer, save, s
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from dmad.memory import readings as memory
-from dmad.models.checkpoint import TrainingState, config_fingerprint, read_training_state, save_checkpoint
+from dmad.models.checkpoint import TrainingState, config_fingerprint, save_checkpoint
 from dmad.contract.config import TrainConfig
-from dmad.errors import DiskFull, UserInputError
 from dmad.contract.events import EventWriter
 from dmad.methods.dmd2 import backward_simulate, sample_stop_index
 from dmad.methods.noise import SampleRNG, iteration_generator
 from dmad.methods.prediction import NoiseSchedule
 from dmad.train.monitor import device_reading
-from dmad.models.networks import Networks, trainable_parameters
-from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
+from dmad.models.networks import Networks
+from dmad.contract.prompts import PromptSet
 from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.train.step import DmadNetworks, NonFiniteLoss
 
@@ -35,229 +30,6 @@ LOSS_COLUMNS = ["loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "l
                 "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c"]
 METRIC_COLUMNS = (["iter"] + LOSS_COLUMNS +
                   ["step_time_s", "data_time_s", "mem_peak_alloc_gb", "mem_device_used_gb", "lr_generator", "lr_critic"])
-
-LIBRARY_LOGGERS = ("diffusers", "transformers", "accelerate", "peft", "torch")
-
-
-class PipeSafeStream:
-    """stderr that outlives its reader. When the app that started the engine exits and leaves the
-    run going, the engine's stderr pipe has no reader: a later write (a log line, a library's
-    print) would raise BrokenPipeError in the middle of training. Everything also goes to
-    logs/engine.log, so once the reader is gone the writes are dropped."""
-
-    def __init__(self, stream):
-        self._stream, self.reader_gone = stream, False
-
-    def write(self, text: str) -> int:
-        if not self.reader_gone:
-            try:
-                self._stream.write(text)
-            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
-                self.reader_gone = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.reader_gone:
-            try:
-                self._stream.flush()
-            except (BrokenPipeError, ValueError):
-                self.reader_gone = True
-
-    def __getattr__(self, name):  # fileno, isatty, encoding ...: those of the wrapped stream
-        return getattr(self._stream, name)
-
-
-class _QuietFileHandler(logging.FileHandler):
-    """engine.log on a full disk: the line is lost (stderr still has it), and no 'Logging error'
-    traceback is printed for it."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        pass
-
-
-def setup_logging(path: Path) -> logging.Logger:
-    """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    close_logging()
-    root = logging.getLogger()
-    for h in (_QuietFileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
-        h.setFormatter(fmt)
-        h._dmad = True  # type: ignore[attr-defined]
-        root.addHandler(h)
-    root.setLevel(logging.INFO)
-    for name in LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        from diffusers.utils import logging as dlog
-        from transformers.utils import logging as tlog
-
-        dlog.disable_progress_bar()
-        tlog.disable_progress_bar()
-    except ImportError:
-        pass
-    return logging.getLogger("dmad")
-
-
-def close_logging() -> None:
-    """Remove and close the engine's log handlers (engine.log stays closed between in-process runs)."""
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_dmad", False):
-            root.removeHandler(h)
-            h.close()
-
-
-class StopFlag:
-    """SIGTERM / SIGINT ask for a graceful stop (checkpoint, `stopped` event) at the next
-    iteration boundary; a second SIGINT interrupts at once."""
-
-    def __init__(self):
-        self._event = threading.Event()
-        self._old: dict[int, Any] = {}
-
-    def install(self) -> "StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self._event.is_set():
-            raise KeyboardInterrupt
-        self._event.set()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def uninstall(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-
-def engine_started_at() -> float:
-    """When this engine started (unix s): the launcher's start for a rank of a multi-process run
-    (DMAD_STARTED_AT), else this process's own. Control commands stamped earlier were meant for an
-    earlier engine (dmad.contract.runlog.ControlReader)."""
-    import os
-
-    import psutil
-
-    try:
-        return float(os.environ["DMAD_STARTED_AT"])
-    except (KeyError, ValueError):
-        return psutil.Process().create_time()
-
-
-def is_disk_full(e: BaseException) -> bool:
-    import errno
-
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-
-
-def disk_full(folder: RunFolder, s: Optional["Session"], e: OSError) -> DiskFull:
-    """What a full disk leaves: the partial checkpoint removed (it must not keep holding the space),
-    and one line naming the folder, the space a checkpoint needs and the space free."""
-    import shutil
-
-    folder.clean_temp()
-    try:
-        free = shutil.disk_usage(folder.path).free
-    except OSError:
-        free = None
-    need = s.checkpoint_bytes() if s is not None else None
-    sizes = (f": a checkpoint needs about {need / 1e9:.2f} GB" if need else "") + (
-        f", {free / 1e9:.2f} GB free" if free is not None else "")
-    return DiskFull(f"out of disk space in {folder.path}{sizes}; nothing complete was lost: free some space, "
-                    f"then continue with --resume latest")
-
-
-def is_oom(e: BaseException) -> bool:
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
-
-
-# --------------------------------------------------------------------------- run folder files
-
-def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
-    """Resume: drop leftover temp checkpoints and every metrics row / event after the checkpoint,
-    so each iteration appears exactly once."""
-    state = read_training_state(checkpoint)
-    folder.clean_temp()
-    folder.truncate_after(state.iter)
-
-
-def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
-                   events: EventWriter, world: int = 1, reopened: bool = False) -> PromptSet:
-    """Writes config.json, prompt_set.json, env.json and command.txt. A resumed run (or one started
-    again, `reopened`) keeps its prompt set and appends its command; a changed config is a warning."""
-    from dmad.train.env import collect_env
-
-    prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
-    resolved = cfg.model_dump(mode="json")
-    if resume or (reopened and folder.config_json.is_file()):
-        changed = _config_changes(folder, resolved)
-        if changed:
-            events.emit("warning", None, message=f"resuming with a changed config: {', '.join(changed)}")
-        prompt_set = _resumed_prompt_set(folder, prompt_set, events)
-        command = folder.command_txt.read_text(encoding="utf-8") if folder.command_txt.is_file() else ""
-        from dmad.contract.runs import atomic_write_text
-        import shlex
-
-        atomic_write_text(folder.command_txt, command + shlex.join(argv) + "\n")
-    else:
-        folder.write_command(argv)
-        folder.write_json("prompt_set.json", to_json(prompt_set))
-    folder.write_json("config.json", resolved)
-    folder.write_json("env.json", collect_env())
-    folder.write_status("running", iter=None, failure_reason=None, exit_code=None, advice=None)
-    events.emit("started", None, run_dir=str(folder.path), config_fingerprint=config_fingerprint(resolved),
-                resume_from=resume, max_train_steps=cfg.optimization.max_train_steps,
-                effective_batch=cfg.effective_batch(world), num_processes=world, prompt_set=f"{prompt_set.name}-{prompt_set.version}")
-    return prompt_set
-
-
-def _resumed_prompt_set(folder: RunFolder, wanted: PromptSet, events: EventWriter) -> PromptSet:
-    """On resume the run's own copy wins over an in-place edit of the same name + version
-    (versions are immutable); another name or version replaces the copy, with a warning."""
-    try:
-        own = load_prompt_set(folder.prompt_set_json)
-    except UserInputError:
-        own = None
-    if own is not None and (own.name, own.version) == (wanted.name, wanted.version):
-        if own != wanted:
-            events.emit("warning", None, message=f"prompt set {wanted.name}-{wanted.version} was edited in place; "
-                                                 f"using the run's copy (save an edit as a new version)")
-        return own
-    if own is not None:
-        events.emit("warning", None, message=f"prompt set changed on resume: {own.name}-{own.version} -> "
-                                             f"{wanted.name}-{wanted.version}")
-    folder.write_json("prompt_set.json", to_json(wanted))
-    return wanted
-
-
-def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
-    try:
-        old = json.loads(folder.config_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return []
-    if not isinstance(old, dict):
-        return []
-    out = []
-    for group, fields in resolved.items():
-        if not isinstance(fields, dict):
-            continue
-        for k, v in fields.items():
-            before = old.get(group, {}).get(k) if isinstance(old.get(group), dict) else None
-            if before != v and k != "resume_from_checkpoint":
-                out.append(f"{group}.{k} {before!r} -> {v!r}")
-    return out
-
 
 # --------------------------------------------------------------------------- the session
 
@@ -458,65 +230,30 @@ class Session:
         self.folder.write_status(self.folder.read_status().get("state", "running"), last_checkpoint=self.iter)
         self.events.emit("checkpoint", self.iter, path=str(path), student_timesteps=self.timesteps)
 
-    def render_samples(self) -> None:
-        """Validation images with the student's own timesteps (EMA weights when EMA is on). A
-        failure here is a warning: sampling never ends training. Rank 0 renders; the others wait."""
+    def render_samples(self, prompt: Optional[str] = None, seed: Optional[int] = None) -> None:
+        """Validation images of the prompt set (or one image of `prompt`: sample_now with a prompt),
+        dmad.train.validation. Every rank calls it; rank 0 renders, the others wait."""
+        from dmad.train.validation import render_one_off, render_prompt_set
+
         if self.is_main:
             try:
-                self._render_samples()
+                render_one_off(self, prompt, seed) if prompt else render_prompt_set(self)
             finally:
                 self.barrier()
         else:
             self.barrier()
 
-    def _render_samples(self) -> None:
-        from dmad.models.checkpoint import student_weight_files
-        from dmad.sample.render import library_versions, render_student_samples, sha256_files
-
-        t = self.teacher
-        student = self.nets.student
-        params = trainable_parameters(student)
-        out = self.folder.samples_dir / f"iter_{self.iter}"
-        try:
-            # between checkpoints the weights exist only in memory: no checkpoint, no hash
-            ckpt = self.folder.checkpoint_path(self.iter) if self.last_saved == self.iter else None
-            if self.nets.ema is not None:
-                self.nets.ema.store(params)
-                self.nets.ema.copy_to(params)
-            paths = render_student_samples(
-                out, student=student, vae=t.vae, family=t.family,
-                encode=lambda p: t.family.encode(t.modules, p, self.device),
-                schedule=self.schedule, timesteps=self.timesteps, prompt_set=self.prompt_set, iteration=self.iter,
-                device=self.device, dtype=torch.float32, versions=library_versions(),
-                checkpoint=ckpt.name if ckpt else None, ema=self.nets.ema is not None,
-                weights_sha256=sha256_files(student_weight_files(ckpt)) if ckpt else None)
-            self.events.emit("samples", self.iter, folder=str(out), paths=paths, model="student",
-                             ema=self.nets.ema is not None)
-        except Exception as e:  # noqa: BLE001 - reported, training goes on
-            if is_oom(e):
-                torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            self.log.warning("sampling at iteration %d failed: %r", self.iter, e, exc_info=True)
-            self.events.emit("warning", self.iter, message=f"sampling failed: {type(e).__name__}: {e}")
-        finally:
-            if self.nets.ema is not None:
-                self.nets.ema.restore(params)
-
-
     def render_teacher_reference(self, between_images: Optional[Any] = None) -> None:
-        """samples/teacher/, once per run, before iteration 1 (dmad.sample.render.ensure_teacher_samples);
-        rank 0 renders, the others wait. `between_images(collective=False)` runs after each image:
-        a stop command ends the phase there (StopRequested)."""
-        from dmad.sample.render import ensure_teacher_samples
+        """samples/teacher/, once per run, before iteration 1 (dmad.train.validation); rank 0 renders,
+        the others wait. `between_images(collective=False)` runs after each image."""
+        from dmad.train.validation import render_teacher_reference
 
-        if not self.is_main:
-            self.barrier()
-            return
-        check = (lambda: between_images(collective=False)) if between_images is not None else None
-        try:
-            ensure_teacher_samples(self.folder.samples_dir / "teacher", teacher=self.teacher,
-                                   prompt_set=self.prompt_set, device=self.device, events=self.events, log=self.log,
-                                   iteration=self.iter, between_images=check)
-        finally:
+        if self.is_main:
+            try:
+                render_teacher_reference(self, between_images)
+            finally:
+                self.barrier()
+        else:
             self.barrier()
 
 

@@ -328,7 +328,7 @@ def test_list_runs_newest_first(tmp_path):
 
 def test_engine_stderr_survives_its_reader_leaving():
     """The app may exit and leave a run going: the engine's stderr pipe then has no reader."""
-    from dmad.train.session import PipeSafeStream
+    from dmad.train.run_files import PipeSafeStream
 
     r, w = os.pipe()
     os.close(r)

@@ -1,0 +1,228 @@
+"""A run folder opened for training (open_run): the one-writer lock, the cut-back on resume, the
+files, logging, events, status and heartbeat, control commands read from the engine's start, and
+what a failure, a full disk or a stop before training leaves there. `dmad train` (dmad.train.loop)
+and `dmad probe` points (dmad.train.probe_point) train inside it.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from dmad.contract.config import TrainConfig
+from dmad.contract.events import EventWriter
+from dmad.contract.prompts import load_prompt_set
+from dmad.contract.runs import ControlReader, RunFolder, RunLock
+from dmad.errors import DmadError, StopRequested
+from dmad.train.build import build_session, make_accelerator
+from dmad.train.launch import world_rank
+from dmad.train.monitor import Monitor
+from dmad.train.oom import Phase, advice, classify
+from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, broadcast, record_failure
+from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, cut_back_to_checkpoint, disk_full,
+                                  engine_started_at, is_disk_full, is_oom, prepare_folder, setup_logging)
+from dmad.train.session import Session
+from dmad.train.step import NonFiniteLoss
+
+
+@dataclass
+class OpenRun:
+    """A run folder opened for training: its writers, the prompt set, the control commands and the
+    phase an out-of-memory error would be blamed on. `exit_code` is what the command returns."""
+
+    cfg: TrainConfig
+    folder: Any  # RunFolder on rank 0, ReadOnlyFolder on the others
+    events: Any  # EventWriter on rank 0, NullEvents on the others
+    log: Any
+    monitor: Any
+    prompt_set: Any
+    phase: Phase
+    stop: StopFlag
+    control: ControlReader  # read from the engine's start: a Stop during loading counts
+    accelerator: Any  # joined process group with several processes, else None (build_session makes one)
+    resume: Optional[str]
+    session: Optional[Session] = None
+    exit_code: int = 0
+
+    def build(self) -> Session:
+        self.phase.set("loading")
+        self.session = build_session(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
+                                     self.accelerator, self.resume, between_phases=self.between_phases)
+        return self.session
+
+    def between_phases(self, collective: bool = True) -> None:
+        """Control commands at a boundary before training (data opened, teacher loaded, each teacher
+        sample): stop raises StopRequested, pause waits here for resume or stop, and sample_now /
+        checkpoint_now wait for the loop. Rank 0 reads; with several processes the outcome is
+        broadcast when `collective` (every rank is at the same boundary)."""
+        stopping = False
+        if self.folder.is_writer:
+            stopping = self._apply_early(self.control.poll())
+        if collective and self.accelerator is not None:
+            stopping = broadcast(self.accelerator, stopping)
+        if stopping:
+            raise StopRequested()
+
+    def _apply_early(self, commands: list[dict]) -> bool:
+        paused = False
+        while True:
+            for c in commands:
+                name = c.get("cmd")
+                if name in ("stop", "stop_now"):
+                    return True
+                if name == "pause" and not paused:
+                    paused = True
+                    self.folder.write_status("paused")
+                    self.events.emit("paused", None, phase=self.phase.name)
+                elif name == "resume" and paused:
+                    paused = False
+                    self.folder.write_status("running")
+                    self.events.emit("resumed", None, phase=self.phase.name)
+                elif name in ("sample_now", "checkpoint_now"):
+                    self.control.defer(c)  # there is no student to sample or save yet
+            if self.stop.is_set():
+                return True
+            if not paused:
+                return False
+            time.sleep(0.2)
+            commands = self.control.poll()
+
+
+@contextlib.contextmanager
+def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str], restart: bool = False,
+             skipped: Sequence[str] = ()) -> Iterator[OpenRun]:
+    """The run folder, logging, events, status and heartbeat around whatever trains in it (the loop,
+    or a `dmad probe` point), and what a failure leaves there: an error event, a failed status,
+    one line on stderr and the exit code (1, 3 out of memory, 130 interrupted) in `exit_code`.
+    A DmadError (bad input) is recorded and re-raised for the CLI to print. Rank 0 holds the run
+    folder's lock (dmad.contract.runs.RunLock) from before its first write to after its last."""
+    phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
+    rank, world = world_rank()
+    acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
+    main = rank == 0
+    lock = None
+    if main:
+        reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
+        folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
+        folder.check_confined()  # nothing is written before: a link out of the folder is refused
+        lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
+        try:
+            if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
+                cut_back_to_checkpoint(folder, Path(resume))
+            elif restart:
+                folder.clean_temp()
+                folder.truncate_after(0)
+        except BaseException:
+            lock.release()
+            raise
+    if acc is not None:
+        acc.wait_for_everyone()  # rank 0 made the folder
+    if not main:
+        folder = ReadOnlyFolder(run_dir)
+    previous = folder.read_status() or {} if main else {}
+    offset = previous.get("control_offset")
+    control = ControlReader(folder.control_jsonl, offset=offset if isinstance(offset, int) else 0,
+                            since=engine_started_at())
+    real_stderr, sys.stderr = sys.stderr, PipeSafeStream(sys.stderr)  # before logging takes its handle
+    log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
+    events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
+    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume)
+
+    def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
+        it = run.session.iter if run.session is not None else None
+        events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
+
+    run.monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
+    try:
+        if main:
+            run.prompt_set = prepare_folder(folder, cfg, resume, argv, events, world, reopened=restart)
+            for reason in skipped:
+                events.emit("warning", None, message=f"passed over a damaged checkpoint: {reason}")
+            if restart:
+                events.emit("warning", None, message=f"no complete checkpoint in {folder.checkpoints_dir}: "
+                                                     f"starting again from iteration 0")
+        if acc is not None:
+            acc.wait_for_everyone()  # rank 0 wrote the run's prompt set
+        if not main:
+            run.prompt_set = load_prompt_set(folder.prompt_set_json)
+        run.monitor.start()
+        yield run
+    except StopRequested:
+        run.exit_code = _stopped_early(run)
+    except NonFiniteLoss as e:
+        run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
+                              cause="non_finite_loss")
+    except DmadError as e:
+        _fail(folder, events, run.session, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
+        raise
+    except BaseException as e:
+        s = run.session
+        if is_disk_full(e):
+            full = disk_full(folder, s, e)
+            _fail(folder, events, s, str(full), full.exit_code, cause="disk_full", quiet=True)
+            raise full from None
+        if is_oom(e):
+            where = classify(phase.name)
+            tip = advice(where, cfg.resources)
+            folder.write_status("failed", advice=tip)
+            run.exit_code = _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}",
+                                  3, cause="out_of_memory", phase=where, advice=tip)
+            return
+        if isinstance(e, KeyboardInterrupt):
+            _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
+            raise
+        log.error("unexpected failure in phase %s\n%s", phase.name, traceback.format_exc())
+        if not main:
+            record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
+        _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
+              cause="exception", quiet=True)
+        raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
+    finally:
+        run.stop.uninstall()
+        run.monitor.stop()
+        if run.session is not None:
+            run.session.metrics.close()
+        _quietly(folder.update_status, control_offset=control.offset)  # the next engine starts after these
+        events.close()
+        close_logging()
+        sys.stdout, sys.stderr = real_stdout, real_stderr
+        if lock is not None:
+            lock.release()
+
+
+def _quietly(write: Callable, *args, **kwargs) -> None:
+    """A write while the run ends: a full disk must not hide the reason the run ended."""
+    try:
+        write(*args, **kwargs)
+    except OSError:
+        pass
+
+
+def _stopped_early(run: OpenRun) -> int:
+    """A stop before training began: no checkpoint is written (a resumed run keeps the one it
+    resumed from); the folder can be resumed, or started again when it has none."""
+    s = run.session
+    it = s.iter if s is not None else None
+    last = run.folder.latest_checkpoint() if run.folder.is_writer else None
+    run.folder.write_status("stopped", iter=it)
+    run.events.emit("stopped", it, last_checkpoint=last[0] if last else None, phase=run.phase.name)
+    return 0
+
+
+def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: str, code: int,
+          quiet: bool = False, **data) -> int:
+    """Error event + failed status; one line on stderr unless the CLI prints the exception itself.
+    Each write is tried on its own: a full disk must not hide the reason."""
+    last = folder.latest_checkpoint()
+    it = s.iter if s is not None else None
+    _quietly(events.emit, "error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None,
+             **data)
+    _quietly(folder.write_status, "failed", failure_reason=reason, exit_code=code)
+    if not quiet:
+        print(f"dmad: error: {reason}", file=sys.stderr, flush=True)
+    return code
