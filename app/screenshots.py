@@ -4,6 +4,10 @@ The run is copied first (the panels must never write into a user's or the reposi
 and the absolute paths its events recorded (sample images, checkpoints) are rewritten to the copy.
 Each panel is shown, given time for its background work (scans, the dry-run estimate, the plot
 timer) to land, then grabbed; the sequence runs on timers, so nothing blocks the event loop.
+Off screen (QT_QPA_PLATFORM=offscreen) the window is rendered at 1280x800 into an image; on a real
+display (DISPLAY set, xcb) it is shown as a user sees it, fitted to the screen with the window
+manager's frame, and the screen area under the frame is captured: what the picture shows is what
+was on the screen, clipping included.
 """
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from PySide6.QtCore import QObject, QSettings, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QGuiApplication, QPixmap
+from PySide6.QtWidgets import QApplication, QWidget
 
+from app.widgets.window_fit import show_fitted
 from app.window import PANELS, MainWindow
 
 RECORDED_RUN = Path(__file__).resolve().parent.parent / "tests" / "app" / "fixtures" / "demo_run"
@@ -71,7 +77,19 @@ def _rebase(obj: Any, old: str, new: str) -> Any:
     return obj
 
 
-def _no_nvml():
+def on_real_display() -> bool:
+    return QGuiApplication.platformName() not in ("offscreen", "minimal")
+
+
+def grab_window(window: QWidget) -> QPixmap:
+    """The window as it is on the screen, frame included (a real display), else rendered off screen."""
+    if not on_real_display():
+        return window.grab()
+    frame = window.frameGeometry()
+    return window.screen().grabWindow(0, frame.x(), frame.y(), frame.width(), frame.height())
+
+
+def no_nvml():
     # Pictures for the docs must not depend on the GPU of the machine that made them.
     raise ImportError("NVML disabled for screenshots")
 
@@ -82,7 +100,7 @@ class ScreenshotRun(QObject):
     def __init__(self, settings: QSettings, runs_root: Path, run_dir: Path, out_dir: Path,
                  parent: Optional[QObject] = None):
         super().__init__(parent)
-        self.window = MainWindow(settings, runs_root=runs_root, load_nvml=_no_nvml)
+        self.window = MainWindow(settings, runs_root=runs_root, load_nvml=no_nvml)
         self.window.resize(*SIZE)
         self._run, self._out = run_dir, Path(out_dir)
         self.saved: list[Path] = []
@@ -96,7 +114,10 @@ class ScreenshotRun(QObject):
     def start(self) -> None:
         self._out.mkdir(parents=True, exist_ok=True)
         self.window.open_run(self._run)
-        self.window.show()
+        if on_real_display():
+            show_fitted(self.window)
+        else:
+            self.window.show()
         self.window.memory.estimate()  # runs in the engine while the other panels are shot
         if (RECORDED_PROBE / "probe.json").is_file() and hasattr(self.window.memory, "open_probe"):
             self.window.memory.open_probe(RECORDED_PROBE)  # read only: the probe's table and curves
@@ -129,7 +150,7 @@ class ScreenshotRun(QObject):
     def _save(self) -> None:
         name = PANELS[self._i]
         path = self._out / f"{self._i + 1}-{name.lower()}.png"
-        if self.window.grab().save(str(path)):
+        if grab_window(self.window).save(str(path)):
             self.saved.append(path)
         self._i += 1
         self._show_next()

@@ -1,5 +1,9 @@
-"""A/B comparison of two sample images: side by side, blink, absolute-difference heat map, and 1:1
-zoom with the two views panned together.
+"""A/B comparison of two sample images: side by side, blink, absolute-difference heat map; zoom to
+fit or 1:1, 2x, 4x, 8x (nearest neighbour: a 64 px render shows its pixels) with the two views
+panned together. A and B may come from two runs (the labels then name the run).
+
+The window opens at ~60% of the screen beside the main window, fully on screen; blink and
+difference show one image, which then takes the whole width.
 
 Both images are decoded at full size and differenced in a pool worker (a 1024 px pair is ~4 MB of
 pixels and ~20 ms of numpy); the difference is per pixel and channel on 0-255 values, reported as
@@ -13,15 +17,19 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QImage, QPixmap
+from PySide6.QtCore import QRect, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QGuiApplication, QImage, QPixmap
 from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene, QGraphicsView, QHBoxLayout,
-                               QLabel, QPushButton, QRadioButton, QVBoxLayout, QWidget)
+                               QRadioButton, QToolButton, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
+from app.widgets.elided_label import ElidedLabel
 
 BLINK_MS = 500
 MODES = ("side", "blink", "diff")
+ZOOMS = (None, 1.0, 2.0, 4.0, 8.0)  # None: fit the view
+SCREEN_SHARE = 0.6  # of the available screen, each way
+FRAME_GUESS = (8, 32)  # window frame (side, title) before the window manager has said: px
 
 
 @dataclass(frozen=True)
@@ -77,16 +85,18 @@ def load_and_compare(path_a: Path, path_b: Path) -> tuple[QImage, QImage, Differ
 
 
 class ImageView(QGraphicsView):
-    """One image; fitted to the view, or 1:1 (one image pixel per screen pixel) with scrollbars."""
+    """One image; fitted to the view, or at a fixed zoom (1 = one image pixel per screen pixel) with
+    scrollbars. Pixels are never smoothed: enlarged renders show their pixels."""
 
     def __init__(self, parent: Optional[QWidget] = None):
         super().__init__(parent)
         self.setScene(QGraphicsScene(self))
         self._item = QGraphicsPixmapItem()
-        self._item.setTransformationMode(Qt.FastTransformation)  # enlarged pixels stay pixels
+        self._item.setTransformationMode(Qt.FastTransformation)  # nearest neighbour
         self.scene().addItem(self._item)
-        self.one_to_one = False
+        self.zoom: Optional[float] = None
         self.setDragMode(QGraphicsView.ScrollHandDrag)
+        self.setBackgroundBrush(QColor(96, 96, 96))  # neutral around the image: white and black edges both show
 
     def set_image(self, img: QImage) -> None:
         same_size = self._item.pixmap().size() == img.size()
@@ -95,8 +105,8 @@ class ImageView(QGraphicsView):
             self.scene().setSceneRect(self._item.boundingRect())
             self._apply_zoom()
 
-    def set_one_to_one(self, on: bool) -> None:
-        self.one_to_one = on
+    def set_zoom(self, zoom: Optional[float]) -> None:
+        self.zoom = zoom
         self._apply_zoom()
 
     def scale_factor(self) -> float:
@@ -104,12 +114,14 @@ class ImageView(QGraphicsView):
 
     def _apply_zoom(self) -> None:
         self.resetTransform()
-        if not self.one_to_one and not self._item.pixmap().isNull():
+        if self.zoom is not None:
+            self.scale(self.zoom, self.zoom)
+        elif not self._item.pixmap().isNull():
             self.fitInView(self._item, Qt.KeepAspectRatio)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        if not self.one_to_one:
+        if self.zoom is None:
             self._apply_zoom()
 
 
@@ -118,6 +130,24 @@ def _sync_scroll(a: QGraphicsView, b: QGraphicsView) -> None:
     for src, dst in ((a, b), (b, a)):
         src.horizontalScrollBar().valueChanged.connect(dst.horizontalScrollBar().setValue)
         src.verticalScrollBar().valueChanged.connect(dst.verticalScrollBar().setValue)
+
+
+def placement(avail: QRect, anchor: Optional[QRect], frame: tuple[int, int] = FRAME_GUESS) -> QRect:
+    """The A/B window's client rectangle: SCREEN_SHARE of `avail` each way, beside `anchor` (the main
+    window's frame) on the side with more room, moved inside `avail` with its frame."""
+    side, title = frame
+    w = min(int(avail.width() * SCREEN_SHARE), avail.width() - 2 * side)
+    h = min(int(avail.height() * SCREEN_SHARE), avail.height() - title - side)
+    if anchor is None:
+        x, y = avail.center().x() - w // 2, avail.center().y() - h // 2
+    else:
+        right_room = avail.right() - anchor.right()
+        left_room = anchor.left() - avail.left()
+        x = anchor.right() + 1 + side if right_room >= left_room else anchor.left() - w - side
+        y = anchor.top() + title
+    x = max(avail.left() + side, min(x, avail.right() + 1 - side - w))
+    y = max(avail.top() + title, min(y, avail.bottom() + 1 - side - h))
+    return QRect(x, y, w, h)
 
 
 class ABView(QWidget):
@@ -130,6 +160,7 @@ class ABView(QWidget):
         self.a_img = self.b_img = QImage()
         self.difference: Optional[Difference] = None
         self.showing_b = False  # blink: which image is up
+        self._labels = ("A", "B")
         self._task = Task(self)
         self._task.done.connect(self._on_loaded)
         self._task.failed.connect(self._on_failed)
@@ -139,9 +170,8 @@ class ABView(QWidget):
         self._build()
 
     def _build(self) -> None:
-        self.title = QLabel()
-        self.title.setWordWrap(True)
-        self.stats = QLabel("Loading ...")
+        self.title = ElidedLabel()  # run names and prompt ids: never wider than the window
+        self.stats = ElidedLabel("Loading ...")
         self.mode_buttons = QButtonGroup(self)
         bar = QHBoxLayout()
         for i, (mode, text) in enumerate(zip(MODES, ("Side by side", "Blink", "Difference"))):
@@ -150,21 +180,21 @@ class ABView(QWidget):
             self.mode_buttons.addButton(button, i)
             bar.addWidget(button)
         self.mode_buttons.idToggled.connect(lambda i, on: on and self.set_mode(MODES[i]))
-        self.zoom_button = QPushButton("1:1")
-        self.zoom_button.setCheckable(True)
-        self.zoom_button.setToolTip("One image pixel per screen pixel; drag to pan both views together")
-        self.zoom_button.toggled.connect(self.set_one_to_one)
         bar.addStretch(1)
-        bar.addWidget(self.zoom_button)
+        self._zoom_bar(bar)
         self.left, self.right = ImageView(), ImageView()
         _sync_scroll(self.left, self.right)
-        self.left_label, self.right_label = QLabel("A"), QLabel("B")
+        self.left_label, self.right_label = ElidedLabel("A"), ElidedLabel("B")
         views = QHBoxLayout()
+        self.columns = []
         for label, view in ((self.left_label, self.left), (self.right_label, self.right)):
-            col = QVBoxLayout()
+            column = QWidget()  # hidden as a whole in blink / difference: the other column takes the width
+            col = QVBoxLayout(column)
+            col.setContentsMargins(0, 0, 0, 0)
             col.addWidget(label)
             col.addWidget(view, 1)
-            views.addLayout(col, 1)
+            views.addWidget(column, 1)
+            self.columns.append(column)
         lay = QVBoxLayout(self)
         lay.addWidget(self.title)
         lay.addLayout(bar)
@@ -172,15 +202,43 @@ class ABView(QWidget):
         lay.addLayout(views, 1)
         self.mode = "side"
 
+    def _zoom_bar(self, bar: QHBoxLayout) -> None:
+        self.zoom_buttons = QButtonGroup(self)
+        for i, zoom in enumerate(ZOOMS):
+            button = QToolButton()
+            button.setText("Fit" if zoom is None else ("1:1" if zoom == 1 else f"{zoom:g}x"))
+            button.setCheckable(True)
+            button.setChecked(zoom is None)
+            button.setToolTip("Fit the image to the view" if zoom is None else
+                              f"{zoom:g} screen pixels per image pixel (no smoothing); drag to pan both views")
+            self.zoom_buttons.addButton(button, i)
+            bar.addWidget(button)
+        self.zoom_buttons.idClicked.connect(lambda i: self.set_zoom(ZOOMS[i]))
+
     # ------------------------------------------------------------ public
 
     def set_pair(self, label_a: str, path_a: Path, label_b: str, path_b: Path) -> None:
-        self.title.setText(f"A: {label_a}\nB: {label_b}")
-        self.left_label.setText(f"A: {label_a}")
-        self.right_label.setText(f"B: {label_b}")
+        self._labels = (f"A: {label_a}", f"B: {label_b}")
+        self.title.setText(f"{self._labels[0]}   vs   {self._labels[1]}")
+        self.setWindowTitle(f"A/B: {label_a} vs {label_b}")
+        self.left_label.setText(self._labels[0])
+        self.right_label.setText(self._labels[1])
         self.stats.setText("Loading ...")
         self.difference = None
         self._task.submit(lambda: load_and_compare(Path(path_a), Path(path_b)))
+
+    def labels(self) -> tuple[str, str]:
+        return self._labels
+
+    def show_beside(self, anchor: Optional[QWidget]) -> None:
+        """Show and raise; placed beside `anchor` (the main window) when it opens."""
+        if not self.isVisible():
+            screen = (anchor.screen() if anchor is not None else None) or QGuiApplication.primaryScreen()
+            frame = anchor.frameGeometry() if anchor is not None and anchor.isVisible() else None
+            self.setGeometry(placement(screen.availableGeometry(), frame))
+        self.show()
+        self.raise_()
+        self.activateWindow()
 
     def busy(self) -> bool:
         return self._task.busy()
@@ -190,16 +248,16 @@ class ABView(QWidget):
         self.mode_buttons.button(MODES.index(mode)).setChecked(True)
         self._blink.stop()
         self.showing_b = False
-        self.right.setVisible(mode == "side")
-        self.right_label.setVisible(mode == "side")
+        self.columns[1].setVisible(mode == "side")
         if mode == "blink":
             self._blink.start()
         self._show()
 
-    def set_one_to_one(self, on: bool) -> None:
-        self.zoom_button.setChecked(on)
-        self.left.set_one_to_one(on)
-        self.right.set_one_to_one(on)
+    def set_zoom(self, zoom: Optional[float]) -> None:
+        """None fits the view; 1, 2, 4, 8: screen pixels per image pixel. A and B zoom together."""
+        self.zoom_buttons.button(ZOOMS.index(zoom)).setChecked(True)
+        self.left.set_zoom(zoom)
+        self.right.set_zoom(zoom)
 
     def blinking(self) -> bool:
         return self._blink.isActive()
@@ -230,7 +288,6 @@ class ABView(QWidget):
             self.left_label.setText("|A - B| (white = the largest difference)")
             self.left.set_image(self.difference.heat)
             return
-        label = self.title.text().split("\n")
         b_up = self.mode == "blink" and self.showing_b
-        self.left_label.setText(label[1] if b_up else label[0])
+        self.left_label.setText(self._labels[1] if b_up else self._labels[0])
         self.left.set_image(self.b_img if b_up else self.a_img)

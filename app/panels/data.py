@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
 
 from app.engine.background import Task
 from app.widgets.bucket_plot import BucketPlot
+from app.widgets.elided_label import ElidedLabel
+from app.widgets.wheel_guard import guard_wheel
 from app.models.data_report import DataReport, ProblemsFilter, ProblemsModel, load_report
 from app.engine.command import DmadCommand
 from app.models.sample_index import ImageFile
@@ -34,6 +36,7 @@ from dmad.contract.config import Resources
 THUMB_PX = 48
 VISIBLE_DELAY_MS = 60  # scrolling fires per pixel; ask for thumbnails once it pauses
 RED = "#c0392b"
+PATH_CHARS = 72  # a dataset root longer than this is shortened in the middle (whole in the tooltip)
 
 
 def data_dir_of(raw: dict, base_dir: Optional[Path]) -> Optional[Path]:
@@ -51,6 +54,14 @@ def _resource(raw: dict, key: str) -> int:
     res = raw.get("resources") if isinstance(raw, dict) else None
     value = res.get(key) if isinstance(res, dict) else None
     return value if isinstance(value, int) and value > 0 else Resources.model_fields[key].default
+
+
+def _middle(text: str, chars: int) -> str:
+    """`text` shortened to `chars` characters by an ellipsis in the middle (both ends of a path tell)."""
+    if len(text) <= chars:
+        return text
+    head = (chars - 1) // 2
+    return text[:head] + "…" + text[len(text) - (chars - 1 - head):]
 
 
 class DataPanel(QWidget):
@@ -115,14 +126,13 @@ class DataPanel(QWidget):
                              "PNG chunk CRCs and JPEG markers, no pixel decoding, several times quicker; skips the "
                              "near-constant and near-duplicate checks")
         top.addWidget(self.fast)
+        guard_wheel(self.min_size)
         top.addWidget(self._button("check", "Check", self.check))
         top.addWidget(self._button("cancel", "Cancel", self.cancel))
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.status = QLabel("Not checked yet.")
-        self.status.setWordWrap(True)
-        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.status = ElidedLabel("Not checked yet.")  # an engine line can be any length: never widens the window
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.batch_note = QLabel("")
@@ -132,6 +142,8 @@ class DataPanel(QWidget):
         self.datasets = QLabel("")
         self.datasets.setWordWrap(True)
         self.datasets.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.summary.hide()  # shown with a report: empty, they would leave a gap above the table
+        self.datasets.hide()
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(self.progress)
@@ -161,6 +173,7 @@ class DataPanel(QWidget):
             self.severity.addItem(text, value)
         self.severity.currentIndexChanged.connect(
             lambda _i: self._filter(self.proxy.set_severity, self.severity.currentData() or ""))
+        guard_wheel(self.category, self.severity)
         self.table = QTableView()
         self.table.setModel(self.proxy)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
@@ -329,10 +342,14 @@ class DataPanel(QWidget):
             self.category.addItem(f"{name} ({n})", name)
         self.category.blockSignals(False)
         self.proxy.set_category("")
+        # A word-wrapped label cannot break a path: a long root would set the window's minimum width
         lines = [f"<b>{html.escape(d.get('id', '?'))}</b>: {d.get('images', 0)} images, {d.get('usable', 0)} usable, "
-                 f"{d.get('captions', 0)} captions &nbsp; <span style='color:gray'>{html.escape(str(d.get('root', '')))}</span>"
+                 f"{d.get('captions', 0)} captions &nbsp; "
+                 f"<span style='color:gray'>{html.escape(_middle(str(d.get('root', '')), PATH_CHARS))}</span>"
                  for d in r.datasets]
         self.datasets.setText("<br>".join(lines))
+        self.datasets.setVisible(bool(lines))
+        self.datasets.setToolTip("\n".join(f"{d.get('id', '?')}: {d.get('root', '')}" for d in r.datasets))
         self.buckets.set_buckets(r.buckets)
         self._show_usable()
         self._visible.start()
@@ -341,11 +358,13 @@ class DataPanel(QWidget):
         r = self._report
         if r is None:
             self.summary.setText("")
+            self.summary.hide()
             self.batch_note.hide()
             return
         procs = f" x {self._processes} processes" if self._processes > 1 else ""
         self.summary.setText(f"Usable images {r.usable} (of {r.images}) against the effective batch {self._batch} "
                              f"of the current config (train_batch_size x gradient_accumulation_steps{procs}).")
+        self.summary.show()
         short = r.usable < self._batch
         self.batch_note.setText(f"Fewer usable images ({r.usable}) than the effective batch ({self._batch}): "
                                 "training cannot fill one batch. Fix the errors or lower the batch." if short else "")

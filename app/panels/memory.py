@@ -17,11 +17,12 @@ from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem,
+from PySide6.QtWidgets import (QHBoxLayout, QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem,
                                QTabWidget, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
 from app.panels.probe import ProbePanel
+from app.widgets.elided_label import ElidedLabel
 
 RESCAN_MS = 5000
 TAIL_BYTES = 4 * 2 ** 20  # gpu_mem.csv grows ~1 MB a day at the default 5 s interval
@@ -115,14 +116,13 @@ class MemoryTab(QWidget):
         self.estimate_button.setToolTip("Runs `dmad train --config <this config> --dry-run`: validates the config, "
                                         "data and teacher and prints the memory ledger, without training")
         self.estimate_button.clicked.connect(self.estimate)
-        self.estimate_status = QLabel("The engine's estimate for the current config (framework peak per device).")
-        self.estimate_status.setWordWrap(True)
+        # paths and engine lines: elided, whole in the tooltip, never widening the window
+        self.estimate_status = ElidedLabel("The engine's estimate for the current config (framework peak per device).")
         self.ledger = QPlainTextEdit()
         self.ledger.setReadOnly(True)
         self.ledger.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
         self.ledger.setLineWrapMode(QPlainTextEdit.NoWrap)
-        self.run_label = QLabel("No run open.")
-        self.run_label.setWordWrap(True)
+        self.run_label = ElidedLabel("No run open.")
         self.readings = QTableWidget(0, 5)
         self.readings.setHorizontalHeaderLabels(["scope", "last used (GB)", "total (GB)", "peak used (GB)", "last sample"])
         self.readings.horizontalHeader().setStretchLastSection(True)

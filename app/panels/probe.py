@@ -26,6 +26,8 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QL
 from app.engine.background import Task
 from app.engine.command import DmadCommand
 from app.models.probe_result import PROBE_FILE, ProbePoint, ProbeResult, load_probe, parse_int_list
+from app.widgets.elided_label import ElidedLabel
+from app.widgets.wheel_guard import guard_wheel
 
 RED = "#c0392b"
 COLUMNS = ("point", "kind", "batch", "accum-\nulation", "effective\nbatch", "resolution", "precision",
@@ -93,6 +95,7 @@ class ProbePanel(QWidget):
         self.steps.setToolTip("Measured training steps per point")
         self.warmup = QSpinBox(minimum=0, maximum=10_000, value=3)
         self.warmup.setToolTip("Steps run before measuring (not timed)")
+        guard_wheel(self.steps, self.warmup)
         self.buttons: dict[str, QPushButton] = {}
         row = QHBoxLayout()
         for label, w in (("Batch", self.batch_edit), ("Resolution", self.resolution_edit), ("Steps", self.steps),
@@ -108,15 +111,15 @@ class ProbePanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.status = QLabel("Measure peak memory and step time for a few batch sizes and resolutions.")
-        self.status.setWordWrap(True)
-        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        # probe folders and engine lines: elided, whole in the tooltip, never widening the window
+        self.status = ElidedLabel("Measure peak memory and step time for a few batch sizes and resolutions.")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
         self.table.setWordWrap(False)
+        self.table.resizeColumnsToContents()  # the two-line headers readable before the first result
         self.mem_plot = pg.PlotWidget()
         self.mem_plot.addLegend(offset=(10, 10))
         self.mem_plot.setLabel("bottom", "batch (per device)")

@@ -1,10 +1,13 @@
 """The Samples panel: every prompt x checkpoint of the open run in one grid, the provenance of the
-current image, A/B comparison of any two images, "Render again" and the prompt-set editor.
+current image, A/B comparison of any two images (also from two runs), "Render again", Export and the
+prompt-set editor.
 
-The grid fills in live: the listing of samples/ is re-read in a worker every RESCAN_MS while the
-panel is visible (and at once when the window says the run changed state); thumbnails of new or
-re-rendered images are decoded in workers and cached on disk (app/models/thumbs.py). Keys: arrows move
-(up/down prompt, left/right checkpoint), A and B mark the current image, C compares A with B.
+The grid fills in live: the listing of samples/ (and of checkpoints/, for checkpoints without
+samples) is re-read in a worker every RESCAN_MS while the panel is visible (and at once when the
+window says the run changed state); thumbnails of new or re-rendered images are decoded in workers
+and cached on disk (app/models/thumbs.py). Keys: arrows move (up/down prompt, left/right
+checkpoint), A and B mark the current image, C compares A with B. Every message line is elided
+(whole in its tooltip) and the side column is on a movable splitter: nothing here widens the window.
 """
 from __future__ import annotations
 
@@ -13,18 +16,25 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
 
 from app.dialogs.ab_view import ABView
+from app.dialogs.prompt_set_editor import PromptSetEditor
 from app.engine.background import Task
 from app.engine.command import DmadCommand
-from app.dialogs.prompt_set_editor import PromptSetEditor
-from app.models.sample_index import SamplesIndex, checkpoint_of, provenance, scan_samples
-from app.widgets.samples_grid import SamplesGridView, SamplesModel
-from app.models.thumbs import ThumbCache, ThumbLoader
+from app.models.sample_index import SamplesIndex, checkpoint_of, provenance
+from app.models.thumbs import THUMB_PX, ThumbCache, ThumbLoader
+from app.widgets.elided_label import ElidedLabel
+from app.widgets.export_button import ExportButton, reveal_folder
+from app.widgets.image_preview import ImagePreview
+from app.widgets.provenance_view import ProvenanceView
+from app.widgets.samples_grid import (CELL_PX, CELL_RANGE, NO_SAMPLES, GridListing, Mark, SamplesGridView,
+                                      SamplesModel, scan_grid)
+from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.events import Event
 
 RESCAN_MS = 3000
+SIDE_MIN_PX = 160  # the side column can be dragged down to this
 
 
 def default_prompt_set_dir() -> Path:
@@ -32,14 +42,29 @@ def default_prompt_set_dir() -> Path:
     return Path(base) / "prompt_sets"
 
 
+def column_lines(lines: list[tuple[str, str]], name: str, state: str) -> list[tuple[str, str]]:
+    """Provenance lines as the column's state tells them: a folder without meta.json is "rendering…"
+    while a render is live, a render that stopped otherwise; a checkpoint without samples says so."""
+    if state == "no-samples":
+        return [("checkpoint", name), ("samples", f"{NO_SAMPLES}: Render renders the run's prompt set with it")]
+    note = {"rendering": f"samples/{name}: rendering… (meta.json is written when the render ends)",
+            "failed": f"samples/{name}: no meta.json (a render that stopped before it finished, or a folder "
+                      "from elsewhere); provenance unknown"}
+    if state not in note:
+        return lines
+    return [("meta.json", note[state]) if label == "meta.json" else (label, value) for label, value in lines]
+
+
 class SamplesPanel(QWidget):
     grid_filled = Signal()  # every image of the current listing has its thumbnail
     render_finished = Signal(int, str)  # exit code, one line
+    export_finished = Signal(int, str)  # exit code, the output folder or what went wrong
 
     def __init__(self, cache: Optional[ThumbCache] = None, render_command: Optional[Sequence[str]] = None,
-                 prompt_set_dir: Optional[Path] = None, parent: Optional[QWidget] = None):
+                 prompt_set_dir: Optional[Path] = None, parent: Optional[QWidget] = None, reveal=reveal_folder):
         """`cache`: thumbnails (default: the user's cache folder); `render_command` replaces
-        engine_command() (tests); `prompt_set_dir`: where edited prompt sets are saved."""
+        engine_command() for `dmad sample` and `dmad export` (tests); `prompt_set_dir`: where edited
+        prompt sets are saved; `reveal(folder)`: shows an export's folder (the file manager)."""
         super().__init__(parent)
         self._run: Optional[Path] = None
         self._render = DmadCommand(self, program=render_command, parse_events=True)
@@ -55,6 +80,9 @@ class SamplesPanel(QWidget):
         self._scan.failed.connect(lambda msg: self.header.setText(f"Could not read samples: {msg}"))
         self.ab = ABView(self)
         self.ab.setWindowFlag(Qt.Window)
+        self.export = ExportButton(program=render_command, reveal=reveal)
+        self.export.export_started.connect(lambda line: self.render_status.setText(f"Exporting: {line} ..."))
+        self.export.export_finished.connect(self._export_done)
         self._build()
         self._timer = QTimer(self)
         self._timer.setInterval(RESCAN_MS)
@@ -62,29 +90,38 @@ class SamplesPanel(QWidget):
         self._timer.start()
 
     def _build(self) -> None:
-        self.header = QLabel("No run open.")
-        self.header.setWordWrap(True)
+        self.header = ElidedLabel("No run open.")
         self.grid = SamplesGridView(self.model)
         self.grid.selectionModel().currentChanged.connect(lambda *_: self._show_current())
-        self.preview = QLabel()
-        self.preview.setAlignment(Qt.AlignCenter)
-        self.preview.setMinimumHeight(160)
-        self.details = QLabel("")
-        self.details.setWordWrap(True)
-        self.details.setAlignment(Qt.AlignTop | Qt.AlignLeft)
-        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.grid.doubleClicked.connect(self._double_clicked)
+        self.grid.mark_requested.connect(self.mark)
+        self.grid.compare_requested.connect(self.compare)
+        self.preview = ImagePreview()
+        self.details = ProvenanceView()
         side = QWidget()
+        side.setMinimumWidth(SIDE_MIN_PX)
         col = QVBoxLayout(side)
-        col.addWidget(self.preview)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addWidget(self.preview, 1)
         col.addWidget(self.details, 1)
-        split = QSplitter()
-        split.addWidget(self.grid)
-        split.addWidget(side)
-        split.setSizes([900, 300])
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.grid)
+        self.splitter.addWidget(side)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.setStretchFactor(0, 1)  # a wider window widens the grid, not the side column
+        self.splitter.setSizes([900, 300])
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.header)
+        lay.addLayout(self._button_bar())
+        lay.addWidget(self.splitter, 1)
+        self._update_buttons()
+
+    def _button_bar(self) -> QHBoxLayout:
         self.buttons = {}
         bar = QHBoxLayout()
         for key, text, slot, tip in (
-                ("mark_a", "Mark A", lambda: self.mark("A"), "Mark the current image as A (key A)"),
+                ("mark_a", "Mark A", lambda: self.mark("A"), "Mark the current image as A (key A); A and B "
+                                                             "may be in two runs"),
                 ("mark_b", "Mark B", lambda: self.mark("B"), "Mark the current image as B (key B)"),
                 ("compare", "Compare A/B", self.compare, "A/B view of the two selected images (ctrl-click) "
                                                          "or of the images marked A and B (key C)"),
@@ -96,24 +133,32 @@ class SamplesPanel(QWidget):
             b.setToolTip(tip)
             bar.addWidget(b)
             self.buttons[key] = b
-        self.render_status = QLabel("")
+            if key == "render":
+                bar.addWidget(self.export)
+        self.thumb_size = QSlider(Qt.Horizontal)
+        self.thumb_size.setRange(*CELL_RANGE)
+        self.thumb_size.setSingleStep(8)
+        self.thumb_size.setPageStep(32)
+        self.thumb_size.setValue(CELL_PX)
+        self.thumb_size.setMaximumWidth(140)
+        self.thumb_size.setToolTip("Thumbnail size")
+        self.thumb_size.valueChanged.connect(self.grid.set_cell_px)
+        guard_wheel(self.thumb_size)
+        bar.addWidget(QLabel("Size"))
+        bar.addWidget(self.thumb_size)
+        self.render_status = ElidedLabel("")  # engine lines (a library warning) can be any length
         bar.addWidget(self.render_status, 1)
-        self.grid.mark_requested.connect(self.mark)
-        self.grid.compare_requested.connect(self.compare)
-        lay = QVBoxLayout(self)
-        lay.addWidget(self.header)
-        lay.addLayout(bar)
-        lay.addWidget(split, 1)
-        self._update_buttons()
+        return bar
 
     # ------------------------------------------------------------ the window's contract
 
     def set_run(self, run_dir: Optional[Path]) -> None:
+        """Show another run; the A and B marks stay (A in one run, B in another compares two runs)."""
         if run_dir == self._run:
             return
         self._run = Path(run_dir) if run_dir is not None else None
         self.thumbs.reset()
-        self.model.set_index(SamplesIndex(None, (), ()))
+        self.model.set_listing(GridListing(SamplesIndex(None, (), ())))
         self.header.setText("No run open." if run_dir is None else "Reading samples ...")
         self._show_current()
         self.refresh()
@@ -124,7 +169,7 @@ class SamplesPanel(QWidget):
     def refresh(self) -> None:
         if self._run is not None:
             run = self._run
-            self._scan.submit(lambda: scan_samples(run))
+            self._scan.submit(lambda: scan_grid(run))
 
     def busy(self) -> bool:
         return self._scan.busy() or self.thumbs.busy()
@@ -135,12 +180,14 @@ class SamplesPanel(QWidget):
 
     # ------------------------------------------------------------ listing and thumbnails
 
-    def _on_scanned(self, index: SamplesIndex) -> None:
-        if index.run_dir != self._run or index == self.model.index_:
+    def _on_scanned(self, listing: GridListing) -> None:
+        index = listing.index
+        if index.run_dir != self._run or listing == self.model.listing:
             return  # a stale scan, or nothing new on disk
         current = self.grid.current_cell()
         keep = self.model.key(*current) if current else None
-        todo = self.model.set_index(index)
+        todo = self.model.set_listing(listing)
+        self.grid.hide_columns(self.model.empty_failed_columns())
         pos = self.model.cell_of(*keep) if keep else None
         if pos is None and index.rows and index.columns:
             pos = (0, 0)
@@ -163,8 +210,11 @@ class SamplesPanel(QWidget):
                     "observation.validation_steps)." + (f" {index.prompt_note}." if index.prompt_note else ""))
         ps = index.prompt_set
         name = f"prompt set {ps.get('prompt_set', '?')} {ps.get('version', '?')}" if ps else index.prompt_note
-        return (f"{len(index.rows)} prompts x {len(index.columns)} checkpoints ({index.image_count()} images); "
-                f"{name}. Arrows move, A / B mark, C compares.")
+        hidden = [index.columns[c].name for c in self.model.empty_failed_columns()]
+        note = (f" Hidden: {', '.join(hidden)} (a render that stopped before its first image)." if hidden else "")
+        shown = len(index.columns) - len(hidden)
+        return (f"{len(index.rows)} prompts x {shown} checkpoints ({index.image_count()} images); "
+                f"{name}. Arrows move, A / B mark, C compares.{note}")
 
     def _on_thumbs(self, result: list) -> None:
         self.model.add_thumbs(result)
@@ -177,60 +227,62 @@ class SamplesPanel(QWidget):
     def _show_current(self) -> None:
         cell = self.grid.current_cell()
         if cell is None or self.model.rowCount() == 0:
-            self.details.setText("")
-            self.preview.clear()
+            self.details.set_lines([])
+            self.preview.set_pixmap(None)
             self._update_buttons()
             return
-        lines = provenance(self.model.index_, *cell)
-        self.details.setText("\n".join(f"{label}: {value}" for label, value in lines))
+        name = self.model.key(*cell)[1]
+        state = self.model.column_state(cell[1])
+        self.details.set_lines(column_lines(provenance(self.model.index_, *cell), name, state))
         pm = self.model.data(self.model.index(*cell), Qt.DecorationRole)
-        if pm is not None:
-            side = max(160, min(320, self.preview.width()))
-            mode = Qt.FastTransformation if pm.width() < side else Qt.SmoothTransformation
-            self.preview.setPixmap(pm.scaled(side, side, Qt.KeepAspectRatio, mode))
-        else:
-            self.preview.clear()
+        self.preview.set_pixmap(pm, pixels=pm is None or max(pm.width(), pm.height()) < THUMB_PX)
         self._update_buttons()
 
     def provenance_text(self) -> str:
         return self.details.text()
 
+    def _double_clicked(self, index) -> None:
+        if self.model.column_state(index.column()) == "no-samples":
+            self.render_again()
+
     # ------------------------------------------------------------ A/B
 
     def mark(self, which: str) -> None:
         cell = self.grid.current_cell()
-        if cell is not None and self.model.image(*cell) is not None:
-            self.model.set_mark(which, *cell)
+        if cell is not None and self.model.set_mark(which, *cell) is not None:
             self._update_buttons()
 
-    def _pair(self) -> Optional[tuple[tuple[int, int], tuple[int, int]]]:
+    def _pair(self) -> Optional[tuple[Mark, Mark]]:
+        """The two selected images of this run, else the images marked A and B (of any runs)."""
         selected = [c for c in self.grid.selected_cells() if self.model.image(*c) is not None]
         if len(selected) == 2:
-            return selected[0], selected[1]
-        marks = [self.model.mark(m) for m in ("A", "B")]
-        cells = [self.model.cell_of(*m) if m else None for m in marks]
-        if all(cells) and all(self.model.image(*c) is not None for c in cells):
-            return cells[0], cells[1]
+            run = self.model.index_.run_dir
+            a, b = (Mark(run, *self.model.key(*c), self.model.image(*c).path) for c in selected)
+            return a, b
+        a, b = self.model.mark("A"), self.model.mark("B")
+        if a is not None and b is not None and a.path.is_file() and b.path.is_file():
+            return a, b
         return None
 
     def compare(self) -> bool:
         """Open the A/B view for the two selected images, else the marked pair; False if neither."""
         pair = self._pair()
         if pair is None:
-            self.render_status.setText("Choose two images: ctrl-click two cells, or mark A and B.")
+            self.render_status.setText("Choose two images: ctrl-click two cells, or mark A and B "
+                                       "(in this run or another one).")
             return False
-        (a, b) = pair
-        labels = ["{1} / {0}".format(*self.model.key(*cell)) for cell in pair]  # "iter_60 / shape-circle"
-        self.ab.set_pair(labels[0], self.model.image(*a).path, labels[1], self.model.image(*b).path)
-        self.ab.show()
-        self.ab.raise_()
+        a, b = pair
+        self.ab.set_pair(a.label(b), a.path, b.label(a), b.path)
+        self.ab.show_beside(self.window())
         return True
 
-    # ------------------------------------------------------------ render again
+    # ------------------------------------------------------------ render again, export
 
     def _update_buttons(self) -> None:
         cell = self.grid.current_cell()
         render = self.buttons["render"]
+        state = self.model.column_state(cell[1]) if cell is not None and self.model.columnCount() else ""
+        render.setText("Render" if state == "no-samples" else "Render again")
         if self._render.is_running():
             render.setEnabled(False)
             render.setToolTip("dmad sample is running")
@@ -243,6 +295,25 @@ class SamplesPanel(QWidget):
             render.setToolTip(f"Run dmad sample --run <this run> --checkpoint {ckpt}: the same prompt set, "
                               "seeds and settings, into a new column <folder>-r<K> beside it")
         self.buttons["prompts"].setEnabled(self._run is not None)
+        self._update_export(cell)
+
+    def _update_export(self, cell: Optional[tuple[int, int]]) -> None:
+        listing = self.model.listing
+        if cell is None or self._run is None or not self.model.columnCount():
+            self.export.set_target(None, None)
+            return
+        ckpt = checkpoint_of(self.model.key(*cell)[1])
+        if ckpt == "teacher":
+            self.export.set_target(self._run, None, "the teacher is not exported: choose a student checkpoint")
+        elif int(ckpt) not in listing.checkpoints:
+            self.export.set_target(self._run, None, f"checkpoints/iter_{ckpt} is not on disk (a validation "
+                                                    "render, or removed by checkpoints_total_limit)")
+        else:
+            self.export.set_target(self._run, int(ckpt), lora=listing.student == "lora")
+
+    def _export_done(self, code: int, text: str) -> None:
+        self.render_status.setText(f"Exported to {text}" if code == 0 else f"Export failed: {text}")
+        self.export_finished.emit(code, text)
 
     def _render_args(self) -> Optional[list[str]]:
         cell = self.grid.current_cell()
@@ -256,6 +327,7 @@ class SamplesPanel(QWidget):
         if args is None or self._render.is_running():
             return
         self.render_status.setText(f"Rendering: {' '.join(args[-4:])} ...")
+        self.model.set_rendering({args[-1]})
         self._render.start(args)
         self._update_buttons()
 
@@ -267,7 +339,9 @@ class SamplesPanel(QWidget):
     def _render_done(self, code: int, line: str) -> None:
         text = "done" if code == 0 else line
         self.render_status.setText(f"Render again: {text}")
+        self.model.set_rendering(set())
         self._update_buttons()
+        self._show_current()
         self.refresh()
         self.render_finished.emit(code, text)
 

@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QLineEdit, QMenu, QToolButton, QVBoxLayout, QWidget)
 
 from app.models.config_doc import PATH_FIELDS, UNSET, FieldSpec, GroupSpec, Key, get_field
+from app.widgets.elided_label import ElidedLabel
+from app.widgets.wheel_guard import guard_wheel
 
 INVALID_STYLE = "border: 1px solid #c62828;"
 ERROR_LABEL_STYLE = "color: #c62828;"
@@ -105,6 +107,7 @@ class EnumEditor(_Editor):
     def __init__(self, spec: FieldSpec):
         super().__init__(spec)
         self.combo = QComboBox()
+        guard_wheel(self.combo)  # scrolling the form must not change the value under the pointer
         for option in spec.options:
             self.combo.addItem(str(option), option)
         self.combo.currentIndexChanged.connect(lambda i: self._emit(self.combo.itemData(i)))
@@ -225,9 +228,8 @@ class FieldRow(QWidget):
         super().__init__()
         self.spec = spec
         self.editor = make_editor(spec)
-        self.error = QLabel()
+        self.error = ElidedLabel()  # the engine's message can quote a long path; the tooltip has it whole
         self.error.setStyleSheet(ERROR_LABEL_STYLE)
-        self.error.setWordWrap(True)
         self.error.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

@@ -16,6 +16,7 @@ from PySide6.QtCore import QThreadPool, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QWidget
 
 from app.engine.background import Task
+from app.widgets.elided_label import ElidedLabel
 
 GIB = 1024 ** 3
 POLL_MS = 2000
@@ -93,14 +94,15 @@ def _text(name: Any) -> str:
     return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
 
 
-class GpuStatusLabel(QLabel):
-    """A status-bar label; hidden until NVML answers with at least one GPU."""
+class GpuStatusLabel(ElidedLabel):
+    """A status-bar label; hidden until NVML answers with at least one GPU. Elided: eight GPUs'
+    readings are wider than a 1,280 px window, and a status bar never shrinks below its widgets."""
 
     readings_received = Signal(list)
 
     def __init__(self, load_nvml: Callable[[], Any] = _import_pynvml, interval_ms: int = POLL_MS,
                  parent: Optional[QWidget] = None):
-        super().__init__(parent)
+        super().__init__("", parent)
         self.probe = NvmlProbe(load_nvml)
         self._pool = QThreadPool(self)
         self._pool.setMaxThreadCount(1)  # NVML calls never pile up
@@ -111,6 +113,12 @@ class GpuStatusLabel(QLabel):
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self.poll)
         self.hide()
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
+        # Readings are one line already, and their runs of spaces separate the figures: kept as they
+        # are (ElidedLabel.setText folds whitespace); still elided to the width the status bar gives
+        QLabel.setText(self, text)
+        self.update()
 
     def start(self) -> None:
         self.poll()
@@ -130,7 +138,8 @@ class GpuStatusLabel(QLabel):
             self.hide()
             return
         self.setText("   ".join(r.text() for r in readings))
-        self.setToolTip("Device-wide memory (all processes, NVML) and utilisation, every 2 s")
+        self.setToolTip("\n".join(r.text() for r in readings)
+                        + "\n\nDevice-wide memory (all processes, NVML) and utilisation, every 2 s")
         self.show()
         self.readings_received.emit(readings)
 

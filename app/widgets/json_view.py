@@ -7,10 +7,11 @@ from typing import Optional
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QPlainTextEdit, QVBoxLayout, QWidget
 
 from app.models.config_doc import JsonTextError, parse_json_text
 from app.widgets.config_form import ERROR_LABEL_STYLE
+from app.widgets.elided_label import ElidedLabel
 
 DEBOUNCE_MS = 300
 
@@ -27,9 +28,8 @@ class JsonView(QWidget):
         self.edit = QPlainTextEdit()
         self.edit.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.edit.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self.error = QLabel()
+        self.error = ElidedLabel()  # a parse error can quote a long key: whole in the tooltip
         self.error.setStyleSheet(ERROR_LABEL_STYLE)
-        self.error.setWordWrap(True)
         self.error.hide()
         self._timer = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
         self._timer.timeout.connect(self.parse_now)

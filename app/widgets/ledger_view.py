@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetIte
 
 from app.engine.command import DmadCommand
 from app.models.probe_result import Ledger, parse_ledger
+from app.widgets.elided_label import ElidedLabel
 
 DEBOUNCE_MS = 800
 RED = "#c0392b"
@@ -70,9 +71,7 @@ class LedgerView(QWidget):
         self._build()
 
     def _build(self) -> None:
-        self.status = QLabel("The engine's memory estimate for this config appears here.")
-        self.status.setWordWrap(True)
-        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.status = ElidedLabel("The engine's memory estimate for this config appears here.")  # engine lines
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["component", "GiB", "assumption"])
         self.table.verticalHeader().hide()

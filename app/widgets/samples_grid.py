@@ -1,48 +1,125 @@
-"""The samples grid: one row per prompt id, one column per checkpoint (teacher first), as a
-QTableView over a table model with a painting delegate.
+"""The samples grid: one row per prompt id, one column per checkpoint (teacher first, each re-render
+right after its checkpoint), as a QTableView over a table model with a painting delegate.
 
 No widget per image: a 50 x 20 grid is one view that paints the visible cells from a dict of
 thumbnail pixmaps, so opening, scrolling and live updates stay cheap. Arrow keys are the view's own
 navigation: up/down moves along prompts, left/right along checkpoints.
+
+Columns say what they are: a checkpoint on disk with no samples yet gets a column that offers
+Render; a folder without meta.json is "rendering" while a render or the run is live and otherwise
+a render that stopped (its missing images read "not rendered"; a folder of none is hidden and the
+panel's header says so).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QKeyEvent, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QStyleOptionViewItem, QTableView, QWidget
 
-from app.models.sample_index import ImageFile, SamplesIndex, provenance_text
+from app.models.sample_index import (Checkpoint, ImageFile, SamplesIndex, checkpoint_of, checkpoint_order,
+                                     provenance_text, scan_samples)
+from app.models.thumbs import THUMB_PX
+from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
 
 CELL_PX = 120
-STATE_ROLE = Qt.UserRole + 1   # "ok" | "loading" | "missing" | "broken"
+CELL_RANGE = (48, 256)  # the thumbnail size control's range, px (thumbnails are cached at THUMB_PX)
+STATE_ROLE = Qt.UserRole + 1   # "ok" | "loading" | "broken" | "missing" | "rendering" | "failed" | "no-samples"
 MARK_ROLE = Qt.UserRole + 2    # "A" | "B" | "A/B" | ""
+NO_SAMPLES = "no samples at this checkpoint"
+NO_META = "no meta.json"  # sample_index's note for a folder without one: written when a render ends
+CELL_TEXT = {"loading": "...", "broken": "unreadable", "missing": "-", "rendering": "rendering…",
+             "failed": "not rendered", "no-samples": f"{NO_SAMPLES} — Render"}
+RED = QColor(192, 57, 43)
 
+
+# ---------------------------------------------------------------- the listing (worker side)
+
+@dataclass(frozen=True)
+class GridListing:
+    """What the grid shows of one run: its samples, plus what the run folder says about them."""
+    index: SamplesIndex
+    checkpoints: tuple[int, ...] = ()   # complete checkpoints on disk (exportable, renderable)
+    live: bool = False                  # the engine is running: folders without meta.json are rendering
+    student: str = "full"               # identity.student of the run's config: "full" | "lora"
+
+
+def _student_kind(run: RunFolder) -> str:
+    try:
+        ident = run.read_json("config.json").get("identity") or {}
+    except (OSError, ValueError, AttributeError):
+        return "full"
+    return "lora" if isinstance(ident, dict) and ident.get("student") == "lora" else "full"
+
+
+def scan_grid(run_dir: Optional[Path]) -> GridListing:
+    """Worker side: the samples listing plus one empty column per checkpoint that has no sample folder
+    (the final checkpoint of a stopped run often has none)."""
+    index = scan_samples(run_dir)
+    if run_dir is None:
+        return GridListing(index)
+    run = RunFolder(run_dir)
+    iters = tuple(i for i, _ in run.list_checkpoints())
+    rendered = {checkpoint_of(c.name) for c in index.columns}
+    extra = [Checkpoint(f"iter_{i}", {}, {}, NO_SAMPLES) for i in iters if str(i) not in rendered]
+    columns = tuple(sorted(index.columns + tuple(extra), key=lambda c: checkpoint_order(c.name)))
+    index = SamplesIndex(index.run_dir, index.rows, columns, index.prompt_set, index.prompt_note)
+    live = effective_state(run.read_status()) in LIVE_STATES
+    return GridListing(index, iters, live, _student_kind(run))
+
+
+# ---------------------------------------------------------------- A/B marks
+
+@dataclass(frozen=True)
+class Mark:
+    """An image marked A or B; it keeps its run, so A and B may come from two runs."""
+    run_dir: Optional[Path]
+    prompt_id: str
+    checkpoint: str
+    path: Path = field(compare=False)
+
+    def label(self, other: Optional["Mark"] = None) -> str:
+        """"iter_60 / shape-circle", with the run's name when `other` is from another run."""
+        text = f"{self.checkpoint} / {self.prompt_id}"
+        if other is not None and other.run_dir != self.run_dir and self.run_dir is not None:
+            return f"{self.run_dir.name}: {text}"
+        return text
+
+
+# ---------------------------------------------------------------- the model
 
 class SamplesModel(QAbstractTableModel):
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.index_ = SamplesIndex(None, (), ())
+        self.listing = GridListing(SamplesIndex(None, (), ()))
         self._pixmaps: dict[ImageFile, Optional[QPixmap]] = {}  # None: the file could not be decoded
         self._where: dict[ImageFile, tuple[int, int]] = {}
-        self._marks: dict[str, tuple[str, str]] = {}  # "A"/"B" -> (prompt id, checkpoint name)
+        self._marks: dict[str, Mark] = {}
+        self._rendering: set[str] = set()  # checkpoints (teacher | N) a `dmad sample` of ours renders now
+
+    @property
+    def index_(self) -> SamplesIndex:
+        return self.listing.index
 
     # ------------------------------------------------------------ content
 
-    def set_index(self, index: SamplesIndex) -> list[ImageFile]:
-        """Show `index`; returns the images that still need a thumbnail. Thumbnails of images that
+    def set_listing(self, listing: GridListing) -> list[ImageFile]:
+        """Show `listing`; returns the images that still need a thumbnail. Thumbnails of images that
         did not change (same path, size, mtime) are kept."""
         old_cols = [c.name for c in self.index_.columns]
-        new_cols = [c.name for c in index.columns]
+        new_cols = [c.name for c in listing.index.columns]
         # A live run appends columns (a new checkpoint) or images: no reset, so the view keeps its
         # scroll position and selection. Anything else (new prompts, a re-render column) resets.
-        grows = bool(old_cols) and index.rows == self.index_.rows and new_cols[:len(old_cols)] == old_cols
+        grows = bool(old_cols) and listing.index.rows == self.index_.rows and new_cols[:len(old_cols)] == old_cols
         if not grows:
             self.beginResetModel()
         elif len(new_cols) > len(old_cols):
             self.beginInsertColumns(QModelIndex(), len(old_cols), len(new_cols) - 1)
-        self.index_ = index
+        self.listing = listing
+        index = listing.index
         self._where = {img: (r, c) for c, col in enumerate(index.columns) for r, rid in enumerate(index.rows)
                        if (img := col.images.get(rid)) is not None}
         self._pixmaps = {img: pm for img, pm in self._pixmaps.items() if img in self._where}
@@ -51,9 +128,20 @@ class SamplesModel(QAbstractTableModel):
         else:
             if len(new_cols) > len(old_cols):
                 self.endInsertColumns()
-            if self.rowCount() and old_cols:
-                self.dataChanged.emit(self.index(0, 0), self.index(self.rowCount() - 1, len(old_cols) - 1))
+            self._all_changed(len(old_cols))
         return [img for img in self._where if img not in self._pixmaps]
+
+    def _all_changed(self, columns: Optional[int] = None) -> None:
+        cols = self.columnCount() if columns is None else columns
+        if self.rowCount() and cols:
+            self.dataChanged.emit(self.index(0, 0), self.index(self.rowCount() - 1, cols - 1))
+
+    def set_rendering(self, checkpoints: set[str]) -> None:
+        """The checkpoints (teacher | N) our own `dmad sample` is rendering now."""
+        if checkpoints != self._rendering:
+            self._rendering = set(checkpoints)
+            self._all_changed()
+            self.headerDataChanged.emit(Qt.Horizontal, 0, max(0, self.columnCount() - 1))
 
     def add_thumbs(self, thumbs: list[tuple[ImageFile, QImage]]) -> None:
         cells = []
@@ -86,18 +174,45 @@ class SamplesModel(QAbstractTableModel):
     def key(self, row: int, col: int) -> tuple[str, str]:
         return self.index_.rows[row], self.index_.columns[col].name
 
+    # ------------------------------------------------------------ column states
+
+    def column_state(self, col: int) -> str:
+        """"ok" | "no-samples" | "rendering" (no meta.json yet, a render is live) | "failed" (no
+        meta.json and nothing renders: the render stopped)."""
+        c = self.index_.columns[col]
+        if c.meta_note == NO_SAMPLES:
+            return "no-samples"
+        if c.meta or c.meta_note != NO_META:
+            return "ok"  # meta.json is there, or unreadable: the images are what they are
+        rendering = self.listing.live or checkpoint_of(c.name) in self._rendering
+        return "rendering" if rendering else "failed"
+
+    def empty_failed_columns(self) -> list[int]:
+        """Folders of a render that stopped before its first image: nothing to show."""
+        return [c for c, col in enumerate(self.index_.columns)
+                if not col.images and self.column_state(c) == "failed"]
+
     # ------------------------------------------------------------ A/B marks
 
-    def set_mark(self, which: str, row: int, col: int) -> None:
+    def set_mark(self, which: str, row: int, col: int) -> Optional[Mark]:
+        image = self.image(row, col)
+        if image is None:
+            return None
         old = self._marks.get(which)
-        self._marks[which] = self.key(row, col)
-        for key in (old, self._marks[which]):
-            pos = self.cell_of(*key) if key else None
+        self._marks[which] = Mark(self.index_.run_dir, *self.key(row, col), image.path)
+        for mark in (old, self._marks[which]):
+            pos = self._cell_of_mark(mark)
             if pos:
                 self.dataChanged.emit(self.index(*pos), self.index(*pos), [MARK_ROLE])
+        return self._marks[which]
 
-    def mark(self, which: str) -> Optional[tuple[str, str]]:
+    def mark(self, which: str) -> Optional[Mark]:
         return self._marks.get(which)
+
+    def _cell_of_mark(self, mark: Optional[Mark]) -> Optional[tuple[int, int]]:
+        if mark is None or mark.run_dir != self.index_.run_dir:
+            return None
+        return self.cell_of(mark.prompt_id, mark.checkpoint)
 
     # ------------------------------------------------------------ Qt model
 
@@ -115,23 +230,27 @@ class SamplesModel(QAbstractTableModel):
         if role == Qt.DecorationRole:
             return self._pixmaps.get(image) if image else None
         if role == STATE_ROLE:
-            if image is None:
-                return "missing"
-            if image not in self._pixmaps:
-                return "loading"
-            return "ok" if self._pixmaps[image] is not None else "broken"
+            return self._state(image, c)
         if role == Qt.ToolTipRole:
             return provenance_text(self.index_, r, c)
         if role == MARK_ROLE:
-            key = self.key(r, c)
-            return "/".join(m for m in ("A", "B") if self._marks.get(m) == key)
+            key = (self.index_.run_dir, *self.key(r, c))
+            return "/".join(m for m in ("A", "B") if m in self._marks
+                            and (self._marks[m].run_dir, self._marks[m].prompt_id, self._marks[m].checkpoint) == key)
         return None
+
+    def _state(self, image: Optional[ImageFile], col: int) -> str:
+        if image is not None:
+            if image not in self._pixmaps:
+                return "loading"
+            return "ok" if self._pixmaps[image] is not None else "broken"
+        state = self.column_state(col)
+        return "missing" if state == "ok" else state
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.DisplayRole):
         if orientation == Qt.Horizontal and section < len(self.index_.columns):
-            if role == Qt.DisplayRole:
-                return self.index_.columns[section].name
-        elif orientation == Qt.Vertical and section < len(self.index_.rows):
+            return self._column_header(section, role)
+        if orientation == Qt.Vertical and section < len(self.index_.rows):
             rid = self.index_.rows[section]
             if role == Qt.DisplayRole:
                 return rid
@@ -141,6 +260,26 @@ class SamplesModel(QAbstractTableModel):
                              if isinstance(it, dict) and it.get("id") == rid), None)
         return None
 
+    def _column_header(self, section: int, role: int):
+        name = self.index_.columns[section].name
+        if role == Qt.DisplayRole:
+            return name
+        if role == Qt.ToolTipRole:
+            state = self.column_state(section)
+            base = checkpoint_of(name)
+            what = ("the teacher" if base == "teacher" else f"checkpoint iter_{base}")
+            lines = [f"samples/{name}: " + (f"rendered again from {what}" if "-r" in name else what)]
+            if state != "ok":
+                lines.append({"no-samples": f"{NO_SAMPLES}: Render renders the run's prompt set with it",
+                              "rendering": "rendering… (meta.json is written when the render ends)",
+                              "failed": "no meta.json: a render that stopped before it finished?"}[state])
+            return "\n".join(lines)
+        if role == Qt.ForegroundRole and self.column_state(section) in ("no-samples", "failed"):
+            return QColor(130, 130, 130)
+        return None
+
+
+# ---------------------------------------------------------------- painting
 
 class ThumbDelegate(QStyledItemDelegate):
     """Paints the thumbnail fitted to the cell: enlarged without smoothing (pixels stay pixels),
@@ -156,12 +295,15 @@ class ThumbDelegate(QStyledItemDelegate):
             size = pm.size().scaled(rect.size(), Qt.KeepAspectRatio)
             target = QRect(0, 0, size.width(), size.height())
             target.moveCenter(rect.center())
-            painter.setRenderHint(QPainter.SmoothPixmapTransform, size.width() < pm.width())
+            # A thumbnail at the cache's size was reduced from a larger image: enlarging it smoothly
+            # is closer to that image; a small render below it keeps its pixels
+            reduced = max(pm.width(), pm.height()) >= THUMB_PX
+            painter.setRenderHint(QPainter.SmoothPixmapTransform, size.width() < pm.width() or reduced)
             painter.drawPixmap(target, pm)
         else:
             state = index.data(STATE_ROLE)
-            painter.setPen(QColor(140, 140, 140))
-            painter.drawText(rect, Qt.AlignCenter, {"loading": "...", "broken": "unreadable"}.get(state, "-"))
+            painter.setPen(RED if state in ("failed", "broken") else QColor(140, 140, 140))
+            painter.drawText(rect, int(Qt.AlignCenter | Qt.TextWordWrap), CELL_TEXT.get(state, "-"))
         if option.state & QStyle.State_HasFocus:
             painter.setPen(option.palette.highlight().color().darker(150))
             painter.drawRect(option.rect.adjusted(0, 0, -1, -1))
@@ -193,10 +335,26 @@ class SamplesGridView(QTableView):
         self.setVerticalScrollMode(QAbstractItemView.ScrollPerPixel)
         self.setHorizontalScrollMode(QAbstractItemView.ScrollPerPixel)
         for header in (self.horizontalHeader(), self.verticalHeader()):
-            header.setDefaultSectionSize(CELL_PX)
             header.setMinimumSectionSize(24)
+        self.set_cell_px(CELL_PX)
         self.setShowGrid(False)
         self.setWordWrap(False)
+
+    def set_cell_px(self, px: int) -> None:
+        """Every cell px x px: the thumbnail size control."""
+        px = max(CELL_RANGE[0], min(CELL_RANGE[1], int(px)))
+        for header in (self.horizontalHeader(), self.verticalHeader()):
+            header.setDefaultSectionSize(px)
+            for i in range(header.count()):
+                header.resizeSection(i, px)
+
+    def cell_px(self) -> int:
+        return self.horizontalHeader().defaultSectionSize()
+
+    def hide_columns(self, columns: list[int]) -> None:
+        hidden = set(columns)
+        for c in range(self.model().columnCount()):
+            self.setColumnHidden(c, c in hidden)
 
     def current_cell(self) -> Optional[tuple[int, int]]:
         i = self.currentIndex()

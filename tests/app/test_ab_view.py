@@ -60,9 +60,9 @@ def test_modes_blink_zoom_and_synced_pan(qtbot, tmp_path):
     assert not view.blinking() and view.left_label.text().startswith("|A - B|")
     view.set_mode("side")
     assert view.right.isVisible()
-    view.set_one_to_one(True)
+    view.set_zoom(1.0)
     assert view.left.scale_factor() == 1.0 and view.right.scale_factor() == 1.0
-    view.set_one_to_one(False)
+    view.set_zoom(None)
     assert view.left.scale_factor() > 1.0  # 64 px fitted into a larger view
 
 
@@ -76,7 +76,7 @@ def test_pan_is_synced_between_the_two_views_at_1_to_1(qtbot, tmp_path):
     _img(1000, QColor("gray")).save(str(b))
     with qtbot.waitSignal(view.compared, timeout=10_000):
         view.set_pair("A", a, "B", b)
-    view.set_one_to_one(True)
+    view.set_zoom(1.0)
     h = view.left.horizontalScrollBar()
     assert h.maximum() > 0
     h.setValue(h.maximum() // 2)
@@ -92,3 +92,82 @@ def test_an_unreadable_image_is_one_line(qtbot, tmp_path):
     with qtbot.waitSignal(view.failed, timeout=10_000):
         view.set_pair("A", tmp_path / "bad.png", "B", tmp_path / "bad.png")
     assert view.stats.text().startswith("Cannot compare: OSError: cannot decode")
+
+
+def _checker(px: int) -> QImage:
+    """px x px, alternating black and white pixels: any smoothing when enlarged shows as grey."""
+    img = QImage(px, px, QImage.Format_RGB32)
+    for y in range(px):
+        for x in range(px):
+            img.setPixelColor(x, y, QColor("white") if (x + y) % 2 else QColor("black"))
+    return img
+
+
+def _loaded(qtbot, tmp_path, size=(900, 600)) -> ABView:
+    view = ABView()
+    qtbot.addWidget(view)
+    view.resize(*size)
+    view.show()
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    _checker(64).save(str(a))
+    _checker(64).save(str(b))
+    with qtbot.waitSignal(view.compared, timeout=10_000):
+        view.set_pair("teacher / x", a, "iter_60 / x", b)
+    return view
+
+
+def test_zoom_steps_enlarge_without_smoothing_and_both_views_pan_together(qtbot, tmp_path):
+    view = _loaded(qtbot, tmp_path)
+    for text, zoom in (("1:1", 1.0), ("2x", 2.0), ("4x", 4.0), ("8x", 8.0)):
+        button = next(b for b in view.zoom_buttons.buttons() if b.text() == text)
+        button.click()
+        assert view.left.scale_factor() == zoom and view.right.scale_factor() == zoom
+    # 64 px at 8x is 512 px: each image pixel is an 8 x 8 block of one colour, nothing in between
+    shot = view.left.viewport().grab().toImage()
+    colours = {shot.pixelColor(x, y).name() for x in range(0, min(shot.width(), 200))
+               for y in range(0, min(shot.height(), 200))}
+    assert colours <= {"#000000", "#ffffff"}, sorted(colours)[:5]
+    h = view.left.horizontalScrollBar()
+    assert h.maximum() > 0  # 512 px in a ~430 px view: it pans
+    h.setValue(h.maximum())
+    view.left.verticalScrollBar().setValue(37)
+    assert view.right.horizontalScrollBar().value() == h.maximum()
+    assert view.right.verticalScrollBar().value() == 37
+    next(b for b in view.zoom_buttons.buttons() if b.text() == "Fit").click()
+    assert view.left.scale_factor() > 1.0  # fitted: 64 px fill the view
+
+
+def test_blink_and_difference_fill_the_window(qtbot, tmp_path):
+    view = _loaded(qtbot, tmp_path)
+    side_width = view.left.width()
+    assert side_width < view.width() / 2
+    for mode in ("blink", "diff"):
+        view.set_mode(mode)
+        qtbot.waitUntil(lambda: view.left.width() > 0.9 * view.width() - 40, timeout=3_000)
+        assert not view.columns[1].isVisible()
+    view.set_mode("side")
+    qtbot.waitUntil(lambda: view.left.width() < view.width() / 2, timeout=3_000)
+
+
+def test_the_window_opens_at_most_of_the_screen_beside_the_anchor_and_inside_the_screen(qtbot, tmp_path):
+    from PySide6.QtCore import QRect
+    from PySide6.QtWidgets import QWidget
+
+    from app.dialogs.ab_view import placement
+
+    avail = QRect(0, 0, 1280, 800)
+    beside = placement(avail, QRect(0, 0, 500, 700))
+    assert beside.left() > 500 and avail.contains(beside) and beside.width() == int(1280 * 0.6)
+    on_the_left = placement(avail, QRect(900, 50, 380, 700))
+    assert on_the_left.right() < 900 and avail.contains(on_the_left)
+    over = placement(avail, QRect(0, 0, 1280, 800))  # a maximized window: on top of it, on screen
+    assert avail.contains(over) and over.height() >= 0.55 * 800
+    anchor = QWidget()
+    qtbot.addWidget(anchor)
+    anchor.setGeometry(0, 0, 200, 200)
+    anchor.show()
+    view = ABView()
+    qtbot.addWidget(view)
+    view.show_beside(anchor)
+    screen = view.screen().availableGeometry()
+    assert screen.contains(view.geometry()) and view.width() >= 0.55 * screen.width()

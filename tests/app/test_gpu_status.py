@@ -73,8 +73,8 @@ def test_label_shows_each_gpu_from_a_fake_nvml(qtbot):
     with qtbot.waitSignal(label.readings_received):
         label.start()
     assert not label.isHidden()
-    assert "GPU0 A100-SXM4-80GB  10.0 / 80.0 GB  97%" in label.text()
-    assert "GPU1 A100-SXM4-80GB" in label.text()
+    assert label.text() == "GPU0 A100-SXM4-80GB  10.0 / 80.0 GB  97%   GPU1 A100-SXM4-80GB  10.0 / 80.0 GB  97%"
+    assert label.toolTip().startswith("GPU0 A100-SXM4-80GB  10.0 / 80.0 GB  97%\nGPU1")  # one GPU a line
     fake.used = 20.0  # the timer keeps polling: the next reading shows the new figure
     qtbot.waitUntil(lambda: "20.0 / 80.0 GB" in label.text(), timeout=10_000)
     label.stop()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,9 +61,17 @@ def test_the_grid_shows_every_prompt_x_checkpoint_teacher_first(qtbot, tmp_path,
     assert "10 prompts x 3 checkpoints (30 images)" in panel.header.text()
 
 
+def _live(run: Path) -> None:
+    """status.json of a running engine (this process stands in for it): folders without meta.json
+    are being rendered, not left behind by a render that stopped."""
+    (run / "status.json").write_text(json.dumps({"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
+                                                 "heartbeat": time.time()}))
+
+
 def test_new_checkpoints_and_missing_images_fill_in_live(qtbot, tmp_path):
     run = tmp_path / "run"
     (run).mkdir()
+    _live(run)
     (run / "prompt_set.json").write_text(json.dumps({"items": [{"id": "b"}, {"id": "a"}]}))
     _png(run / "samples" / "teacher" / "a.png", "red")
     _png(run / "samples" / "teacher" / "b.png", "red")
@@ -70,7 +80,7 @@ def test_new_checkpoints_and_missing_images_fill_in_live(qtbot, tmp_path):
     _open(qtbot, panel, run)
     m = panel.model
     assert (m.rowCount(), m.columnCount()) == (2, 2)
-    assert m.data(m.index(0, 1), STATE_ROLE) == "missing"  # iter_10 has no b yet
+    assert m.data(m.index(0, 1), STATE_ROLE) == "rendering"  # iter_10 has no b yet: the run renders it
     _png(run / "samples" / "iter_2" / "a.png", "green")
     _png(run / "samples" / "iter_2" / "c.png", "green")  # an id the prompt set does not list: last row
     with qtbot.waitSignal(panel.grid_filled, timeout=20_000):
@@ -130,7 +140,8 @@ def test_missing_or_corrupt_meta_json_is_a_note_not_a_crash(qtbot, tmp_path, rec
     assert "meta.json: samples/iter_60: meta.json is unreadable" in text and "provenance unknown" in text
     assert "(from the run's prompt_set.json)" in text
     panel.grid.set_current_cell(0, 0)
-    assert "samples/teacher: no meta.json; provenance unknown" in panel.provenance_text()
+    assert "samples/teacher: no meta.json (a render that stopped" in panel.provenance_text()
+    assert "provenance unknown" in panel.provenance_text()
     assert panel.model.data(panel.model.index(0, 0), STATE_ROLE) == "ok"  # the images still show
 
 
@@ -162,8 +173,9 @@ def test_compare_two_marked_images_and_the_same_image(qtbot, tmp_path, recorded_
     qtbot.keyClick(panel.grid, Qt.Key_A)
     panel.grid.set_current_cell(0, 2)
     qtbot.keyClick(panel.grid, Qt.Key_B)
-    assert panel.model.mark("A") == ("shape-circle", "teacher")
-    assert panel.model.mark("B") == ("shape-circle", "iter_120")
+    a, b = panel.model.mark("A"), panel.model.mark("B")
+    assert (a.run_dir, a.prompt_id, a.checkpoint) == (recorded_run, "shape-circle", "teacher")
+    assert (b.prompt_id, b.checkpoint, b.path.name) == ("shape-circle", "iter_120", "shape-circle.png")
     with qtbot.waitSignal(panel.ab.compared, timeout=10_000) as sig:
         assert panel.compare()
     diff = sig.args[0]
@@ -189,7 +201,7 @@ def test_ctrl_click_two_cells_compares_them(qtbot, tmp_path, recorded_run):
     assert grid.selected_cells() == [(1, 0), (4, 1)]
     with qtbot.waitSignal(panel.ab.compared, timeout=10_000):
         assert panel.compare()
-    assert panel.ab.title.text() == "A: teacher / shape-triangle\nB: iter_60 / position-bottom-left"
+    assert panel.ab.labels() == ("A: teacher / shape-triangle", "B: iter_60 / position-bottom-left")
 
 
 def test_render_again_runs_dmad_sample_and_shows_the_new_column(qtbot, tmp_path, recorded_run):
