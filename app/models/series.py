@@ -78,11 +78,13 @@ def _number(v: object) -> Optional[float]:
 
 
 class SeriesStore:
-    """All series of one run, keyed by metric name, plus which ones changed since the last redraw."""
+    """All series of one run, keyed by metric name, plus which ones changed since the last redraw.
+    `times`: x = iteration, y = the unix time `t` of its metric event (the wall-clock x axis)."""
 
     def __init__(self):
         self._series: dict[str, Series] = {}
         self._dirty: set[str] = set()
+        self.times = Series()
 
     def __contains__(self, name: str) -> bool:
         return name in self._series
@@ -100,11 +102,13 @@ class SeriesStore:
         return s
 
     def add_metric(self, iteration: Optional[int], data: dict,
-                   skip: Iterable[str] = ("max_train_steps", "eta_s")) -> list[str]:
+                   skip: Iterable[str] = ("max_train_steps", "eta_s"), t: Optional[float] = None) -> list[str]:
         """Append every numeric field of one metric event; returns the names that got a point.
-        `skip`: fields that are run bookkeeping, not curves."""
+        `skip`: fields that are run bookkeeping, not curves. `t`: the event's unix time."""
         if iteration is None:
             return []
+        if _number(t):  # 0: an event without a time (parse_line's default)
+            self.times.append(float(iteration), float(t))
         skipped = set(skip)
         added = []
         for name, raw in data.items():
@@ -127,3 +131,4 @@ class SeriesStore:
         """Forget everything (another run, or the events file was cut back by a resume)."""
         self._series.clear()
         self._dirty.clear()
+        self.times = Series()

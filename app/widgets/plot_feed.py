@@ -17,7 +17,7 @@ REFRESH_MS = 66  # plots redraw at most ~15 times a second
 
 
 class PlotFeed(QObject):
-    """`plots`: objects with refresh(store, dirty_keys) (LossPlot, MemoryPlot, StepTimePlot)."""
+    """`plots`: objects with refresh(store, dirty_keys) (the Training panel's PlotBoard)."""
 
     refreshed = Signal()  # setData ran for the series that changed
 

@@ -1,0 +1,30 @@
+"""Plots side by side, lined up."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter
+
+from app.widgets.plots import MetricPlot
+
+
+class PlotRow(QSplitter):
+    """Plots side by side whose legends take the same height, so their plot areas line up (a long
+    legend wraps to a second line in a narrow plot)."""
+
+    def __init__(self, plots: list[MetricPlot]):
+        super().__init__(Qt.Horizontal)
+        self._plots = plots
+        for plot in plots:
+            self.addWidget(plot)
+            plot.legend.entries_changed.connect(self.align)
+        self.setChildrenCollapsible(False)
+        self.splitterMoved.connect(lambda *_: self.align())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.align()
+
+    def align(self) -> None:
+        tallest = max(plot.legend_height(plot.width()) for plot in self._plots)
+        for plot in self._plots:
+            plot.legend.setMinimumHeight(tallest)
