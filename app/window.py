@@ -4,10 +4,14 @@ Panels never know about each other: the window connects their signals (ConfigPan
 the config is valid, TrainingPanel asks to start, RunsPanel opens a run) and tells the run-bound
 tabs (Samples, Memory) which run is open. The run's lifecycle is the Training panel's RunState
 (app/models/run_state.py): the window, the Runs panel and the close question read it.
+
+Opening a run also shows its own config.json in the Config tab, read-only; Start while a run is open
+asks whether a new run is meant (or Continue). Where a new run goes (the Runs tab's folder:
+app/models/run_target.py) is said before Start and used alike by Start, Dry run and the memory estimate.
+Closing asks about unsaved config edits, then about a live run.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -16,9 +20,13 @@ from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from app.dialogs import close as close_dialog
+from app.dialogs import start_question
 from app.panels.config import ConfigPanel
 from app.panels.data import DataPanel
 from app.engine.process import EngineProcess
+from app.models.resume import CONTINUABLE, continue_text
+from app.models.run_target import new_run_folder, root_override, start_tooltip
+from app.widgets.run_notifier import RunNotifier
 from app.widgets.gpu_status import GpuStatusLabel, _import_pynvml
 from app.panels.memory import MemoryTab
 from app.panels.runs import RunsPanel
@@ -51,6 +59,7 @@ class MainWindow(QMainWindow):
         self._run: Optional[Path] = None
         self._state = ""
         self._close_when_stopped = False
+        self._config_answered = False  # the close question about unsaved config edits was answered
         if runs_root is not None:
             settings.setValue(ROOT_KEY, str(runs_root))
         self.config = ConfigPanel(unsaved_dir=unsaved_dir)  # opens on the CPU demo preset
@@ -59,6 +68,7 @@ class MainWindow(QMainWindow):
         self.samples = SamplesPanel()
         self.runs = RunsPanel(remembered_root(settings))
         self.run_state = self.training.run_state
+        self.config.set_run_overrides(self._root_override)  # Dry run names the folder Start will use
         self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override,
                                 probes_dir=probes_dir)
         self.tabs = QTabWidget()
@@ -69,6 +79,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
         self.gpu = GpuStatusLabel(load_nvml)
         self.statusBar().addPermanentWidget(self.gpu)
+        self.notifier = RunNotifier(self.run_state, lambda text: self.statusBar().showMessage(text, 60000), self)
         self._wire()
         if config_path is not None:
             self.config.load_file(config_path)
@@ -91,6 +102,9 @@ class MainWindow(QMainWindow):
     def _wire(self) -> None:
         self.config.validity_changed.connect(self.training.set_start_enabled)
         self.config.config_edited.connect(lambda _raw: self._sync_config())
+        self.runs.root_changed.connect(lambda _root: self._show_target())
+        self.runs.run_renamed.connect(self._on_run_renamed)
+        self.runs.run_deleted.connect(self._on_run_deleted)
         self.training.start_requested.connect(self._start)
         self.run_state.state_changed.connect(self._on_run_state)
         self.runs.watch(self.run_state)
@@ -114,15 +128,25 @@ class MainWindow(QMainWindow):
         """The Data and Memory tabs follow the config; relative paths are relative to the config file."""
         self.data.set_config(self.config.config(), self.config.base_dir())
         self.memory.set_config(self.config.config(), self.config.base_dir())
+        self._show_target()
+
+    def _show_target(self) -> None:
+        """Where Start would put a new run, said before Start (the state line and Start's tooltip)."""
+        root, raw = self.runs.root(), self.config.config()
+        self.training.set_new_run_target(new_run_folder(root, raw), start_tooltip(root, raw, self.config.base_dir()))
 
     def _root_override(self) -> list[str]:
-        # As TrainingPanel.start does: runs go under the window's runs root (JSON-quoted: always a string)
-        return [f"identity.output_dir={json.dumps(str(self.runs.root().expanduser().resolve()))}"]
+        # Start, Dry run and the memory estimate alike: runs go under the Runs tab's folder
+        return root_override(self.runs.root())
 
     def _start(self) -> None:
+        if not self._new_run_meant():
+            return
         warning = self.data.start_warning()  # the last data check of this config's data found errors
         if warning and QMessageBox.question(self, "Data check", warning, QMessageBox.Yes | QMessageBox.No,
                                             QMessageBox.No) != QMessageBox.Yes:
+            return
+        if self.config.is_read_only() and not self.config.new_run_from_view():  # never the run's own name
             return
         try:
             path = self.config.materialize()
@@ -132,14 +156,44 @@ class MainWindow(QMainWindow):
         self.training.start(Path(path), self.runs.root())
         self.show_panel("Training")
 
+    def _new_run_meant(self) -> bool:
+        """Start while a run is open: a new run, or did the user mean Continue? Asked, never guessed."""
+        run, state = self.run_state.run_dir, self.run_state.state
+        if run is None or self.run_state.is_live():
+            return True
+        known, checkpoint = self.training.resume.point_for(run)
+        text = continue_text(state, checkpoint, known)[0] if state in CONTINUABLE else ""
+        viewing = self.config.is_read_only()  # the run's own config: its run_name is cleared first
+        source = (f"{run.name}'s config (run_name cleared)" if viewing
+                  else f"the config in the Config tab ({self.config.document_name()})")
+        choice = start_question.ask_start_while_open(self, run.name, text, source,
+                                                     new_run_folder(self.runs.root(), None if viewing else
+                                                                    self.config.config()))
+        if choice == start_question.CONTINUE:
+            self.training.continue_run()
+            self.show_panel("Training")
+        return choice == start_question.NEW
+
     def open_run(self, run_dir: Path) -> bool:
-        """Show a run folder: its curves (reattaching when it is live), samples and memory."""
+        """Show a run folder: its curves (reattaching when it is live), samples, memory and its own
+        config (read-only in the Config tab)."""
         run_dir = Path(run_dir)
         self.show_panel("Training")
         if self.training.open_run(run_dir) is False:  # our own engine is live: the panel says why
             return False
         self._set_run(run_dir)
+        self.config.show_run_config(run_dir)
         return True
+
+    def _on_run_renamed(self, old: Path, new: Path) -> None:
+        if self._run is not None and self._run == old and not self.run_state.is_live():
+            self.open_run(new)  # the shown run moved: show it where it is now
+
+    def _on_run_deleted(self, path: Path) -> None:
+        if self._run is not None and self._run == path and not self.run_state.is_live():
+            self.training.forget_run()
+            if self.config.shown_run() == path:
+                self.config.back_to_document()
 
     def continue_run(self, run_dir: Path) -> None:
         """Show a stopped or failed run and continue it in its folder. The panel decides from the
@@ -176,6 +230,9 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ closing
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._config_settled():
+            event.ignore()
+            return
         if not self.run_state.is_live():
             self._shutdown()
             event.accept()
@@ -194,7 +251,19 @@ class MainWindow(QMainWindow):
             event.accept()
         else:
             self._close_when_stopped = False
+            self._config_answered = False  # a later close asks again: the edits may go on
             event.ignore()
+
+    def _config_settled(self) -> bool:
+        """Unsaved config edits: Save (Save as… for an untitled one), Discard, or Cancel the close.
+        Asked once: a close that waits for a run to stop does not ask again."""
+        if self._config_answered or not self.config.has_unsaved_changes():
+            return True
+        choice = close_dialog.ask_unsaved_config(self, self.config.document_name())
+        if choice == close_dialog.CANCEL or (choice == close_dialog.SAVE and not self.config.save_before_close()):
+            return False
+        self._config_answered = True
+        return True
 
     def _shutdown(self) -> None:
         self.gpu.stop()

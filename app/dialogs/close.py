@@ -1,4 +1,4 @@
-"""The question asked when the window closes while a run is live."""
+"""The questions asked when the window closes: about unsaved config edits, and about a live run."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 from app.models.run_state import RunState
 
 STOP, LEAVE, CANCEL = "stop", "leave", "cancel"
+SAVE, DISCARD = "save", "discard"
 
 
 def run_name(state: RunState) -> str:
@@ -32,4 +33,18 @@ def ask_close_during_run(parent: Optional[QWidget], state: RunState) -> str:
         return STOP
     if answer == QMessageBox.No:
         return LEAVE
+    return CANCEL
+
+
+def ask_unsaved_config(parent: Optional[QWidget], document: str) -> str:
+    """SAVE, DISCARD or CANCEL for the Config tab's unsaved edits of `document`."""
+    box = QMessageBox(QMessageBox.Question, "Unsaved config",
+                      f"The config \u201c{document}\u201d has unsaved changes. Save them before closing?",
+                      QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, parent)
+    box.setDefaultButton(QMessageBox.Save)
+    answer = box.exec()
+    if answer == QMessageBox.Save:
+        return SAVE
+    if answer == QMessageBox.Discard:
+        return DISCARD
     return CANCEL

@@ -2,12 +2,14 @@
 listens. The engine checks the combination again (dmad.cli) and says what is wrong in one line."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QSpinBox, QVBoxLayout,
                                QWidget)
 
 from app.engine.process import LaunchMachines
+from app.widgets.wheel_guard import guard_wheel
 
 
 def problem(m: LaunchMachines, processes: int) -> str:
@@ -32,6 +34,7 @@ class LaunchDialog(QDialog):
         self.rank = QSpinBox(minimum=0, maximum=1023, value=current.rank)
         self.ip = QLineEdit(current.main_ip, placeholderText="e.g. 10.0.0.1")
         self.port = QSpinBox(minimum=1, maximum=65535, value=current.port)
+        guard_wheel(self.count, self.rank, self.port)  # wheel only for the field with focus
         form = QFormLayout()
         form.addRow("Machines", self.count)
         form.addRow("This machine's rank", self.rank)
@@ -60,3 +63,12 @@ class LaunchDialog(QDialog):
         why = problem(self.value(), self.processes)
         self.error.setText(why)
         self.buttons.button(QDialogButtonBox.Ok).setEnabled(not why)
+
+
+def edit_machines(parent: QWidget, current: LaunchMachines, processes: int,
+                  accepted: Callable[[LaunchMachines], None]) -> None:
+    """Open the dialog over `parent` (window-modal, not blocking); `accepted(machines)` on OK."""
+    dialog = LaunchDialog(current, processes, parent)
+    dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    dialog.accepted.connect(lambda: accepted(dialog.value()))
+    dialog.open()

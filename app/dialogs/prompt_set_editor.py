@@ -17,6 +17,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
+from app.widgets.wheel_guard import guard_wheel
 
 from dmad.errors import UserInputError
 from dmad.contract.prompts import SAMPLERS, find_versions, save_new_version, save_prompt_set, validate_prompt_set
@@ -83,6 +84,7 @@ class PromptSetEditor(QDialog):
         self.cfg = QDoubleSpinBox()
         self.cfg.setRange(0.0, 1000.0)
         self.cfg.setDecimals(2)
+        guard_wheel(self.width_box, self.height_box, self.sampler, self.steps, self.cfg)  # wheel only with focus
         res = QHBoxLayout()
         res.addWidget(self.width_box)
         res.addWidget(QLabel("x"))

@@ -146,6 +146,12 @@ class EngineProcess(QObject):
         if not self.send_control("stop"):
             self._cmd.terminate()
 
+    def kill(self, grace_ms: int = 0) -> None:
+        """Kill the engine and everything it started (its process group) without waiting for a
+        boundary: the user chose Kill because it no longer stops by itself."""
+        if self._cmd is not None and self.is_running():
+            self._cmd.kill(grace_ms)
+
     def detach(self) -> None:
         """Leave the engine running after this app exits (the user chose "leave it running"): it
         keeps writing its run folder, which is how the app follows it from then on
@@ -213,9 +219,14 @@ def _final_summary(ev: Optional[dict]) -> str:
         return "the engine exited normally"
     if ev["kind"] == "stopped":
         ckpt = ev["data"].get("last_checkpoint")
+        kept = f" (checkpoint iter_{ckpt})" if ckpt is not None else ""
+        # Stop now: nothing saved at the stop (a checkpoint of this very iteration saved earlier still counts)
+        if ev["data"].get("checkpoint_saved") is False and ev["iter"] and ckpt != ev["iter"]:
+            kept = (f" without a checkpoint (the newest is iter_{ckpt})" if ckpt is not None
+                    else " without a checkpoint (the run has none)")
         if not ev["iter"]:  # None or 0: Stop while it was still loading, no iteration ran
-            return "stopped before the first iteration" + (f" (checkpoint iter_{ckpt})" if ckpt is not None else "")
-        return f"stopped at iteration {ev['iter']}" + (f" (checkpoint iter_{ckpt})" if ckpt is not None else "")
+            return "stopped before the first iteration" + kept
+        return f"stopped at iteration {ev['iter']}" + kept
     elapsed = ev["data"].get("elapsed_s")
     return f"finished {ev['iter']} iterations" + (f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else "")
 
@@ -263,8 +274,12 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
         return f"{kind}{at}: {data.get('message') or data.get('reason') or ''}"
     if kind == "checkpoint":
         return f"checkpoint saved{at}: {data.get('path', '')}"
+    if kind == "samples" and data.get("one_off"):
+        paths = data.get("paths") or [""]
+        return f"sampled prompt{at}: \u201c{data.get('prompt', '')}\u201d -> {paths[0]}"
     if kind == "samples":
-        return f"samples{at}: {len(data.get('paths') or [])} images in {data.get('folder', '')}"
+        n = len(data.get("paths") or [])
+        return f"samples{at}: {n} image{'' if n == 1 else 's'} in {data.get('folder', '')}"
     if kind == "started":
         resume = f" (resuming {data['resume_from']})" if data.get("resume_from") else ""
         batch = (f"; effective batch {data['effective_batch']} over {data.get('num_processes', 1)} process(es)"

@@ -12,13 +12,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from pydantic import ValidationError
 
 from dmad.contract.config import TrainConfig, format_validation_error, json_schema, migrate, validate_config
 from dmad.errors import UserInputError
-from dmad.contract.jsonfile import _no_duplicate_keys
+from dmad.contract.jsonfile import _no_duplicate_keys, read_json_file
 
 Key = tuple[str, ...]  # ("resources", "train_batch_size"); top-level fields: ("config_version",)
 # The fields dmad.contract.config.resolve_paths resolves against the config file's folder (a test checks
@@ -276,3 +276,24 @@ def materialized(raw: dict, base_dir: Path, source: str) -> dict:
         if value is not None:
             out = with_field(out, (group, name), value)
     return copy.deepcopy(out)
+
+
+class Document(NamedTuple):
+    """A config being edited: its raw dict, what its file holds, the folder its relative paths are
+    relative to, its file (None: untitled) and where it came from ("preset CPU demo")."""
+    raw: dict
+    saved_raw: dict
+    base_dir: Path
+    path: Optional[Path]
+    origin: str
+
+
+def read_run_config(run_dir: Path) -> tuple[Path, Optional[dict], str]:
+    """(run_dir, its parsed config.json or None, why not). Reads a file: call it off the GUI thread."""
+    try:
+        raw = read_json_file(run_dir / "config.json", "config")
+    except UserInputError as e:
+        return run_dir, None, str(e)
+    if not isinstance(raw, dict):
+        return run_dir, None, f"{run_dir / 'config.json'} is not a JSON object"
+    return run_dir, raw, ""

@@ -21,6 +21,7 @@ from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
 from app.models.resume import CONTINUABLE
+from app.models.run_files import NOTE_NAME, read_note
 from dmad.contract.events import is_iteration_metric, parse_line
 from dmad.contract.runs import RunFolder, effective_state, list_runs, pid_alive
 
@@ -54,6 +55,7 @@ class RunRow:
     metrics: dict[str, Optional[float]] = field(default_factory=dict)  # last metrics row / event
     age_s: Optional[float] = None    # seconds since the last heartbeat (status.json write)
     config: Optional[dict] = None    # parsed config.json, for "Compare configs" without re-reading
+    note: str = ""                   # <run>/note.txt: the user's own words about the run
 
 
 class ScanError(Exception):
@@ -253,9 +255,10 @@ def _fill_progress(cache: ScanCache, run: RunFolder, row: RunRow, status: dict) 
     if not row.metrics:  # a run that died before its first metrics row, or an older engine
         row.metrics = cache.load(run.events_jsonl, "events_tail", lambda p: events_tail(cache, p)) or {}
     row.started = cache.load(run.events_jsonl, "events_head", lambda p: started_time(cache, p))
-    row.iter = _int(status.get("iter"))
-    if row.iter is None and isinstance(row.metrics.get("iter"), (int, float)):
-        row.iter = int(row.metrics["iter"])  # type: ignore[arg-type]
+    # status.json's iter is refreshed by every heartbeat; a metrics row written since is newer still
+    known = [i for i in (_int(status.get("iter")), row.metrics.get("iter")) if isinstance(i, (int, float))]
+    row.iter = int(max(known)) if known else None
+    row.note = cache.load(run.path / NOTE_NAME, "note", read_note) or ""
     row.max_steps = _int(status.get("max_train_steps")) or row.max_steps
     row.last_checkpoint = _int(status.get("last_checkpoint"))
     if row.state in CONTINUABLE:

@@ -85,6 +85,12 @@ class RunState(QObject):
         """A run shown from its folder, in the state its status.json gives (effective_state)."""
         self._replace(state, Path(run_dir))
 
+    def clear(self) -> None:
+        """Nothing shown any more (the shown run's folder was deleted)."""
+        if self.is_live():
+            raise RuntimeError(f"a run is {self._state}: it cannot be forgotten")
+        self._replace(IDLE, None)
+
     def set_run_dir(self, run_dir: Optional[Path]) -> None:
         self._update(run_dir=None if run_dir is None else Path(run_dir))
 

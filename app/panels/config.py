@@ -6,23 +6,30 @@ Relative paths in a config are relative to its file's folder (dmad.contract.conf
 panel keeps a base folder with the document: a preset's is the preset's folder, a file's is its
 folder. Save as rewrites relative paths for the new folder, and materialize() writes a copy with
 absolute paths, so neither changes what the config means.
+
+An opened run's config.json is shown read-only (show_run_config, read in a worker) while the document
+being edited waits aside, unchanged: "New run from this config" turns the run's config into an editable
+unsaved document with run_name cleared, "Back to my config" brings the waiting one back. Dry run gets
+the same identity.output_dir override as Start (set_run_overrides), so both name the same folder.
 """
 from __future__ import annotations
 
 import copy
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QStandardPaths, Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSplitter, QTabWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
+                               QSplitter, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
-from app.models.config_doc import (Key, Problems, all_fields, check, form_spec, materialized, rebase_paths,
-                            to_json_text, with_field)
+from app.models.config_doc import (Document, Key, Problems, all_fields, check, form_spec, materialized,
+                                   read_run_config, rebase_paths, to_json_text, with_field)
 from app.widgets.config_form import ERROR_LABEL_STYLE, ConfigForm
-from app.engine.process import EngineProcess
+from app.widgets.elided_label import ElidedLabel
+from app.widgets.run_config_banner import RunConfigBanner
+from app.widgets.dry_run_view import DryRunView
+from app.engine.background import Task
 from app.widgets.json_view import JsonView
 from app.widgets.ledger_view import LedgerView
 from app.models.presets import Preset, presets
@@ -69,8 +76,11 @@ class ConfigPanel(QWidget):
         self._json_error = ""
         self._validity: Optional[tuple[bool, str]] = None
         self._was_modified = False
-        self._engine = EngineProcess(self)
-        self._engine.dry_run_finished.connect(self._on_dry_run_finished)
+        self._run_view: Optional[Path] = None  # the run whose config.json is shown read-only
+        self._stash: Optional[Document] = None  # the document being edited, while a run's config is shown
+        self._overrides: Callable[[], list[str]] = lambda: []
+        self._run_read = Task(self)
+        self._run_read.done.connect(self._on_run_config_read)
         self._build()
         demo = next(iter(self.presets), None)
         if demo is not None:
@@ -84,10 +94,9 @@ class ConfigPanel(QWidget):
         self.json = JsonView()
         self.json.json_parsed.connect(self._on_json_parsed)
         self.json.json_failed.connect(self._on_json_failed)
-        self.dry_run_view = QPlainTextEdit(readOnly=True)
-        self.dry_run_view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self.dry_run_view.setFont(self.json.edit.font())
-        self.dry_run_view.setPlaceholderText("Dry run: the engine's resolved config and memory ledger appear here.")
+        self.dry_run_view = DryRunView(self.json.edit.font())
+        self.dry_run_view.finished.connect(self._on_dry_run_finished)
+        self._engine = self.dry_run_view.engine
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.form)
@@ -104,10 +113,13 @@ class ConfigPanel(QWidget):
         self.banner.setStyleSheet(ERROR_LABEL_STYLE)
         self.banner.setWordWrap(True)
         self.banner.hide()
-        self.status = QLabel()
-        self.status.setWordWrap(True)
+        self.status = ElidedLabel()
+        self.run_banner = RunConfigBanner()
+        self.run_banner.new_run_requested.connect(self.new_run_from_view)
+        self.run_banner.back_requested.connect(self.back_to_document)
         layout = QVBoxLayout(self)
         layout.addLayout(self._toolbar())
+        layout.addWidget(self.run_banner)
         layout.addWidget(self.banner)
         layout.addWidget(split, 1)
         layout.addWidget(self.status)
@@ -126,7 +138,8 @@ class ConfigPanel(QWidget):
             action.setToolTip(preset.description)
             action.triggered.connect(lambda _=False, p=preset: self._ask_discard() and self.load_preset(p))
         self.preset_button.setMenu(menu)
-        self.file_label = QLabel()
+        self.file_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)  # a long path keeps both ends
+        self.toolbar_buttons: dict[str, QPushButton] = {}
         row = QHBoxLayout()
         row.addWidget(self.preset_button)
         for text, slot, tip in (("Open…", self._on_open, "Open a config file (JSON)"),
@@ -140,8 +153,8 @@ class ConfigPanel(QWidget):
             button.setToolTip(tip)
             button.clicked.connect(lambda _=False, s=slot: s())
             row.addWidget(button)
-            if text == "Dry run":
-                self.dry_run_button = button
+            self.toolbar_buttons[text] = button
+        self.dry_run_button = self.toolbar_buttons["Dry run"]
         row.addWidget(self.file_label, 1)
         return row
 
@@ -165,6 +178,61 @@ class ConfigPanel(QWidget):
 
     def is_modified(self) -> bool:
         return self._raw != self._saved_raw
+
+    def has_unsaved_changes(self) -> bool:
+        """The document being edited (also while a run's config is shown) differs from its file."""
+        stash = self._stash
+        return stash.raw != stash.saved_raw if stash is not None else self.is_modified()
+
+    def document_name(self) -> str:
+        """The document being edited, as the file label names it: a path or "untitled (preset CPU demo)"."""
+        doc = self._stash or self._current()
+        return str(doc.path) if doc.path is not None else f"untitled ({doc.origin})"
+
+    def is_read_only(self) -> bool:
+        return self._run_view is not None
+
+    def shown_run(self) -> Optional[Path]:
+        """The run whose config.json is shown read-only, or None."""
+        return self._run_view
+
+    def set_run_overrides(self, overrides: Callable[[], list[str]]) -> None:
+        """The --set arguments Start adds (run_target.root_override): Dry run adds the same."""
+        self._overrides = overrides
+
+    def show_run_config(self, run_dir: Path) -> None:
+        """Show `run_dir`'s config.json read-only (read in a worker; `config_edited` when it is in).
+        The document being edited waits aside until "Back to my config" or "New run from this config"."""
+        run_dir = Path(run_dir)
+        self._show_status(f"Reading {run_dir / 'config.json'} …")
+        self._run_read.submit(lambda: read_run_config(run_dir))
+
+    def new_run_from_view(self) -> bool:
+        """The shown run's config becomes an editable, untitled document with run_name cleared, so Start
+        makes a new folder; like a preset, it counts as modified once edited. The document that waited
+        aside is dropped (asking first if it has edits)."""
+        if self._run_view is None or not self._ask_discard():
+            return False
+        name = self._run_view.name
+        raw = copy.deepcopy(self._raw)
+        if isinstance(raw.get("identity"), dict):
+            raw["identity"]["run_name"] = None
+        self._set_document(raw, self._base_dir, None, f"from run {name}")
+        self._show_status(f"New config from run {name} (run_name cleared): edit it, then Start or Save as")
+        return True
+
+    def back_to_document(self) -> None:
+        """Leave the run's config and show the document that waited aside, as it was."""
+        if self._stash is not None:
+            doc = self._stash
+            self._set_document(doc.raw, doc.base_dir, doc.path, doc.origin, saved_raw=doc.saved_raw)
+            self._show_status(f"Back to {self.document_name()}")
+
+    def save_before_close(self) -> bool:
+        """Save the document being edited (Save, or Save as… for an untitled one); True when saved."""
+        self.back_to_document()
+        self._on_save()
+        return not self.is_modified()
 
     def set_config(self, raw: dict, base_dir: Optional[Path] = None) -> None:
         """Show `raw` as a new untitled config; relative paths are relative to `base_dir` (None: the
@@ -240,7 +308,7 @@ class ConfigPanel(QWidget):
     def apply_changes(self, changes: dict) -> None:
         """Set dotted fields ("resources.train_batch_size": 1, as a probe recommends) in the form, as
         one edit; the document becomes modified and is judged again."""
-        if not changes:
+        if not changes or (self.is_read_only() and not self.new_run_from_view()):  # a run's config stays as it is
             return
         self._flush_json()
         raw = self._raw
@@ -259,7 +327,7 @@ class ConfigPanel(QWidget):
 
     def dry_run(self) -> bool:
         """Start `dmad train --config <materialize()> --dry-run`; the report arrives in the Dry run tab."""
-        if self._engine.is_running():
+        if self.dry_run_view.is_running():
             return False
         try:
             path = self.materialize()
@@ -268,7 +336,7 @@ class ConfigPanel(QWidget):
             return False
         self.dry_run_button.setEnabled(False)
         self._show_status(f"Dry run of {path}: checking data, prompt set, teacher and run folder …")
-        self._engine.start_dry_run(path)
+        self.dry_run_view.start(path, self._overrides())
         return True
 
     def dry_run_text(self) -> str:
@@ -276,9 +344,29 @@ class ConfigPanel(QWidget):
 
     # ------------------------------------------------------------ document changes
 
-    def _set_document(self, raw: dict, base_dir: Path, path: Optional[Path], origin: str) -> None:
-        self._raw, self._saved_raw = copy.deepcopy(raw), copy.deepcopy(raw)
+    def _current(self) -> Document:
+        return Document(self._raw, self._saved_raw, self._base_dir, self._path, self._origin)
+
+    def _on_run_config_read(self, answer: tuple[Path, Any, str]) -> None:
+        run_dir, raw, problem = answer
+        if raw is None:
+            self._show_status(f"Run {run_dir.name}: {problem}")
+            return
+        stash = self._stash or self._current()  # a second run replaces the first; the document still waits
+        self._set_document(raw, run_dir, None, f"run {run_dir.name}", run_view=run_dir)
+        self._stash = stash
+        self.run_banner.show_run(run_dir.name, str(run_dir), self.document_name())
+        self._show_status(f"Showing {run_dir / 'config.json'} (read-only)")
+
+    def _set_document(self, raw: dict, base_dir: Path, path: Optional[Path], origin: str,
+                      saved_raw: Optional[dict] = None, run_view: Optional[Path] = None) -> None:
+        """Show a document; `saved_raw`: what its file holds (default: `raw`, unmodified); `run_view`: a
+        run whose config is shown read-only (any other document leaves that view)."""
+        self._raw = copy.deepcopy(raw)
+        self._saved_raw = copy.deepcopy(raw if saved_raw is None else saved_raw)
         self._base_dir, self._path, self._origin = base_dir, path, origin
+        self._run_view, self._stash = run_view, None
+        self._set_read_only(run_view is not None)
         self._json_error = ""
         self.form.set_values(self._raw)
         self.json.show_text(to_json_text(self._raw, self._spec))
@@ -320,11 +408,21 @@ class ConfigPanel(QWidget):
             self._validity = state
             self.validity_changed.emit(*state)
 
+    def _set_read_only(self, read_only: bool) -> None:
+        self.form.setEnabled(not read_only)  # tooltips still show: the fields can be read, not changed
+        self.json.edit.setReadOnly(read_only)
+        for name in ("Save", "Save as…", "Dry run"):
+            self.toolbar_buttons[name].setEnabled(not read_only)
+        if not read_only:
+            self.run_banner.hide()
+
     def _update_file_label(self) -> None:
         modified = self.is_modified()
         name = str(self._path) if self._path is not None else f"untitled ({self._origin})"
+        if self._run_view is not None:
+            name = f"{self._run_view / 'config.json'} (read-only)"
         self.file_label.setText(name + (" — modified" if modified else ""))
-        self.file_label.setToolTip(f"Relative paths are relative to {self._base_dir}")
+        self.file_label.setToolTip(f"{name}\nRelative paths are relative to {self._base_dir}")
         if modified != self._was_modified:
             self._was_modified = modified
             self.modified_changed.emit(modified)
@@ -351,9 +449,11 @@ class ConfigPanel(QWidget):
     # ------------------------------------------------------------ dialogs and the engine
 
     def _ask_discard(self) -> bool:
-        if not self.is_modified():
+        if not self.has_unsaved_changes():
             return True
-        answer = QMessageBox.question(self, "Discard changes?", "The config has unsaved changes. Discard them?")
+        answer = QMessageBox.question(self, "Discard changes?",
+                                      f"The config \u201c{self.document_name()}\u201d has unsaved changes. "
+                                      "Discard them?")
         return answer == QMessageBox.StandardButton.Yes
 
     def _on_open(self) -> None:
@@ -376,13 +476,7 @@ class ConfigPanel(QWidget):
         if path:
             self.save_to(Path(path))
 
-    def _on_dry_run_finished(self, code: int, text: str) -> None:
-        self.dry_run_button.setEnabled(True)
-        if code == 0:
-            self.dry_run_view.setPlainText(text)
-            self._show_status("Dry run passed: the resolved config and the memory ledger are in the Dry run tab.")
-        else:
-            line = text.strip().splitlines()[-1] if text.strip() else "no message"
-            self.dry_run_view.setPlainText(f"Dry run failed (exit code {code}):\n{line}")
-            self._show_status(f"Dry run failed: {line}")
+    def _on_dry_run_finished(self, _passed: bool, line: str) -> None:
+        self.dry_run_button.setEnabled(not self.is_read_only())
+        self._show_status(line)
         self.side.setCurrentWidget(self.dry_run_view)

@@ -6,165 +6,39 @@ only ever receives plain rows. Opening a run, continuing one that is not live, c
 and revealing a folder are buttons; the shell remembers the root (root_changed), opens runs
 (run_opened) and continues them (continue_requested). What Continue will do (go on from iteration N,
 or start again from 0) comes from the scan (RunRow.resume_from), never from a read here.
+
+Delete (to the trash), Rename, Note and Export act through app/dialogs/run_actions.py, never on a live
+run; the shell hears of a renamed or deleted folder (run_renamed, run_deleted). The filter box keeps
+the rows whose any cell holds its text. The run the Training panel shows is listed in the state that
+panel knows: a Stop it sent shows "stopping" before the engine has read it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, Sequence
 
-from PySide6.QtCore import (QAbstractTableModel, QModelIndex, QObject, QSortFilterProxyModel, Qt,
-                            QThreadPool, QTimer, QUrl, Signal)
-from PySide6.QtGui import QColor, QDesktopServices, QIcon, QPainter, QPixmap
+from PySide6.QtCore import QModelIndex, QSortFilterProxyModel, Qt, QThreadPool, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QPushButton, QTableView, QVBoxLayout, QWidget)
 
 from app.dialogs.config_diff import ConfigDiffDialog
+from app.dialogs.run_actions import RunFileActions
 from app.engine.background import Task
+from app.models.run_files import FileResult
 from app.models.resume import CONTINUABLE, continue_text
 from app.models.run_scan import RunRow, ScanCache, ScanResult, scan_or_error
+from app.models.runs_table import COLUMNS, SORT_ROLE, RunsTableModel
 from app.models.run_state import RunState
+from app.widgets.elided_label import ElidedLabel
 from app.widgets.run_controls import reserve_width
+from dmad.contract.runs import LIVE_STATES
 
 REFRESH_MS = 2000
-STATE_COLOURS = {
-    "running": QColor(46, 160, 67), "paused": QColor(210, 153, 34), "stopping": QColor(210, 153, 34),
-    "stopped": QColor(120, 120, 120), "finished": QColor(45, 110, 200), "created": QColor(150, 150, 150),
-    "failed": QColor(207, 34, 46), "error": QColor(207, 34, 46), "not a run": QColor(150, 150, 150),
-}
-COLUMNS = ("Name", "Status", "Iteration", "Last checkpoint", "Started", "Teacher", "Dataset",
-           "Prompt set", "Student steps", "Batch", "Learning rates (G / C)", "Last losses", "Updated")
-NUMERIC = {"Iteration", "Last checkpoint", "Started", "Student steps", "Batch", "Updated"}
-SORT_ROLE = Qt.ItemDataRole.UserRole + 1
-
-
-def _age(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"
-
-
-def _losses(metrics: dict[str, Optional[float]]) -> str:
-    return "  ".join(f"{k[5:]} {v:.4g}" for k, v in metrics.items() if k.startswith("loss_") and v is not None)
-
-
-def _lr(x: Optional[float]) -> str:
-    return "?" if x is None else f"{x:g}"
-
-
-def _cell(row: RunRow, column: str) -> tuple[str, Any]:
-    """(display text, sort key) of one cell; sort keys are numbers or lower-case text."""
-    if column == "Name":
-        return row.name, row.name.lower()
-    if column == "Status":
-        return row.state, row.state
-    if column == "Iteration":
-        text = "" if row.iter is None else f"{row.iter} / {row.max_steps if row.max_steps else '?'}"
-        return text, -1 if row.iter is None else row.iter
-    if column == "Last checkpoint":
-        return ("" if row.last_checkpoint is None else f"iter {row.last_checkpoint}",
-                -1 if row.last_checkpoint is None else row.last_checkpoint)
-    if column == "Started":
-        text = "" if row.started is None else datetime.fromtimestamp(row.started).strftime("%Y-%m-%d %H:%M")
-        return text, row.started or 0.0
-    if column == "Student steps":
-        return ("" if row.student_steps is None else str(row.student_steps)), row.student_steps or 0
-    if column == "Batch":
-        return ("" if row.batch is None else str(row.batch)), row.batch or 0
-    if column == "Learning rates (G / C)":
-        text = "" if row.config is None else f"{_lr(row.generator_lr)} / {_lr(row.critic_lr)}"
-        return text, row.generator_lr or 0.0
-    if column == "Last losses":
-        text = _losses(row.metrics)
-        return text, text
-    if column == "Updated":
-        return _age(row.age_s), float("inf") if row.age_s is None else row.age_s
-    text = {"Teacher": row.teacher, "Dataset": row.dataset, "Prompt set": row.prompt_set}[column]
-    return text, text.lower()
-
-
-def _tooltip(row: RunRow, column: str) -> str:
-    if column == "Status":
-        return row.reason or row.state
-    if column == "Name":
-        return str(row.path) + (f"\n{row.reason}" if row.reason and row.state != "failed" else "")
-    if column == "Last losses" and row.metrics:
-        return "\n".join(f"{k}: {v:.6g}" if v is not None else f"{k}: -" for k, v in row.metrics.items())
-    if column == "Batch" and row.batch is not None:
-        per_step, accumulation = row.batch_parts
-        return f"{per_step} per step x {accumulation} accumulation steps"
-    if column == "Teacher" and row.config:
-        return str(row.config.get("identity", {}).get("pretrained_model_name_or_path", ""))
-    return _cell(row, column)[0]
-
-
-def _state_icon(state: str, cache: dict[str, QIcon]) -> QIcon:
-    if state not in cache:
-        pixmap = QPixmap(12, 12)
-        pixmap.fill(Qt.GlobalColor.transparent)
-        painter = QPainter(pixmap)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        painter.setBrush(STATE_COLOURS.get(state, QColor(150, 150, 150)))
-        painter.setPen(Qt.PenStyle.NoPen)
-        painter.drawEllipse(1, 1, 10, 10)
-        painter.end()
-        cache[state] = QIcon(pixmap)
-    return cache[state]
-
-
-class RunsTableModel(QAbstractTableModel):
-    """Rows as the last scan found them; an unchanged list of folders updates cells in place."""
-
-    def __init__(self, parent: Optional[QObject] = None):
-        super().__init__(parent)
-        self._rows: list[RunRow] = []
-        self._icons: dict[str, QIcon] = {}
-
-    def rows(self) -> list[RunRow]:
-        return list(self._rows)
-
-    def set_rows(self, rows: list[RunRow]) -> None:
-        if [r.path for r in rows] == [r.path for r in self._rows] and rows:
-            self._rows = rows
-            self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
-            return
-        self.beginResetModel()
-        self._rows = rows
-        self.endResetModel()
-
-    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole):
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[section]
-        return None
-
-    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
-        if not index.isValid():
-            return None
-        row, column = self._rows[index.row()], COLUMNS[index.column()]
-        if role == Qt.ItemDataRole.DisplayRole:
-            return _cell(row, column)[0]
-        if role == SORT_ROLE:
-            return _cell(row, column)[1]
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return _tooltip(row, column)
-        if column == "Status" and role == Qt.ItemDataRole.DecorationRole:
-            return _state_icon(row.state, self._icons)
-        if column == "Status" and role == Qt.ItemDataRole.ForegroundRole:
-            return STATE_COLOURS.get(row.state)
-        if column in NUMERIC and role == Qt.ItemDataRole.TextAlignmentRole:
-            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        return None
+NOTE_WIDTH = 260  # px: a long note is the tooltip's; the columns after it stay in view
+NOTICE_S = 30.0  # an action's one line stays ahead of the scan summary this long
 
 
 class RunsPanel(QWidget):
@@ -174,11 +48,20 @@ class RunsPanel(QWidget):
     continue_requested = Signal(Path)  # a stopped or failed run folder to show and continue there
     root_changed = Signal(Path)  # the shell remembers it (QSettings)
     runs_scanned = Signal(int)   # a scan's rows are in the table (row count)
+    run_renamed = Signal(Path, Path)  # (old folder, new folder)
+    run_deleted = Signal(Path)   # moved to the trash or deleted
 
     def __init__(self, root: Path, parent: Optional[QWidget] = None, cache: Optional[ScanCache] = None,
-                 refresh_ms: int = REFRESH_MS):
+                 refresh_ms: int = REFRESH_MS, engine_command: Optional[Sequence[str]] = None):
+        """`engine_command` replaces the `dmad` command line for Export (tests run a stand-in)."""
         super().__init__(parent)
         self._root = Path(root).expanduser()
+        self._watched: Optional[RunState] = None  # the Training panel's run: its state is the freshest
+        self._sized = False  # the columns were fitted to the first rows (the user may resize them after)
+        self._notice = ("", 0.0)  # what the last action did, kept ahead of the summary for NOTICE_S
+        self._reselect: Optional[Path] = None  # a renamed run: selected again under its new name
+        self.actions = RunFileActions(self, engine_command)
+        self.actions.done.connect(self._on_file_action)
         # Pool before the task: a child is destroyed after the ones created before it, and the
         # pool's destructor waits for a running scan that may still answer through the task.
         self._pool = QThreadPool(self)
@@ -199,10 +82,8 @@ class RunsPanel(QWidget):
         self.root_edit.editingFinished.connect(self._root_edited)
         browse = QPushButton("Browse...")
         browse.clicked.connect(self._browse)
-        self.model = RunsTableModel(self)
-        self.proxy = QSortFilterProxyModel(self)
-        self.proxy.setSourceModel(self.model)
-        self.proxy.setSortRole(SORT_ROLE)
+        self.filter_edit = QLineEdit(placeholderText="Filter: name, note, state, teacher…", clearButtonEnabled=True)
+        self.filter_edit.textChanged.connect(self._filter_changed)
         self.table = self._make_table()
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(self.refresh)
@@ -216,13 +97,15 @@ class RunsPanel(QWidget):
         self.compare_button.clicked.connect(self._compare_selected)
         self.reveal_button = QPushButton("Reveal in file manager")
         self.reveal_button.clicked.connect(self._reveal)
-        self.message = QLabel()
-        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._build_file_buttons()
+        self.message = ElidedLabel()
         top, actions, layout = QHBoxLayout(), QHBoxLayout(), QVBoxLayout(self)
-        for w in (QLabel("Runs folder:"), self.root_edit, browse):
+        for w in (QLabel("Runs folder:"), self.root_edit, browse, QLabel("Filter:"), self.filter_edit):
             top.addWidget(w)
+        top.setStretch(1, 3)
+        top.setStretch(4, 2)
         for w in (self.refresh_button, self.open_button, self.continue_button, self.compare_button,
-                  self.reveal_button):
+                  self.reveal_button, self.note_button, self.rename_button, self.export_button, self.delete_button):
             actions.addWidget(w)
         actions.addStretch(1)
         layout.addLayout(top)
@@ -231,7 +114,24 @@ class RunsPanel(QWidget):
         layout.addWidget(self.message)
         self._update_buttons()
 
+    def _build_file_buttons(self) -> None:
+        self.note_button = QPushButton("Note…")
+        self.note_button.setToolTip("Your own words about the run, kept in its folder as note.txt")
+        self.note_button.clicked.connect(lambda: self._on_one(lambda r: self.actions.note(r.path, r.note)))
+        self.rename_button = QPushButton("Rename…")
+        self.rename_button.clicked.connect(lambda: self._on_one(lambda r: self.actions.rename(self._root, r.path)))
+        self.export_button = QPushButton("Export…")
+        self.export_button.clicked.connect(lambda: self._on_one(lambda r: self.actions.export(r.path, _lora(r))))
+        self.delete_button = QPushButton("Delete…")
+        self.delete_button.clicked.connect(self._delete_selected)
+
     def _make_table(self) -> QTableView:
+        self.model = RunsTableModel(self)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.proxy.setFilterKeyColumn(-1)  # any column: a name, a note, a state, a teacher
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
         table = QTableView()
         table.setModel(self.proxy)
         table.setSortingEnabled(True)
@@ -271,7 +171,9 @@ class RunsPanel(QWidget):
         self._scan.submit(lambda: scan_or_error(root, cache))
 
     def watch(self, state: RunState) -> None:
-        """Rescan when the shown run starts, pauses or ends: its row changes then."""
+        """Rescan when the shown run starts, pauses or ends: its row changes then. Its state is shown
+        as that run's row state while it is stopping (the engine says so only once at its boundary)."""
+        self._watched = state
         state.state_changed.connect(self._on_run_state)
 
     def _on_run_state(self, _state: str) -> None:
@@ -310,18 +212,42 @@ class RunsPanel(QWidget):
         if result.error:
             self._on_scan_failed(result.root, result.error)
             return
-        root, rows = result.root, result.rows
+        root, rows = result.root, [self._as_known(r) for r in result.rows]
         self._scanning = False
         if root == self._root:
             selected = [r.path for r in self.selected_rows()]
             self.model.set_rows(rows)
+            if self._reselect is not None:
+                selected, self._reselect = [self._reselect], None
             if selected and [r.path for r in self.selected_rows()] != selected:
                 self.select_paths(selected)  # a reset model lost the selection
+            self._fit_columns()
             self._update_buttons()  # the selected run's state or checkpoints may have changed
             self._show_summary(rows)
             self.runs_scanned.emit(len(rows))
         if self._rescan or root != self._root:
             self.refresh()
+
+    def _as_known(self, row: RunRow) -> RunRow:
+        """The shown run's row in the state the Training panel knows: a Stop it sent is "stopping"
+        while status.json still says running (the engine writes "stopping" at its boundary)."""
+        w = self._watched
+        if w is not None and w.state == "stopping" and w.run_dir == row.path and row.state in ("running", "paused"):
+            return dataclasses.replace(row, state="stopping")
+        return row
+
+    def _fit_columns(self) -> None:
+        """Every column as wide as its header and cells once, when rows first arrive (then the user's);
+        the Name column whenever the names change, so runs that differ late in the name never look alike."""
+        header = self.table.horizontalHeader()
+        if not self._sized and self.model.rowCount():
+            self.table.resizeColumnsToContents()
+            note = COLUMNS.index("Note")
+            header.resizeSection(note, min(max(header.sectionSize(note), header.sectionSizeHint(note)), NOTE_WIDTH))
+            self._sized = True
+        name = COLUMNS.index("Name")
+        if self.model.rowCount() and header.sectionSize(name) < self.table.sizeHintForColumn(name):
+            self.table.resizeColumnToContents(name)
 
     def _on_scan_failed(self, root: Path, message: str) -> None:
         self._scanning = False
@@ -343,6 +269,9 @@ class RunsPanel(QWidget):
         others = len(rows) - len(runs)
         if others:
             parts.append(f"{others} other folder{'s' if others > 1 else ''} (not runs)")
+        notice, at = self._notice
+        if notice and time.monotonic() - at < NOTICE_S:
+            parts.insert(0, notice)
         self.message.setText(" · ".join(parts) + time.strftime(" · checked %H:%M:%S"))
 
     # -------------------------------------------------------- actions
@@ -365,6 +294,21 @@ class RunsPanel(QWidget):
         self.continue_button.setEnabled(state in CONTINUABLE)
         self.compare_button.setEnabled(len(rows) == 2)
         self.reveal_button.setEnabled(len(rows) <= 1)
+        busy = [r for r in rows if self._is_live(r)]
+        for button in (self.rename_button, self.delete_button):
+            button.setEnabled(bool(rows) and not busy and (button is self.delete_button or len(rows) == 1))
+            button.setToolTip(f"{busy[0].name} is {busy[0].state}: stop it first" if busy else
+                              "Move the selected runs to the trash (asks first)" if button is self.delete_button
+                              else "Give the selected run's folder a new name")
+        self.note_button.setEnabled(row is not None)
+        self.export_button.setEnabled(row is not None and (row.last_checkpoint is not None
+                                                           or row.resume_from is not None))
+        self.export_button.setToolTip("Export the student of a checkpoint: diffusers, or LoRA for a LoRA student"
+                                      if self.export_button.isEnabled() else "Select one run with a checkpoint")
+
+    def _is_live(self, row: RunRow) -> bool:
+        w = self._watched
+        return row.state in LIVE_STATES or (w is not None and w.is_live() and w.run_dir == row.path)
 
     def _root_edited(self) -> None:
         text = self.root_edit.text().strip()
@@ -416,3 +360,35 @@ class RunsPanel(QWidget):
         target = rows[0].path if len(rows) == 1 else self._root
         if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(target))):
             self.message.setText(f"No file manager could open {target}")
+
+    def _filter_changed(self, text: str) -> None:
+        self.proxy.setFilterFixedString(text.strip())
+        self._update_buttons()
+
+    def _on_one(self, action) -> None:
+        rows = self.selected_rows()
+        if len(rows) == 1 and rows[0].is_run:
+            action(rows[0])
+
+    def _delete_selected(self) -> None:
+        rows = self.selected_rows()
+        busy = [r for r in rows if self._is_live(r)]
+        if busy:  # the button is off for these; the table may have changed since
+            self.message.setText(f"{busy[0].name} is {busy[0].state}: stop it before you delete it")
+            return
+        self.actions.delete([r.path for r in rows])
+
+    def _on_file_action(self, result: FileResult) -> None:
+        self._notice = (result.message, time.monotonic())
+        self.message.setText(result.message)
+        if result.ok and result.kind == "rename" and result.new_path is not None:
+            self._reselect = result.new_path
+            self.run_renamed.emit(result.path, result.new_path)
+        elif result.ok and result.kind in ("trash", "delete"):
+            self.run_deleted.emit(result.path)
+        self.refresh()
+
+
+def _lora(row: RunRow) -> bool:
+    identity = (row.config or {}).get("identity")
+    return isinstance(identity, dict) and identity.get("student") == "lora"

@@ -14,10 +14,13 @@ Continue (`continue_run`) runs `dmad train --resume latest` on the shown run, in
 history is in events.jsonl, not in the new engine's stdout, so the panel follows the file (a resume
 cuts it back to the checkpoint: the follower rewinds and replays it) and takes only the lifecycle
 from the engine's stdout and exit code, which are live, while the file still replays old "stopped"s.
+
+Commands go through RunCommands (app/dialogs/run_commands.py): a Stop that takes long offers Stop now
+(no checkpoint), then Kill, in the stop bar; "Sample prompt…" shows its one-off image when it comes.
+The ETA is the recent pace smoothed (app/models/eta.py), not the engine's jumpy eta_s.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -25,23 +28,29 @@ from typing import Optional, Sequence
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from app.dialogs.launch import edit_machines
+from app.dialogs.run_commands import PENDING, RunCommands
 from app.engine.command import exit_meaning
 from app.engine.process import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
 from app.engine.follow import EventFollower
+from app.models.eta import EtaSmoother
 from app.widgets.failure_banner import FailureBanner
+from app.widgets.stop_bar import StopBar
 from app.widgets.log_tail import LogTail
 from app.widgets.plot_feed import PlotFeed
-from app.widgets.plots import LossPlot, MemoryPlot, StepTimePlot
+from app.widgets.plot_board import PlotBoard
 from app.widgets.run_controls import RunControls
 from app.widgets.run_numbers import RunNumbers
+from app.models.controls import enabled_controls, state_line
 from app.models.resume import CONTINUABLE, ResumeLookup, continue_text
+from app.models.run_target import root_override
 from app.models.run_state import ENDED, LIVE, RunState
 from app.models.series import SeriesStore
-from dmad.contract.runlog import append_control
 from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
 
 STATUS_POLL_MS = 2000  # a reattached run: is its process still alive?
 BANNER_LOG_LINES = 8
+KILLED = "the engine was killed from the app while stopping; Continue goes on from its newest checkpoint"
 
 
 class TrainingPanel(QWidget):
@@ -65,43 +74,57 @@ class TrainingPanel(QWidget):
         self._replaying = False
         self.resume = ResumeLookup(self)  # what Continue would do: the checkpoints on disk, read in a worker
         self.resume.found.connect(self._update_buttons)
+        self.eta = EtaSmoother()  # the ETA shown: the recent pace, smoothed (the engine's eta_s jumps)
+        # control.jsonl commands, and what a Stop that takes long offers: Stop now, then Kill
+        self.commands = RunCommands(self, self.engine, self.run_state, lambda: self._status)
+        self.commands.sent.connect(self._on_sent)
+        self.commands.refused.connect(lambda line: self.note_label.setText(line))
+        self.commands.escalated.connect(lambda: self._update_numbers())
+        self.stopping = self.commands.stopping
+        self._target = ("", "")  # (folder, Start's tooltip) of a new run: said before Start (set_new_run_target)
         self._clear_run_facts()
         self._status_timer = QTimer(self, interval=STATUS_POLL_MS, timeout=self._poll_status)
         self._clock_timer = QTimer(self, interval=1000, timeout=self._update_numbers)
         self._build()
-        self._update_buttons()
+        self._refresh_labels()
 
     # ------------------------------------------------------------ layout
 
     def _build(self) -> None:
         self.controls = RunControls()
         self.buttons, self.processes = self.controls.buttons, self.controls.processes
-        self.machines_button, self.state_label = self.controls.machines_button, self.controls.state_label
+        self.machines_button = self.controls.machines_button
         self.machines = LaunchMachines()
         for key, slot in (("start", lambda: self.start_requested.emit()), ("continue", self.continue_run),
-                          ("pause", lambda: self._send("pause")), ("resume", lambda: self._send("resume")),
-                          ("stop", self.stop_run), ("sample", lambda: self._send("sample_now")),
-                          ("checkpoint", lambda: self._send("checkpoint_now"))):
+                          ("pause", lambda: self.commands.send("pause")),
+                          ("resume", lambda: self.commands.send("resume")), ("stop", self.stop_run),
+                          ("sample", lambda: self.commands.send("sample_now")),
+                          ("sample_prompt", self.commands.ask_prompt),
+                          ("checkpoint", lambda: self.commands.send("checkpoint_now"))):
             self.buttons[key].clicked.connect(slot)
-        self.controls.machines_requested.connect(self._edit_machines)
+        self.controls.machines_requested.connect(
+            lambda: edit_machines(self, self.machines, self.processes.value(), self.set_machines))
+        self.stop_bar = StopBar()
+        self.stop_bar.stop_now_requested.connect(self.commands.stop_now)
+        self.stop_bar.kill_requested.connect(self.commands.kill)
         self.banner = FailureBanner()
         self.numbers = RunNumbers()
-        self.note_label = self.numbers.note_label
-        self.loss_plot, self.memory_plot, self.step_plot = LossPlot(), MemoryPlot(), StepTimePlot()
-        self.feed = PlotFeed(self.store, (self.loss_plot, self.memory_plot, self.step_plot), self)
+        self.note_label, self.state_label = self.numbers.note_label, self.numbers.state_label
+        # loss_plot: every metric plot and its controls (app/widgets/plot_board.py)
+        self.loss_plot = PlotBoard(run_dir=lambda: self.run_state.run_dir)
+        self.memory_plot, self.step_plot = self.loss_plot.memory_plot, self.loss_plot.step_plot
+        self.feed = PlotFeed(self.store, (self.loss_plot,), self)
         self.feed.refreshed.connect(lambda: self.plots_refreshed.emit(
             -1 if self.run_state.iteration is None else self.run_state.iteration))
-        self.loss_plot.smoothing_changed.connect(lambda _: self.feed.mark(self.loss_plot.loss_keys()))
+        self.loss_plot.display_changed.connect(lambda: self.feed.mark(self.store.names()))
         self.log_view = LogTail()
-        lower = QSplitter(Qt.Horizontal)
-        lower.addWidget(self.memory_plot)
-        lower.addWidget(self.step_plot)
         split = QSplitter(Qt.Vertical)
-        for w in (self.loss_plot, lower, self.log_view):
+        for w in (self.loss_plot, self.log_view):
             split.addWidget(w)
-        split.setSizes([450, 300, 130])  # proportions: the splitter scales them to the panel
+        split.setSizes([750, 130])  # proportions: the splitter scales them to the panel
         layout = QVBoxLayout(self)
         layout.addWidget(self.controls)
+        layout.addWidget(self.stop_bar)
         layout.addWidget(self.banner)
         layout.addWidget(self.numbers)
         layout.addWidget(split, 1)
@@ -121,29 +144,28 @@ class TrainingPanel(QWidget):
         self.machines = machines
         self.controls.show_machines(machines)
 
-    def _edit_machines(self) -> None:
-        from app.dialogs.launch import LaunchDialog
-
-        dialog = LaunchDialog(self.machines, self.processes.value(), self)
-        dialog.accepted.connect(lambda: self.set_machines(dialog.value()))
-        dialog.open()
-
     def set_start_enabled(self, enabled: bool, reason: str = "") -> None:
         self._start_allowed, self._start_reason = enabled, reason
         self._update_buttons()
 
+    def set_new_run_target(self, folder: str, tooltip: str) -> None:
+        """Where Start would put a new run (app/models/run_target.py), said before Start: the state
+        line while idle and Start's tooltip."""
+        self._target = (folder, tooltip)
+        self._update_buttons()
+
     def start(self, config_path: Path, runs_root: Path) -> bool:
-        """Start `dmad train` on config_path with its run folder under runs_root."""
+        """Start `dmad train` on config_path with its run folder under runs_root (root_override, as the
+        Config tab's Dry run does: both name the same folder)."""
         if self.is_live():
             self.note_label.setText("a run is already live here: stop it first")
             return False
         self._clear()
-        # JSON-quoted so the value is always a string, whatever the path looks like (dmad.contract.config.parse_override)
-        root = json.dumps(str(Path(runs_root).expanduser().resolve()))
+        self._starting_in = self._target[0]
         self.run_state.start()
         self._refresh_labels()
         self._started_t = time.time()
-        self.engine.start_train(Path(config_path), overrides=[f"identity.output_dir={root}"],
+        self.engine.start_train(Path(config_path), overrides=root_override(runs_root),
                                 num_processes=self.processes.value(), machines=self.machines)
         self._clock_timer.start()
         return True
@@ -193,14 +215,14 @@ class TrainingPanel(QWidget):
 
     def stop_run(self) -> None:
         """Graceful stop: the engine saves a checkpoint at the next iteration boundary."""
-        if self.engine.is_running():
-            self.engine.terminate_gracefully()
-        elif self.run_state.run_dir is not None and self.run_state.state in LIVE_STATES:
-            self._send("stop")
-            return
-        else:
-            return
-        self._set_state("stopping")
+        if self.commands.stop():
+            self._set_state("stopping")
+
+    def forget_run(self) -> None:
+        """The shown run's folder is gone (deleted in the Runs tab): show nothing."""
+        if not self.is_live():
+            self._clear()
+            self.run_state.clear()
 
     def leave_running(self) -> None:
         """The app closes but the run goes on; this panel keeps following it through its folder."""
@@ -225,39 +247,26 @@ class TrainingPanel(QWidget):
 
     # ------------------------------------------------------------ commands
 
-    def _send(self, cmd: str) -> None:
-        run_dir = self.run_state.run_dir
-        if run_dir is None:
-            return
-        try:
-            append_control(run_dir, cmd)
-        except OSError as e:
-            self.note_label.setText(f"could not send {cmd}: {e}")
-            return
-        self._pending = {"pause": "pausing", "resume": "resuming", "sample_now": "sampling requested",
-                         "checkpoint_now": "checkpoint requested"}.get(cmd, "")
+    def _on_sent(self, cmd: str) -> None:
+        self._pending = PENDING.get(cmd, "")
         if cmd == "stop":
             self._set_state("stopping")
         self._update_buttons()
 
     def _update_buttons(self) -> None:
-        s, ctrl, b = self.run_state.state, self.run_state.run_dir is not None, self.buttons
-        b["start"].setEnabled(self._start_allowed and s not in LIVE)
-        b["start"].setToolTip("" if self._start_allowed else self._start_reason)
-        b["pause"].setEnabled(ctrl and s == "running" and self._pending != "pausing")
-        b["resume"].setEnabled(ctrl and s == "paused" and self._pending != "resuming")
-        b["stop"].setEnabled((s in ("running", "paused") and ctrl) or (s == "starting" and self.engine.is_running()))
-        b["sample"].setEnabled(ctrl and s in ("running", "paused"))
-        b["checkpoint"].setEnabled(ctrl and s in ("running", "paused"))
+        s, ctrl = self.run_state.state, self.run_state.run_dir is not None
+        for key, enabled in enabled_controls(s, ctrl, self.engine.is_running(), self._pending,
+                                             self._start_allowed).items():
+            self.buttons[key].setEnabled(enabled)
+        self.buttons["start"].setToolTip(self._target[1] if self._start_allowed else self._start_reason)
         known, checkpoint = self.resume.point_for(self.run_state.run_dir)
         self.controls.show_continue(ctrl and s in CONTINUABLE and not self.engine.is_running(),
                                     *continue_text(s, checkpoint, known))
         self._show_state_line()
 
     def _show_state_line(self) -> None:
-        s = self.run_state.state
-        self.state_label.setText(s + (f" ({self._pending})" if self._pending else "")
-                                 + (f" - {self._phase}" if self._phase and s == "running" else ""))
+        self.state_label.setText(state_line(self.run_state.state, self._pending, self._phase, self._target[0],
+                                            self._starting_in, self.run_state.run_dir is not None))
 
     def _set_state(self, state: str) -> None:
         self.run_state.set_state(state)
@@ -307,9 +316,11 @@ class TrainingPanel(QWidget):
         self._last_t = ev["t"] or self._last_t
         if kind == "metric" and data.get("source") == "sampler":
             return  # a memory sampler reading (gpu_mem.csv; the Memory tab shows those), not an iteration
+        self.eta.note_event(kind, it, data, ev["t"])
+        self.commands.note_event(kind, it, data, replayed=self._replaying)
         rs = self.run_state
         if kind == "metric":
-            if self.store.add_metric(it, data):
+            if self.store.add_metric(it, data, t=ev["t"]):  # t: the wall-clock x axis
                 self.feed.schedule()
             self._metric = data
             rs.set_progress(it, data.get("max_train_steps", rs.max_steps))
@@ -355,6 +366,8 @@ class TrainingPanel(QWidget):
             self._follower.stop_when_caught_up()  # a continued run: read its last lines, then stop
         if code == 2 and self._continuing and run_dir is not None:
             self._refused(run_dir, summary)
+        elif self.stopping.killed and self.engine.run_dir() is not None:
+            self._fail(code, KILLED, self.engine.last_log_lines(BANNER_LOG_LINES))
         elif state == "stopping" and self.engine.run_dir() is None:
             # SIGTERM before the run folder existed: nothing to keep
             self._end("stopped", code, "stopped before the run began")
@@ -381,9 +394,7 @@ class TrainingPanel(QWidget):
 
     def _reset_plots(self) -> None:
         self.store.reset()
-        self.loss_plot.reset()
-        for plot in (self.memory_plot, self.step_plot):
-            plot.clear_data()
+        self.loss_plot.reset()  # every plot: data, legend entries, ranges
         self.run_state.set_progress(None, self.run_state.max_steps)
 
     def _on_caught_up(self) -> None:
@@ -404,12 +415,14 @@ class TrainingPanel(QWidget):
         self._status = RunFolder(run_dir).read_status() or {}
         state = effective_state(self._status)
         if state in LIVE_STATES:
-            if self.run_state.is_live():  # a final event (stopped, finished, error) is never undone
+            # A final event (stopped, finished, error) is never undone; a Stop sent is not undone by a
+            # status.json still saying "running" until the engine reaches its boundary
+            if self.run_state.is_live() and (self.run_state.state != "stopping" or state == "stopping"):
                 self._set_state(state)
         elif self._follower is not None and self._follower.is_active():
             self._follower.stop_when_caught_up()  # read its last events first; `ended` calls us again
         elif state == "failed" and self.run_state.state != "failed":
-            self._fail(self._error_code(), "")
+            self._fail(self._error_code(), KILLED if self.stopping.killed else "")
         elif state != self.run_state.state:
             self._set_state(state)
 
@@ -427,12 +440,12 @@ class TrainingPanel(QWidget):
         return code if isinstance(code, int) else None
 
     def _update_numbers(self) -> None:
-        live = self.is_live()
-        end = time.time() if live else self._last_t
-        eta = self._metric.get("eta_s") if live else None
+        live, now = self.is_live(), time.time()
+        end = now if live else self._last_t
+        eta = self.eta.eta(now if self.run_state.state == "running" else None) if live else None
         self.numbers.show_numbers(self.run_state.iteration, self.run_state.max_steps, self._metric.get("step_time_s"),
-                                  eta if isinstance(eta, (int, float)) else None,
-                                  end - self._started_t if self._started_t and end else None)
+                                  eta, end - self._started_t if self._started_t and end else None)
+        self.stop_bar.show_offer(self.commands.offer())
 
     def _log(self, line: str) -> None:
         self.log_view.appendPlainText(line)
@@ -450,6 +463,9 @@ class TrainingPanel(QWidget):
         self._started_t: Optional[float] = None
         self._last_t: Optional[float] = None
         self._continuing = False  # this panel's engine continues the shown run (continue_run)
+        self._starting_in = ""  # where the new run being started goes (the state line until it has a folder)
+        self.eta.reset()
+        self.commands.reset()
 
     def _clear(self) -> None:
         if self._follower is not None:

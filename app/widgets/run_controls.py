@@ -1,5 +1,6 @@
 """The Training panel's row of run controls: Start, Continue, Pause, Resume, Stop, Sample now,
-Checkpoint now, the process count, the machines, and the state line.
+Sample prompt..., Checkpoint now, the process count and the machines (the state line is the first item
+of the numbers row below: app/widgets/run_numbers.py, where a long line has room).
 
 Thin: it builds the row and shows what it is told. The panel decides what is enabled (it knows the
 run's state and its engine) and connects each button; `machines_requested` asks the panel for the
@@ -13,9 +14,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
 
 from app.engine.process import LaunchMachines
+from app.widgets.wheel_guard import guard_wheel
 
 BUTTONS = (("start", "Start"), ("continue", "Continue"), ("pause", "Pause"), ("resume", "Resume"), ("stop", "Stop"),
-           ("sample", "Sample now"), ("checkpoint", "Checkpoint now"))
+           ("sample", "Sample now"), ("sample_prompt", "Sample prompt…"), ("checkpoint", "Checkpoint now"))
 
 
 LONGEST_CONTINUE = "Continue from iteration 000000"
@@ -41,10 +43,14 @@ class RunControls(QWidget):
         for button in self.buttons.values():
             row.addWidget(button)
         self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
+        self.buttons["sample"].setToolTip("Render the run's prompt set with the current student now")
+        self.buttons["sample_prompt"].setToolTip("Render one prompt of your own (and a seed) with the current "
+                                                 "student; the image opens when it is ready")
         reserve_width(self.buttons["continue"])
         row.addSpacing(12)
         row.addWidget(QLabel("Processes"))
         self.processes = QSpinBox(minimum=1, maximum=64, value=1)
+        guard_wheel(self.processes)  # wheel only when it has focus
         self.processes.setToolTip("Processes for Start and Continue, one per GPU: more than 1 runs `accelerate "
                                   "launch` (DDP). The effective batch is batch x accumulation x processes; learning "
                                   "rates are not rescaled. Over several machines this is the total (Machines...).")
@@ -55,8 +61,6 @@ class RunControls(QWidget):
         self.machines_button.clicked.connect(lambda: self.machines_requested.emit())
         row.addWidget(self.machines_button)
         row.addStretch(1)
-        self.state_label = QLabel()
-        row.addWidget(self.state_label)
 
     def show_machines(self, machines: LaunchMachines) -> None:
         self.machines_button.setText(f"Machines: {machines.count}"

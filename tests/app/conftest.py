@@ -32,3 +32,20 @@ def _no_leaked_timers(request):
         t.stop()
     assert not leaked, ("the test left timers running: "
                         f"{[(t.objectName() or type(t.parent()).__name__, t.interval()) for t in leaked]}")
+
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    """pytest-qt closes every window a test added as the test ends (its own teardown hook, inside
+    this one); a main window with unsaved config edits would then ask Save / Discard / Cancel in a
+    modal box nobody answers offscreen, and the suite would hang. That last close discards; during
+    the test the question is the app's own (tests of it answer the box themselves)."""
+    import app.dialogs.close as close
+
+    asked = close.ask_unsaved_config
+    close.ask_unsaved_config = lambda *args, **kwargs: close.DISCARD
+    try:
+        yield
+    finally:
+        close.ask_unsaved_config = asked

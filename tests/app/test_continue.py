@@ -121,7 +121,7 @@ def make_panel(qtbot, fake_engine):
 
 
 def xs(panel: TrainingPanel, key: str = "loss_dm") -> list[float]:
-    curve = panel.loss_plot.plot.curve(key)
+    curve = panel.loss_plot.curve(key)
     x, _ = curve.getData() if curve is not None else (None, None)
     return [] if x is None else list(x)
 
@@ -182,7 +182,7 @@ def test_continue_resumes_latest_in_the_run_folder_and_follows_the_cut_back_hist
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv == ["train", "--config", str(run.path / "config.json"), "--num-processes", "2",
                     "--run-dir", str(run.path.resolve()), "--resume", "latest"]
-    _, y = panel.loss_plot.plot.curve("loss_dm").getData()
+    _, y = panel.loss_plot.curve("loss_dm").getData()
     assert y[9] == pytest.approx(1.0 / 10) and y[10] == pytest.approx(2.0 / 11)
     assert panel.state() == "running" and panel.run_dir() == run.path  # the replayed old "stopped" is history
     assert not continue_button(panel).isEnabled() and panel.buttons["stop"].isEnabled()

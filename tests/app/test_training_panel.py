@@ -65,9 +65,7 @@ def panel(qtbot):
 
 
 def xs(panel: TrainingPanel, key: str) -> list[float]:
-    plot = panel.loss_plot.plot if key.startswith("loss_") else (
-        panel.memory_plot if key.startswith("mem_") else panel.step_plot)
-    curve = plot.curve(key)
+    curve = panel.loss_plot.curve(key)  # any plot's curve, by metric name
     x, _ = curve.getData() if curve is not None else (None, None)
     return [] if x is None else list(x)
 
@@ -91,7 +89,7 @@ def test_replayed_run_plots_every_series(qtbot, panel, tmp_path):
     assert panel.numbers.rate_label.text() == "4.00 it/s"
     assert panel.banner.isHidden()
     assert _enabled(panel) == {"start": True, "continue": False, "pause": False, "resume": False, "stop": False,
-                               "sample": False, "checkpoint": False}  # finished: nothing left to continue
+                               "sample": False, "sample_prompt": False, "checkpoint": False}  # finished: nothing left
     assert "INFO dmad: log line 19" in panel.log_view.toPlainText()
 
 
@@ -99,7 +97,7 @@ def test_memory_scopes_are_separate_curves_and_the_total_is_a_line(qtbot, panel,
     run = write_run(tmp_path, "mem", iters=range(1, 4), tail=_metric(4, mem_device_total_gb=80.0))
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "mem_device_used_gb")) == 4, timeout=WAIT_MS)
-    labels = [label.text for _, label in panel.memory_plot.getPlotItem().legend.items]
+    labels = panel.memory_plot.legend.labels()
     assert labels == [FRAMEWORK_PEAK, DEVICE_USED]
     _, peak = panel.memory_plot.curve("mem_peak_alloc_gb").getData()
     _, used = panel.memory_plot.curve("mem_device_used_gb").getData()
@@ -114,15 +112,15 @@ def test_smoothing_and_log_scale(qtbot, panel, tmp_path):
     raw = 1.0 / np.arange(1, 31)
     panel.loss_plot.spin.setValue(0.9)
     assert panel.loss_plot.slider.value() == 900
-    qtbot.waitUntil(lambda: panel.loss_plot.plot.curve("loss_dm").getData()[1][-1] != raw[-1], timeout=WAIT_MS)
-    _, y = panel.loss_plot.plot.curve("loss_dm").getData()
+    qtbot.waitUntil(lambda: panel.loss_plot.curve("loss_dm").getData()[1][-1] != raw[-1], timeout=WAIT_MS)
+    _, y = panel.loss_plot.curve("loss_dm").getData()
     expect = [raw[0]]
     for v in raw[1:]:
         expect.append(0.9 * expect[-1] + 0.1 * v)
     assert list(y) == pytest.approx(expect)
     assert list(ema(raw, 0.9)) == pytest.approx(expect)
     panel.loss_plot.log_y.setChecked(True)
-    assert panel.loss_plot.plot.getPlotItem().ctrl.logYCheck.isChecked()
+    assert panel.loss_plot.generator.getPlotItem().ctrl.logYCheck.isChecked()
 
 
 def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path):
@@ -158,7 +156,7 @@ def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path):
     append(run, _event("started", None, run_dir=str(run.path), resume_from="latest")
            + b"".join(_metric(i, scale=2.0) for i in range(11, 16)))
     qtbot.waitUntil(lambda: xs(panel, "loss_dm") == list(range(1, 16)), timeout=WAIT_MS)
-    _, y = panel.loss_plot.plot.curve("loss_dm").getData()
+    _, y = panel.loss_plot.curve("loss_dm").getData()
     assert y[9] == pytest.approx(1.0 / 10) and y[10] == pytest.approx(2.0 / 11)  # the new stretch
     assert panel.state() == "running"
 
@@ -192,7 +190,7 @@ def test_control_buttons_append_commands(qtbot, panel, tmp_path):
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     cmds = lambda: [json.loads(line)["cmd"] for line in run.control_jsonl.read_text().splitlines()]  # noqa: E731
     assert _enabled(panel) == {"start": False, "continue": False, "pause": True, "resume": False, "stop": True,
-                               "sample": True, "checkpoint": True}
+                               "sample": True, "sample_prompt": True, "checkpoint": True}
     qtbot.mouseClick(panel.buttons["pause"], Qt.LeftButton)
     assert cmds() == ["pause"] and not panel.buttons["pause"].isEnabled()  # until the engine confirms
     append(run, _event("paused", 10))

@@ -93,7 +93,7 @@ def test_an_invalid_field_disables_start_with_the_engines_message(window):
     assert "multiple of 8" in engine_words and engine_words in start.toolTip()
     raw["resources"]["resolution"] = 64
     window.config.set_config(raw, window.config.base_dir())
-    assert start.isEnabled() and start.toolTip() == ""
+    assert start.isEnabled() and start.toolTip().startswith("Start a new run in ")  # where, said before Start
 
 
 def test_start_materializes_the_config_and_starts_under_the_runs_root(window, tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ def _plotted(w: MainWindow) -> dict[str, int]:
     """Points on screen per loss curve (what setData gave pyqtgraph, not the store behind it)."""
     out = {}
     for key in w.training.loss_plot.loss_keys():
-        x, _ = w.training.loss_plot.plot.curve(key).getData()
+        x, _ = w.training.loss_plot.curve(key).getData()
         out[key] = 0 if x is None else len(x)
     return out
 

@@ -1,0 +1,121 @@
+"""Export a run's student: `dmad export --run DIR --format diffusers|lora [--checkpoint N]` on a
+DmadCommand, with its progress (elapsed time and the engine's last log line: loading the teacher and
+writing the weights take a while), Cancel (the command's process group), and, when it is done, the
+output folder the engine printed, revealed in the file manager.
+
+LoRA is offered only for a run whose student is a LoRA (identity.student "lora"): the engine refuses
+it for a full student, and the dialog says so before the click rather than after.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from PySide6.QtCore import QTimer, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QProgressBar, QPushButton,
+                               QVBoxLayout, QWidget)
+
+from app.engine.background import Task
+from app.engine.command import DmadCommand
+from app.widgets.elided_label import ElidedLabel
+from dmad.contract.runs import RunFolder
+
+LORA_TIP = "this run's student is a full UNet (identity.student is not \"lora\"): export it as diffusers"
+
+
+def checkpoints(run: Path) -> list[int]:
+    """The iterations of the run's complete checkpoints, oldest first (reads the folder: a worker's job)."""
+    return [it for it, _ in RunFolder(run).list_checkpoints()]
+
+
+class ExportDialog(QDialog):
+    def __init__(self, run: Path, lora_student: bool, program: Optional[Sequence[str]] = None,
+                 parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.setWindowTitle(f"Export {run.name}")
+        self.run, self.output = Path(run), None
+        self._started = 0.0
+        self.command = DmadCommand(self, program=program, label="dmad export")
+        self.command.stdout_line.connect(self._on_stdout)
+        self.command.stderr_line.connect(lambda line: line.strip() and self.status.setText(line.strip()))
+        self.command.finished.connect(self._on_finished)
+        self._clock = QTimer(self, interval=1000, timeout=self._tick)
+        self._build(lora_student)
+        self._list = Task(self)
+        self._list.done.connect(self._on_checkpoints)
+        self._list.submit(lambda: checkpoints(self.run))
+
+    def _build(self, lora_student: bool) -> None:
+        self.format = QComboBox()
+        self.format.addItem("diffusers (a full pipeline folder)", "diffusers")
+        self.format.addItem("LoRA (the adapter weights)", "lora")
+        if not lora_student:
+            self.format.model().item(1).setEnabled(False)
+            self.format.model().item(1).setToolTip(LORA_TIP)
+        self.format.setCurrentIndex(1 if lora_student else 0)
+        self.checkpoint = QComboBox()
+        self.checkpoint.addItem("latest", "latest")
+        form = QFormLayout()
+        form.addRow("Format", self.format)
+        form.addRow("Checkpoint", self.checkpoint)
+        self.progress = QProgressBar(textVisible=True)
+        self.progress.setRange(0, 0)  # busy: the engine reports no fraction for an export
+        self.progress.hide()  # only while the export runs
+        self.status = ElidedLabel(f"Writes into {self.run / 'export'}")
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.export_button = QPushButton("Export")
+        self.buttons.addButton(self.export_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.export_button.clicked.connect(self.start)
+        self.buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        for w in (self.progress, self.status, self.buttons):
+            layout.addWidget(w)
+        self.resize(560, self.sizeHint().height())
+
+    def _on_checkpoints(self, found: list[int]) -> None:
+        for it in reversed(found):
+            self.checkpoint.addItem(f"iter_{it}", str(it))
+
+    def start(self) -> bool:
+        if self.command.is_running():
+            return False
+        args = ["export", "--run", str(self.run), "--format", self.format.currentData()]
+        if self.checkpoint.currentData() != "latest":
+            args += ["--checkpoint", self.checkpoint.currentData()]
+        self.output, self._started = None, time.monotonic()
+        self.progress.setFormat("0 s")
+        self.progress.show()
+        self.export_button.setText("Cancel")
+        self.export_button.clicked.disconnect()
+        self.export_button.clicked.connect(self.command.kill)
+        self.status.setText(f"Exporting {self.run.name} as {self.format.currentData()} …")
+        self._clock.start()
+        self.command.start(args)
+        return True
+
+    def _tick(self) -> None:
+        self.progress.setFormat(f"{time.monotonic() - self._started:.0f} s")
+
+    def _on_stdout(self, line: str) -> None:
+        if line.strip():
+            self.output = Path(line.strip())  # `dmad export` prints the folder it wrote, and nothing else
+
+    def _on_finished(self, code: int, line: str) -> None:
+        self._clock.stop()
+        self.progress.hide()
+        self.export_button.setText("Export")
+        self.export_button.clicked.disconnect()
+        self.export_button.clicked.connect(self.start)
+        if code == 0 and self.output is not None:
+            self.status.setText(f"Exported to {self.output}")
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.output)))
+        else:
+            self.status.setText(f"Export failed: {line or f'exit code {code}'}")
+
+    def reject(self) -> None:
+        self.command.kill()  # closing the dialog cancels an export in flight
+        self._clock.stop()
+        super().reject()
