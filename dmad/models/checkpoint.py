@@ -206,15 +206,20 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
+def _require_inside(path: Path, ckpt: Path) -> None:
+    """The file is there and, links followed, inside the checkpoint."""
+    if not path.is_file():
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} is missing")
+    if not path.resolve().is_relative_to(ckpt.resolve()):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} links outside the checkpoint")
+
+
 def _check_safetensors(path: Path, ckpt: Path) -> None:
     """Present, inside the checkpoint, and a whole safetensors file: the header parses and its
     tensors cover the file exactly (a truncated file fails here). Reads the header only."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} is missing")
-    if not path.resolve().is_relative_to(ckpt.resolve()):
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.relative_to(ckpt)} links outside the checkpoint")
+    _require_inside(path, ckpt)
     try:
         with safe_open(str(path), framework="pt") as f:
             f.keys()
@@ -225,10 +230,7 @@ def _check_safetensors(path: Path, ckpt: Path) -> None:
 def _load_plain(path: Path, ckpt: Path, mmap: bool = False) -> dict:
     """A torch.save'd state dict, read with weights_only=True: tensors, numbers, strings and
     containers only. A file that holds anything else is refused, never unpickled another way."""
-    if not path.is_file():
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is missing")
-    if not path.resolve().is_relative_to(ckpt.resolve()):
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} links outside the checkpoint")
+    _require_inside(path, ckpt)
     try:
         state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as e:  # noqa: BLE001 - a truncated or garbled zip, or a refused pickle
@@ -307,7 +309,8 @@ def load_checkpoint(ckpt: Path, *, nets, student_mode: str, fake_mode: str, opt_
 
 def _load_checkpoint(ckpt: Path, *, nets, student_mode, fake_mode, opt_g, opt_c, sched_g, sched_c,
                      scaler) -> TrainingState:
-    state = verify_checkpoint(ckpt, student_mode, fake_mode)
+    # Preflight verified the files (verify_checkpoint); each load below fails on its own file anyway.
+    state = read_training_state(ckpt)
     load_network(nets.student, ckpt, "student", student_mode)
     load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
     nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
