@@ -80,6 +80,11 @@ class Resources(_Group):
                             "no). int8 / fp8: its linear layers stored weight-only in int8 or float8_e4m3fn with "
                             "per-channel scales (1 byte per weight), the rest in bf16, computing in bf16. The "
                             "student and fake score are copied from the full-precision teacher before it is cast.")
+    share_frozen_base: bool = Field(
+        True, description="With a LoRA student and a LoRA fake score: both adapters sit on the teacher's own frozen "
+                          "denoiser (held once, in teacher_precision) instead of on two frozen copies of it. Same "
+                          "numbers, a third of the frozen weights. false: separate copies. Full networks are always "
+                          "their own copies.")
     teacher_cpu_offload: bool = Field(
         False, description="Keep the frozen teacher (denoiser and text encoders) in CPU memory and move each "
                            "network to the GPU only for its own calls: frees its weights from the GPU between "

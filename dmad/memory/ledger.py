@@ -73,22 +73,38 @@ def _denoiser_word(info: "TeacherInfo") -> str:
 
 
 def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: str,
-               mixed_precision: str = "no") -> LedgerLine:
+               mixed_precision: str = "no", shared: bool = False, why_not_shared: str = "") -> LedgerLine:
+    """A student or fake-score line. `shared`: a LoRA adapter on the shared frozen base (whose
+    weights are their own line), so only the adapter's trainable state is counted here.
+    `why_not_shared`: for a separate LoRA copy, why it is not on a shared base."""
     n = info.denoiser_params
     per_trainable = 4 * (2 + OPTIMIZER_STATES[optimizer])  # fp32 master + grad + states
     states = f"{OPTIMIZER_STATES[optimizer]} {optimizer} states"
     if mode == "full":
         return LedgerLine(f"{name} (full)", n * per_trainable / GIB,
-                          f"{n / 1e6:.0f} M params fp32 + grads + {states}")
+                          f"{n / 1e6:.0f} M params fp32 + grads + {states}; a full network is always its own "
+                          f"copy (never on a shared base)")
     adapter = rank * info.unet_lora_params_per_rank
     targets = "to_q/k/v/out" if tuple(info.lora_targets) == ("to_q", "to_k", "to_v", "to_out.0") \
         else "/".join(info.lora_targets)
+    adapter_how = (f"{adapter / 1e6:.2f} M adapter params on {targets} (rank x (in + out)), fp32 + grads + "
+                   f"{states}")
+    if shared:
+        return LedgerLine(f"{name} (LoRA r={rank}, on the shared base)", adapter * per_trainable / GIB,
+                          f"{adapter_how}; its frozen base is the shared line, not counted again")
     # the frozen base of a LoRA copy is held in the autocast dtype (dmad.models.networks.make_trainable_copy)
     base = BYTES[mixed_precision]
     return LedgerLine(f"{name} (LoRA r={rank})", (n * base + adapter * per_trainable) / GIB,
-                      f"frozen {DTYPE_NAME[mixed_precision]} copy of the {_denoiser_word(info)} + "
-                      f"{adapter / 1e6:.2f} M adapter params on "
-                      f"{targets} (rank x (in + out)), fp32 + grads + {states}")
+                      f"frozen {DTYPE_NAME[mixed_precision]} copy of the {_denoiser_word(info)} + {adapter_how}"
+                      + (f" ({why_not_shared})" if why_not_shared else ""))
+
+
+def _why_not_shared(student: str, fake_score: str, share_frozen_base: bool) -> str:
+    """Why a LoRA network of a run keeps its own frozen copy instead of sitting on the shared base."""
+    if not share_frozen_base:
+        return "separate copies: resources.share_frozen_base is false"
+    full = [name for name, mode in (("student", student), ("fake score", fake_score)) if mode == "full"]
+    return f"no shared base: the {full[0]} is a full network" if full else ""
 
 
 def _gan_head_params(bottleneck_channels: int) -> int:
@@ -157,26 +173,64 @@ def transformer_activation_values(info: "TeacherInfo", resolution: int, gradient
     return float(full * tokens * width), how
 
 
+def _saved_base_weights(n_den: int, family: str, *, teacher_precision: str, mixed_precision: str,
+                        teacher_cpu_offload: bool, teacher_bytes: float, teacher_dtype: str) \
+        -> Optional[tuple[float, str]]:
+    """(bytes, how) of base weights the graphs through the adapters keep for backward on a shared
+    frozen base without gradient checkpointing, beyond the base itself; None when there are none.
+    A linear layer's backward needs the weight it multiplied by: a base stored in the compute dtype
+    saves the stored tensor itself (nothing extra), but an int8 / fp8 base saves the weights it
+    dequantised (dmad.models.quant.WeightOnlyLinear), a base in another float dtype the copies
+    autocast cast, and an offloaded base the device copy each graph ran on (it outlives the move
+    back to CPU RAM). With gradient checkpointing only one block's are alive at a time (not counted)."""
+    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    graphs = f"each of the {GRAPHS_AT_PEAK} graphs through an adapter"
+    if teacher_precision in ("int8", "fp8"):
+        share = LINEAR_SHARE[family][0]
+        return (GRAPHS_AT_PEAK * share * n_den * wb,
+                f"{graphs} keeps the {dt} weights its {teacher_precision} linear layers dequantised ({share:.2%} "
+                f"of {n_den / 1e6:.0f} M params) for backward; gradient checkpointing avoids it")
+    if mixed_precision != "no" and teacher_dtype != dt:
+        return (GRAPHS_AT_PEAK * n_den * wb,
+                f"{graphs} keeps autocast's {dt} casts of the {teacher_precision} base weights for backward; "
+                f"gradient checkpointing avoids it")
+    if teacher_cpu_offload:
+        return ((GRAPHS_AT_PEAK - 1) * n_den * teacher_bytes,
+                f"{graphs} keeps the GPU copy of the base it ran on after the base returns to CPU RAM; the "
+                f"transient line counts one of the {GRAPHS_AT_PEAK}; gradient checkpointing avoids it")
+    return None
+
+
 def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
                     gradient_checkpointing: bool, train_batch_size: int, resolution: int,
-                    optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False) -> Ledger:
+                    optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False,
+                    share_frozen_base: bool = True) -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
     any family (sd1, sd2, sdxl: UNet; sd3, flux: transformer).
 
     Lines: the frozen teacher denoiser (teacher_precision; int8/fp8 per LINEAR_SHARE); the student
-    and the fake score (fp32 master + grads + optimizer states, or a frozen fp32 copy + LoRA); the
-    GAN head; the VAE (fp32 where the family keeps it so: SDXL) and every text encoder (mixed
-    precision); the activations (UNet: ACTIVATION_VALUES per latent pixel per base channel;
-    transformer: transformer_activation_values), x batch x GRAPHS_AT_PEAK; a margin. With
+    and the fake score (fp32 master + grads + optimizer states, or a frozen copy in the autocast
+    dtype + LoRA); the GAN head; the VAE (fp32 where the family keeps it so: SDXL) and every text
+    encoder (mixed precision); the activations (UNet: ACTIVATION_VALUES per latent pixel per base
+    channel; transformer: transformer_activation_values), x batch x GRAPHS_AT_PEAK; a margin. With
     teacher_cpu_offload the teacher denoiser and the text encoders are a CPU RAM line (not in the
-    total) and only the largest of them is counted on the GPU, transiently, during its call."""
+    total) and only the largest of them is counted on the GPU, transiently, during its call.
+
+    A shared base (resources.share_frozen_base with a LoRA student and a LoRA fake score, the rule
+    of dmad.models.networks.shares_base): the teacher's denoiser is the only frozen copy, one
+    line counted once in teacher_precision, and the student and fake-score lines are their
+    adapters alone; offload moves that base, as it moves the teacher otherwise. Without gradient
+    checkpointing the graphs through the adapters may keep extra base weights
+    (_saved_base_weights), a line of its own."""
     from dmad.models.families import FAMILIES
+    from dmad.models.networks import shares_base
 
     wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
     n_den = info.denoiser_params
     word = _denoiser_word(info)
+    shared = shares_base(student, fake_score, share_frozen_base)
     encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
     n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
     vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
@@ -199,12 +253,19 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                    f"memory-efficient attention assumed")
     teacher_gib = n_den * tb / GIB
     teacher_how = f"{info.family}: {n_den / 1e6:.0f} M params in {tdt}, no grads"
+    if shared:
+        frozen_name = f"frozen base: teacher + student + fake score ({word})"
+        teacher_how += ("; held once: the teacher's own denoiser, with the student's and the fake score's LoRA "
+                        "adapters on it (resources.share_frozen_base)")
+    else:
+        frozen_name = f"teacher {word} (frozen)"
     names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
     sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
-    lines = [] if teacher_cpu_offload else [LedgerLine(f"teacher {word} (frozen)", teacher_gib, teacher_how)]
+    why = "" if shared else _why_not_shared(student, fake_score, share_frozen_base)
+    lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, teacher_gib, teacher_how)]
     lines += [
-        _trainable("student", student, info, lora_rank, optimizer, mixed_precision),
-        _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision),
+        _trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why),
+        _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision, shared, why),
         LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
                    f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
                    f"fp32 + grads + optimizer states"),
@@ -217,18 +278,27 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
         lines.append(LedgerLine("VAE (frozen)", n_vae * vb / GIB, f"{n_vae / 1e6:.1f} M params in {vdt}"))
         if not teacher_cpu_offload:
             lines.append(LedgerLine("text encoders (frozen)", n_text * wb / GIB, f"{names}, in {dt}"))
+    saved = None if not shared or gradient_checkpointing else _saved_base_weights(
+        n_den, info.family, teacher_precision=teacher_precision, mixed_precision=mixed_precision,
+        teacher_cpu_offload=teacher_cpu_offload, teacher_bytes=tb, teacher_dtype=tdt)
+    if saved is not None:
+        lines.append(LedgerLine("base weights saved for backward", saved[0] / GIB, saved[1]))
     if teacher_cpu_offload:
-        parts = {f"teacher {word}": n_den * tb, **{c: n * wb for c, n in encoders.items()}}
+        offloaded = f"frozen base {word}" if shared else f"teacher {word}"
+        parts = {offloaded: n_den * tb, **{c: n * wb for c, n in encoders.items()}}
         largest = max(parts, key=parts.get)
         lines.append(LedgerLine("teacher offload (transient)", parts[largest] / GIB,
                                 f"teacher_cpu_offload: the largest offloaded network ({largest}) on the GPU during "
-                                f"its own call"))
+                                f"its own call" + ("; the shared base is on the GPU for each teacher, student and "
+                                                   "fake-score call, one at a time" if shared else "")))
     lines.append(LedgerLine("activations", act / GIB, act_how))
     subtotal = ledger_total(lines)
     lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
                             f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
     if teacher_cpu_offload:
-        lines.append(LedgerLine(f"teacher {word} + text encoders (CPU RAM)", (n_den * tb + n_text * wb) / GIB,
+        cpu_name = f"frozen base {word} + text encoders (CPU RAM)" if shared else \
+            f"teacher {word} + text encoders (CPU RAM)"
+        lines.append(LedgerLine(cpu_name, (n_den * tb + n_text * wb) / GIB,
                                 f"teacher_cpu_offload: {teacher_how}; {names} in {dt}; host memory, not in the "
                                 f"total", scope="cpu"))
     return Ledger(lines, info.family)
@@ -259,7 +329,7 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
                            mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
                            train_batch_size=r.train_batch_size, resolution=r.resolution,
                            optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
-                           teacher_cpu_offload=r.teacher_cpu_offload)
+                           teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base)
 
 
 def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
@@ -274,5 +344,6 @@ def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
             "inputs": {"train_batch_size": r.train_batch_size, "resolution": r.resolution,
                        "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
                        "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
+                       "share_frozen_base": r.share_frozen_base,
                        "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
                        "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family}}

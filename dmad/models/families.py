@@ -511,6 +511,8 @@ def make_family(name: str, vae_factor: int = 8, denoiser_config: Optional[dict] 
 
 
 def net_dtype(net: nn.Module) -> torch.dtype:
+    net = bare(net)
+    net = getattr(net, "base_network", net)  # a view of a shared base (dmad.models.shared_base): the base's
     for p in net.parameters():
         if p.is_floating_point():
             return p.dtype

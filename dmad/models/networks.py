@@ -11,6 +11,7 @@ autocast dtype: only trainable weights keep fp32 master copies.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -86,24 +87,69 @@ class Networks:
     fake_score: nn.Module
     gan_head: nn.Module
     ema: Optional[object]  # diffusers EMAModel over the student's trainable parameters
+    shared: Optional[object] = None  # dmad.models.shared_base.SharedBase when the three share one frozen base
+    teacher: Optional[nn.Module] = None  # the view that calls the teacher (adapters disabled); None: the denoiser
+
+
+def shares_base(student: str, fake_score: str, share_frozen_base: bool) -> bool:
+    """One frozen base for teacher, student and fake score: both trainable networks are LoRA
+    adapters (a full network is its own copy) and the config allows it."""
+    return share_frozen_base and student == "lora" and fake_score == "lora"
+
+
+def add_shared_adapters(teacher_unet: nn.Module, rank: int, alpha: Optional[int], gradient_checkpointing: bool,
+                        targets: tuple[str, ...] = LORA_TARGETS):
+    """The "student" and "fake" adapters on the teacher's own denoiser, initialised exactly as two
+    separate LoRA copies would be (same layers, same order, same random draws); the base stays
+    frozen. Returns (SharedBase, student view, fake view, teacher view)."""
+    from peft import LoraConfig
+
+    from dmad.models.shared_base import FAKE, STUDENT, AdapterView, SharedBase
+
+    teacher_unet.requires_grad_(False)
+    with warnings.catch_warnings():  # peft warns that a second adapter makes "multiple adapters": the point
+        warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+        for name in (STUDENT, FAKE):
+            teacher_unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha or rank, init_lora_weights="gaussian",
+                                                target_modules=list(targets)), adapter_name=name)
+    shared = SharedBase(teacher_unet)
+    for name in (STUDENT, FAKE):
+        for _, p in shared.adapter_parameters(name):
+            p.requires_grad_(True)
+    if gradient_checkpointing:
+        teacher_unet.enable_gradient_checkpointing(shared.checkpoint_keeping_adapter)
+    views = [AdapterView(shared, a) for a in (STUDENT, FAKE, None)]
+    for v in views[:2]:
+        v.train()
+    views[2].eval()
+    return (shared, *views)
 
 
 def build_networks(teacher_unet: nn.Module, *, student: str, fake_score: str, lora_rank: int,
                    lora_alpha: Optional[int], gradient_checkpointing: bool, ema_decay: Optional[float],
-                   gan_on_teacher: bool, family=None, base_dtype: Optional[torch.dtype] = None) -> Networks:
+                   gan_on_teacher: bool, family=None, base_dtype: Optional[torch.dtype] = None,
+                   share_frozen_base: bool = False) -> Networks:
     """Copies are made from the float32 teacher before it is cast down. `family`
-    (dmad.models.families.Family; None: SD) gives the LoRA targets and the GAN feature width."""
+    (dmad.models.families.Family; None: SD) gives the LoRA targets and the GAN feature width.
+    With `share_frozen_base` and two LoRA networks, no copy is made: both adapters go on the
+    teacher's denoiser itself (dmad.models.shared_base), which the caller then casts as the
+    teacher (SharedBase.cast_frozen keeps the adapters float32)."""
     from dmad.models.families import Family
 
     family = family or Family()
-    s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing, family.lora_targets,
-                            base_dtype)
-    f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing,
-                            family.lora_targets, base_dtype)
+    shared = teacher_view = None
+    if shares_base(student, fake_score, share_frozen_base):
+        shared, s, f, teacher_view = add_shared_adapters(teacher_unet, lora_rank, lora_alpha, gradient_checkpointing,
+                                                         family.lora_targets)
+    else:
+        s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing,
+                                family.lora_targets, base_dtype)
+        f = make_trainable_copy(teacher_unet, fake_score, lora_rank, lora_alpha, gradient_checkpointing,
+                                family.lora_targets, base_dtype)
     head = GanHead(family.feature_channels(teacher_unet if gan_on_teacher else f))
     ema = None
     if ema_decay is not None:
         from diffusers.training_utils import EMAModel
 
         ema = EMAModel(trainable_parameters(s), decay=ema_decay)
-    return Networks(student=s, fake_score=f, gan_head=head, ema=ema)
+    return Networks(student=s, fake_score=f, gan_head=head, ema=ema, shared=shared, teacher=teacher_view)

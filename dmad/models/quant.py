@@ -26,6 +26,8 @@ FORMATS = ("int8", "fp8")
 class WeightOnlyLinear(nn.Module):
     """A frozen linear layer whose weight is stored in int8 or fp8 with per-output-channel scales."""
 
+    keeps_dtype = True  # dtype casts never apply (_apply); dmad.models.shared_base leaves it as it is
+
     def __init__(self, linear: nn.Linear, fmt: str):
         super().__init__()
         if fmt not in FORMATS:
@@ -65,17 +67,25 @@ class WeightOnlyLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weight={self.fmt}"
 
 
-def quantize_linears(net: nn.Module, fmt: str) -> int:
+def quantize_linears(net: nn.Module, fmt: str, shared=None) -> int:
     """Replace every nn.Linear in `net` (in place, one layer at a time, so the peak is one layer's
-    float copy) and cast the rest to bf16. Returns the number of weights now stored in `fmt`."""
+    float copy) and cast the rest to bf16. Returns the number of weights now stored in `fmt`.
+    `shared` (dmad.models.shared_base.SharedBase on `net`): the LoRA adapters' own layers stay
+    float32 and trainable; the linear layers they wrap (peft's base_layer) are quantised."""
+    keep = set()
+    if shared is not None:
+        keep = {id(p) for a in ("student", "fake") for _, p in shared.adapter_parameters(a)}
     n = 0
     for name, module in list(net.named_modules()):
         for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and not any(id(p) in keep for p in child.parameters()):
                 setattr(module, child_name, WeightOnlyLinear(child, fmt))
                 n += child.weight.numel()
-    net.to(torch.bfloat16)  # the other layers; WeightOnlyLinear ignores dtype casts (_apply)
-    net.requires_grad_(False)
+    if shared is None:
+        net.to(torch.bfloat16)  # the other layers; WeightOnlyLinear ignores dtype casts (_apply)
+        net.requires_grad_(False)
+    else:
+        shared.cast_frozen(torch.bfloat16)
     return n
 
 

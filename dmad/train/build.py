@@ -51,42 +51,59 @@ def _encode_uncond(teacher, device):
 TEACHER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def quantize_teacher(net: torch.nn.Module, precision: str) -> int:
+def quantize_teacher(net: torch.nn.Module, precision: str, shared=None) -> int:
     """Weight-only int8 / fp8 of the frozen denoiser's linear layers (dmad.models.quant), computing
-    in bf16. Returns the number of weights stored in 1 byte."""
+    in bf16. Returns the number of weights stored in 1 byte. `shared` (a SharedBase on `net`): its
+    adapters' own layers stay float32 and trainable."""
     from dmad.models.quant import quantize_linears
 
-    return quantize_linears(net, precision)
+    return quantize_linears(net, precision, shared)
 
 
-def offload_between_calls(net: torch.nn.Module, device: torch.device) -> None:
+def offload_between_calls(net: torch.nn.Module, device: torch.device, shared=None) -> None:
     """Keep `net` in CPU memory and on `device` only during its own forward calls (forward hooks).
     A graph that backpropagates through it keeps the device copy of the weights it saved alive until
-    backward; the next call copies the weights up again."""
-    def up(module, args, kwargs):
-        module.to(device)
+    backward; the next call copies the weights up again. `shared` (a SharedBase on `net`): only the
+    frozen base moves; the adapters, trained every iteration, stay on `device`."""
+    if shared is not None:
+        shared.offload_device = device  # a checkpointed block's recompute in backward brings its own weights up
 
-    def down(module, args, kwargs, output):
-        module.to("cpu")
+        def up(module, args, kwargs):
+            shared.move_frozen(device)
+
+        def down(module, args, kwargs, output):
+            shared.move_frozen("cpu")
+    else:
+        def up(module, args, kwargs):
+            module.to(device)
+
+        def down(module, args, kwargs, output):
+            module.to("cpu")
 
     net.register_forward_pre_hook(up, with_kwargs=True)
     net.register_forward_hook(down, with_kwargs=True)
 
 
-def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool) -> str:
+def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision: str, offload: bool,
+                  shared=None) -> str:
     """Cast, quantise and move the frozen teacher. The denoiser gets resources.teacher_precision
     (auto: the mixed-precision dtype); the text encoders the mixed-precision dtype; the VAE too,
     except for a family whose VAE must stay float32 (SDXL). With offload, the denoiser and the
-    text encoders live in CPU memory between their calls. Returns a line for the engine log."""
+    text encoders live in CPU memory between their calls. `shared` (dmad.models.shared_base): the
+    denoiser is also the student's and fake score's frozen base; their adapters stay float32,
+    trainable and on the device. Returns a line for the engine log."""
     fam = teacher.family
     den = teacher.denoiser
     quantized = 0
     for m in teacher.networks():
-        m.requires_grad_(False)
+        if m is not den or shared is None:
+            m.requires_grad_(False)
         m.eval()
         if m is den:
             if precision in ("int8", "fp8"):
-                quantized = quantize_teacher(m, precision)
+                quantized = quantize_teacher(m, precision, shared)
+            elif shared is not None:
+                shared.cast_frozen(TEACHER_DTYPES.get(precision, wdtype))
             else:
                 m.to(dtype=TEACHER_DTYPES.get(precision, wdtype))
         elif m is teacher.vae:
@@ -94,15 +111,21 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
         else:
             m.to(dtype=wdtype)
         if offload and m is not teacher.vae and device.type != "cpu":
-            m.to("cpu")
-            offload_between_calls(m, device)
+            if m is den and shared is not None:
+                m.to(device)  # the adapters
+                shared.move_frozen("cpu")
+                offload_between_calls(m, device, shared)
+            else:
+                m.to("cpu")
+                offload_between_calls(m, device)
         else:
             m.to(device)
     den_dtype = f"{precision} ({quantized / 1e6:.1f} M linear weights, the rest bf16)" if quantized else \
         str(next(den.parameters()).dtype).removeprefix("torch.")
     vae_dtype = str(next(teacher.vae.parameters()).dtype).removeprefix("torch.")
     where = "CPU memory, on the device per call" if offload and device.type != "cpu" else str(device)
-    return f"teacher {fam.name}: denoiser {den_dtype}, VAE {vae_dtype}; frozen networks in {where}"
+    base = "; one frozen base with the student and fake-score adapters on it" if shared is not None else ""
+    return f"teacher {fam.name}: denoiser {den_dtype}, VAE {vae_dtype}; frozen networks in {where}{base}"
 
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
@@ -136,7 +159,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                           lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
                           gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
                           gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family,
-                          base_dtype=wdtype)
+                          base_dtype=wdtype, share_frozen_base=res.share_frozen_base)
     check_buckets(groups, teacher, ident.train_data_dir)
     caches = None
     if res.cache_latents:
@@ -144,7 +167,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
 
         caches = make_caches(dataset, teacher, wdtype)
         log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
-    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload))
+    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload, nets.shared))
     betas = (opt.adam_beta1, opt.adam_beta2)
     opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
                            opt.adam_epsilon, opt.adam_weight_decay)
@@ -158,9 +181,10 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     if nets.ema is not None:
         nets.ema.to(acc.device)
     schedule = family.schedule(teacher.scheduler, res.resolution)
-    real = RealScore(teacher.denoiser, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
+    teacher_net = nets.teacher if nets.teacher is not None else teacher.denoiser  # shared base: adapters off
+    real = RealScore(teacher_net, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
     on_teacher = dist.gan_head_placement == "teacher_bottleneck"
-    gan_net = teacher.denoiser if on_teacher else nets.fake_score
+    gan_net = teacher_net if on_teacher else nets.fake_score
     dmad = DmadNetworks(student=student, fake_score=fake, fake_score_bare=nets.fake_score, gan_head=head, real=real,
                         gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
                         schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))

@@ -85,7 +85,8 @@ def advice(phase: str, resources: Any) -> str:
     r = resources
     if phase == "loading":
         return ("the models alone do not fit: set resources.mixed_precision to bf16 (or fp16 on GPUs without bf16), "
-                "train LoRA adapters instead of full copies (identity.student and identity.fake_score = lora), or "
+                "train LoRA adapters instead of full copies (identity.student and identity.fake_score = lora: both "
+                "sit on the teacher's own frozen weights with resources.share_frozen_base), or "
                 "free the GPU of other programs; `dmad train --dry-run` shows the memory ledger")
     if phase == "vae-encode":
         return (f"the VAE ran out on the first batch: set resources.vae_batch_size to 1 (now {r.vae_batch_size}), "

@@ -248,8 +248,9 @@ def test_every_preset_validates_and_is_listed():
     listed = presets()
     names = [p.name for p in listed]
     assert names[0] == "CPU demo" and listed[0].path == DEMO.resolve()
-    sizes = ["SD 1.5 \u2014 12 GB", "SD 1.5 \u2014 24 GB", "SD 1.5 \u2014 48 GB+", "SDXL \u2014 24 GB",
-             "SDXL \u2014 48 GB+", "SD3-medium \u2014 24 GB", "SD3-medium \u2014 48 GB+", "FLUX.1-dev \u2014 80 GB"]
+    sizes = ["SD 1.5 \u2014 12 GB", "SD 1.5 \u2014 24 GB", "SD 1.5 \u2014 48 GB+", "SDXL \u2014 16 GB",
+             "SDXL \u2014 24 GB", "SDXL \u2014 48 GB+", "SD3-medium \u2014 24 GB", "SD3-medium \u2014 48 GB+",
+             "FLUX.1-dev \u2014 48 GB", "FLUX.1-dev \u2014 80 GB"]
     assert [n.split(" (")[0] for n in names[1:]] == sizes
     files = {p.resolve() for p in index_path().parent.glob("*.json")} - {index_path().resolve()}
     assert files <= {p.path for p in listed}
@@ -300,9 +301,12 @@ def test_presets_load_into_the_panel(panel):
         loaded[preset.name.split(" (")[0]] = panel.config()
     assert loaded["SD 1.5 \u2014 48 GB+"]["identity"]["student"] == "full"
     assert loaded["SDXL \u2014 24 GB"]["identity"]["model_family"] == "sdxl"
-    assert loaded["SD3-medium \u2014 24 GB"]["resources"]["teacher_cpu_offload"] is True
-    flux = loaded["FLUX.1-dev \u2014 80 GB"]
+    assert loaded["SDXL \u2014 16 GB"]["resources"]["share_frozen_base"] is True
+    assert loaded["SD3-medium \u2014 24 GB"]["resources"]["teacher_cpu_offload"] is False
+    flux = loaded["FLUX.1-dev \u2014 48 GB"]
     assert flux["identity"]["model_family"] == "flux" and flux["resources"]["teacher_precision"] == "fp8"
+    assert flux["resources"]["share_frozen_base"] is True
+    assert loaded["FLUX.1-dev \u2014 80 GB"]["resources"]["teacher_precision"] == "auto"
     assert "80 GB" in panel.file_label.text()
 
 

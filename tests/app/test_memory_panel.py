@@ -6,8 +6,8 @@ The engine is a stand-in written by each test (a small script that speaks the `l
 command lines as docs/memory.md describes them), so these tests need neither torch nor a GPU; the
 probe.json and ledger fixtures are in tests/app/fixtures/probe/ (ledger_sd3_offload.json is what the
 real `dmad ledger --json` printed for a configs-only SD3-medium folder with an int8 teacher offloaded
-to CPU, the SD3-medium 24 GB preset). Slow tests run the real CLI (the probe one when `dmad probe`
-exists).
+to CPU and separate LoRA copies: the SD3-medium 24 GB preset's settings before the shared frozen
+base). Slow tests run the real CLI (the probe one when `dmad probe` exists).
 """
 from __future__ import annotations
 
@@ -493,8 +493,9 @@ def test_the_real_ledger_fills_the_memory_estimate(qtbot, tmp_path):
 
 @pytest.mark.slow
 def test_the_real_ledger_of_an_offloaded_sd3_teacher(qtbot, tmp_path):
-    """The real `dmad ledger` on a configs-only SD3-medium folder (the SD3-medium 24 GB preset's
-    settings): the family and the CPU RAM line reach the view, apart from the GPU total."""
+    """The real `dmad ledger` on a configs-only SD3-medium folder (the SD3-medium 24 GB preset with an
+    int8 teacher offloaded and separate LoRA copies, the fixture's settings): the family and the CPU
+    RAM line reach the view, apart from the GPU total."""
     from app.models.presets import presets
     from tests.engine.real_configs import write_real_config_folder
 
@@ -504,6 +505,7 @@ def test_the_real_ledger_of_an_offloaded_sd3_teacher(qtbot, tmp_path):
     raw["identity"].update(pretrained_model_name_or_path=str(teacher), output_dir=str(tmp_path / "runs"),
                            train_data_dir=str(tmp_path / "data"))
     raw["observation"].pop("prompt_set", None)
+    raw["resources"].update(teacher_precision="int8", teacher_cpu_offload=True, share_frozen_base=False)
     config = tmp_path / "sd3.json"
     config.write_text(json.dumps(raw), encoding="utf-8")
     panel = ConfigPanel(unsaved_dir=tmp_path / "unsaved")

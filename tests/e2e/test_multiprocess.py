@@ -41,8 +41,10 @@ def _leftovers(run: Path) -> list:
     return found
 
 
-def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, processes: int) -> Path:
+def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, processes: int,
+                identity: dict | None = None) -> Path:
     cfg = write_config({
+        "identity": identity or {},
         "resources": {"train_batch_size": batch},
         "optimization": {"max_train_steps": 1, "optimizer": "sgd", "generator_lr": 0.5, "critic_lr": 0.5,
                          "max_grad_norm": 0.0, "lr_scheduler": "constant"},
@@ -79,6 +81,27 @@ def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, dmad_c
     assert len(two_rows) == 2  # one row, written once (rank 0): the mean over both ranks
     loss = one_rows[0].split(",").index("loss_fake")
     assert float(two_rows[1].split(",")[loss]) == pytest.approx(float(one_rows[1].split(",")[loss]), rel=1e-4)
+
+
+def test_shared_base_adapters_step_alike_in_two_processes(write_config, dmad_cli, tmp_path):
+    """LoRA student and fake score on one frozen base (resources.share_frozen_base): DDP wraps each
+    adapter view, whose parameters are its adapter's only; two ranks of batch 2 update both adapters
+    as one process of batch 4 does."""
+    from safetensors.torch import load_file
+
+    lora = {"student": "lora", "fake_score": "lora", "lora_rank": 4}
+    one = _one_update(write_config, dmad_cli, tmp_path, "one", 4, 1, lora)
+    two = _one_update(write_config, dmad_cli, tmp_path, "two", 2, 2, lora)
+    for run in (one, two):
+        assert "one frozen base" in (run / "logs" / "engine.log").read_text()
+    for net in ("student", "fake_score"):
+        a, b = (load_file(str(r / "checkpoints" / "iter_1" / f"{net}_lora.safetensors")) for r in (one, two))
+        assert set(a) == set(b)
+        da = torch.cat([a[k].flatten() for k in sorted(a) if "lora_B" in k])  # B starts at zero: B is the update
+        db = torch.cat([b[k].flatten() for k in sorted(b) if "lora_B" in k])
+        assert da.norm() > 0, f"{net}: no update happened"
+        rel = ((da - db).norm() / da.norm()).item()
+        assert rel < 1e-4, f"{net}: updates differ by {rel:.2e} (relative)"
 
 
 def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_config, dmad_cli, tmp_path,

@@ -165,29 +165,35 @@ TABLE_RUNS = [  # (model, configuration, resolution, estimate_ledger arguments b
     ("sdxl-base-1.0", "full student + LoRA fake", 1024, dict(student="full", fake_score="lora")),
     ("sdxl-base-1.0", "full student + LoRA fake, gc", 1024, dict(student="full", fake_score="lora",
                                                                 gradient_checkpointing=True)),
+    ("sdxl-base-1.0", "LoRA/LoRA, separate copies, gc", 1024, dict(gradient_checkpointing=True,
+                                                                  share_frozen_base=False)),
     ("sdxl-base-1.0", "LoRA/LoRA, gc", 1024, dict(gradient_checkpointing=True)),
-    ("sdxl-base-1.0", "LoRA/LoRA, gc, int8 teacher + offload", 1024,
+    ("sdxl-base-1.0", "LoRA/LoRA", 1024, dict()),
+    ("sdxl-base-1.0", "LoRA/LoRA, gc, int8 base + offload", 1024,
      dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True)),
+    ("sd3-medium", "LoRA/LoRA, separate copies, gc", 1024, dict(gradient_checkpointing=True, share_frozen_base=False)),
     ("sd3-medium", "LoRA/LoRA, gc", 1024, dict(gradient_checkpointing=True)),
-    ("sd3-medium", "LoRA/LoRA, int8 teacher + offload", 1024,
-     dict(teacher_precision="int8", teacher_cpu_offload=True)),
-    ("sd3-medium", "LoRA/LoRA, int8 teacher + offload, gc", 1024,
+    ("sd3-medium", "LoRA/LoRA, int8 base + offload", 1024, dict(teacher_precision="int8", teacher_cpu_offload=True)),
+    ("sd3-medium", "LoRA/LoRA, int8 base + offload, gc", 1024,
      dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True)),
-    ("sd3-medium", "LoRA/LoRA, int8 teacher + offload, gc", 512,
+    ("sd3.5-large", "LoRA/LoRA, separate copies, int8 teacher + offload, gc", 1024,
+     dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True, share_frozen_base=False)),
+    ("sd3.5-large", "LoRA/LoRA, int8 base, gc", 1024, dict(gradient_checkpointing=True, teacher_precision="int8")),
+    ("sd3.5-large", "LoRA/LoRA, int8 base + offload, gc", 1024,
      dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True)),
-    ("sd3.5-large", "LoRA/LoRA, int8 teacher + offload, gc", 1024,
-     dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True)),
-    ("flux-dev", "LoRA/LoRA, fp8 teacher + offload, gc", 1024,
+    ("flux-dev", "LoRA/LoRA, separate copies, fp8 teacher + offload, gc", 1024,
+     dict(gradient_checkpointing=True, teacher_precision="fp8", teacher_cpu_offload=True, share_frozen_base=False)),
+    ("flux-dev", "LoRA/LoRA, fp8 base, gc", 1024, dict(gradient_checkpointing=True, teacher_precision="fp8")),
+    ("flux-dev", "LoRA/LoRA, fp8 base + offload, gc", 1024,
      dict(gradient_checkpointing=True, teacher_precision="fp8", teacher_cpu_offload=True)),
-    ("flux-dev", "LoRA/LoRA, int8 teacher + offload, gc", 512,
-     dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True)),
-    ("flux-dev", "LoRA/LoRA, int8 teacher + offload", 1024, dict(teacher_precision="int8", teacher_cpu_offload=True)),
+    ("flux-dev", "LoRA/LoRA, gc", 1024, dict(gradient_checkpointing=True)),
+    ("flux-dev", "LoRA/LoRA, int8 base + offload", 1024, dict(teacher_precision="int8", teacher_cpu_offload=True)),
     ("flux-dev", "full/full, gc", 1024, dict(student="full", fake_score="full", gradient_checkpointing=True)),
 ]
 TABLE_BASE = dict(student="lora", fake_score="lora", lora_rank=64, mixed_precision="bf16", train_batch_size=1,
                   optimizer="adamw", gradient_checkpointing=False)
-COLUMNS = ("teacher", "student", "fake score", "GAN head", "VAE", "text encoders", "offload transient",
-           "activations", "margin")
+COLUMNS = ("teacher / shared base", "student", "fake score", "GAN head", "VAE", "text encoders",
+           "offload transient", "saved base weights", "activations", "margin")
 
 
 def _column(name: str) -> str:
@@ -195,8 +201,11 @@ def _column(name: str) -> str:
         return "CPU RAM"
     if name.startswith("teacher offload"):
         return "offload transient"
-    for prefix, column in (("teacher", "teacher"), ("student", "student"), ("fake score", "fake score"),
-                           ("VAE", "VAE"), ("text encoders", "text encoders")):
+    if name == "base weights saved for backward":
+        return "saved base weights"
+    for prefix, column in (("teacher", "teacher / shared base"), ("frozen base", "teacher / shared base"),
+                           ("student", "student"), ("fake score", "fake score"), ("VAE", "VAE"),
+                           ("text encoders", "text encoders")):
         if name.startswith(prefix):
             return column
     return name
@@ -204,7 +213,8 @@ def _column(name: str) -> str:
 
 def ledger_table(root: Path) -> str:
     """The markdown table of docs/memory.md: estimate_ledger on configs-only folders of the
-    published models (written under `root`), batch 1, bf16, AdamW, LoRA rank 64."""
+    published models (written under `root`), batch 1, bf16, AdamW, LoRA rank 64; a LoRA/LoRA row
+    shares one frozen base unless it says "separate copies" (resources.share_frozen_base)."""
     from dmad.memory.ledger import estimate_ledger, ledger_total
     from dmad.models.teacher import inspect_teacher
 

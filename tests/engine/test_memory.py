@@ -64,10 +64,12 @@ def test_gradient_checkpointing_reduces_activations_only(sd15_info):
 
 
 def test_lora_below_full(sd15_info):
-    full, lora = ledger(sd15_info), ledger(sd15_info, student="lora", fake_score="lora")
+    full = ledger(sd15_info)
+    lora = ledger(sd15_info, student="lora", fake_score="lora", share_frozen_base=False)
     assert lora["student (LoRA r=64)"] < full["student (full)"]
     assert lora["fake score (LoRA r=64)"] < full["fake score (full)"]
-    assert total(sd15_info, student="lora", fake_score="lora") < total(sd15_info)
+    assert total(sd15_info, student="lora", fake_score="lora") < total(sd15_info, student="lora", fake_score="lora",
+                                                                       share_frozen_base=False) < total(sd15_info)
     assert ledger(sd15_info, student="lora", lora_rank=4)["student (LoRA r=4)"] < lora["student (LoRA r=64)"]
 
 
@@ -251,22 +253,35 @@ def test_int8_share_is_measured_per_family(real_infos):
         assert LINEAR_SHARE[info.family][0] == pytest.approx(share, abs=5e-4)
 
 
+def frozen_denoiser_gib(by_name: dict[str, float]) -> float:
+    """The teacher's frozen denoiser line: the teacher's own, or the shared frozen base."""
+    (gib,) = [v for k, v in by_name.items() if (k.startswith("teacher") and k.endswith("(frozen)"))
+              or k.startswith("frozen base:")]
+    return gib
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["separate", "shared"])
 @pytest.mark.parametrize("model", REAL)
-def test_offload_moves_the_teacher_and_text_encoders_to_cpu_ram(real_infos, model):
+def test_offload_moves_the_teacher_and_text_encoders_to_cpu_ram(real_infos, model, share):
+    """The frozen denoiser (the shared base, when there is one) and the text encoders are one CPU RAM
+    line; the trainable lines stay on the GPU. Gradient checkpointing on: no graph-held base copies."""
     from dmad.memory.ledger import ledger_total
 
     info = real_infos[model]
-    kw = dict(student="lora", fake_score="lora", teacher_precision="int8")
+    kw = dict(student="lora", fake_score="lora", teacher_precision="int8", share_frozen_base=share,
+              gradient_checkpointing=True)
     on = estimate_ledger(info, **{**BASE, **kw, "teacher_cpu_offload": True})
     off = estimate_ledger(info, **{**BASE, **kw})
     assert ledger_total(on) < ledger_total(off)
     names = [x.name for x in on]
-    assert not any(n.startswith("teacher") and n.endswith("(frozen)") for n in names)
+    assert not any((n.startswith("teacher") and n.endswith("(frozen)")) or n.startswith("frozen base:")
+                   for n in names)
     assert "text encoders (frozen)" not in names
     cpu = [x for x in on if x.scope == "cpu"]
-    assert len(cpu) == 1 and "CPU RAM" in cpu[0].name
+    assert len(cpu) == 1 and "CPU RAM" in cpu[0].name and cpu[0].name.startswith("frozen base" if share else "teacher")
+    assert all(x.scope == "gpu" for x in on if x.name.startswith(("student", "fake score")))
     by_off = {x.name: x.gib for x in off}
-    teacher = next(v for k, v in by_off.items() if k.startswith("teacher"))
+    teacher = frozen_denoiser_gib(by_off)
     assert cpu[0].gib == pytest.approx(teacher + by_off["text encoders (frozen)"])
     transient = {x.name: x.gib for x in on}["teacher offload (transient)"]
     text = {c: n * 2 / 2 ** 30 for c, n in info.param_counts.items() if c.startswith("text_encoder")}
@@ -297,13 +312,13 @@ def test_transformer_activations_follow_tokens_and_width(real_infos):
 @pytest.mark.parametrize("model", REAL)
 def test_lora_student_and_fake_far_below_full(real_infos, model):
     info = real_infos[model]
-    full, lora = ledger(info), ledger(info, student="lora", fake_score="lora")
+    full, lora = ledger(info), ledger(info, student="lora", fake_score="lora", share_frozen_base=False)
     assert lora["student (LoRA r=64)"] + lora["fake score (LoRA r=64)"] < 0.35 * (
         full["student (full)"] + full["fake score (full)"])
     # its frozen copy of the base in the autocast dtype (bf16 here: 2 bytes), plus the adapter
     adapter = 64 * info.unet_lora_params_per_rank  # fp32 + grad + 2 AdamW states: 16 bytes each
     assert lora["student (LoRA r=64)"] == pytest.approx((info.denoiser_params * 2 + adapter * 16) / 2 ** 30)
-    fp32 = ledger(info, student="lora", fake_score="lora", mixed_precision="no")
+    fp32 = ledger(info, student="lora", fake_score="lora", mixed_precision="no", share_frozen_base=False)
     assert fp32["student (LoRA r=64)"] > info.denoiser_params * 4 / 2 ** 30
 
 
@@ -340,13 +355,15 @@ def test_format_and_json_name_the_family(real_infos, model):
     assert format_ledger(lines).splitlines()[0].startswith(f"family {info.family}")
     cfg = SimpleNamespace(
         resources=SimpleNamespace(train_batch_size=1, resolution=512, mixed_precision="bf16",
-                                  gradient_checkpointing=False, teacher_precision="auto", teacher_cpu_offload=True),
+                                  gradient_checkpointing=False, teacher_precision="auto", teacher_cpu_offload=True,
+                                  share_frozen_base=True),
         identity=SimpleNamespace(student="lora", fake_score="lora", lora_rank=64, model_family="auto"),
         optimization=SimpleNamespace(optimizer="adamw"))
     out = ledger_json(cfg, lines)
     assert out["family"] == info.family
     assert out["total_gib"] == pytest.approx(sum(x["gib"] for x in out["lines"] if x["scope"] == "gpu"), abs=1e-3)
     assert any(x["scope"] == "cpu" for x in out["lines"])
+    assert out["inputs"]["share_frozen_base"] is True
 
 
 @pytest.mark.parametrize("model", REAL)
@@ -365,6 +382,8 @@ def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, dma
     out = json.loads(r.stdout)
     assert out["family"] == FAMILY[model] and out["total_gib"] > 0
     assert out["inputs"]["teacher_precision"] == "int8" and out["inputs"]["teacher_cpu_offload"] is True
+    assert out["inputs"]["share_frozen_base"] is True  # the default
+    assert any(x["name"].startswith("frozen base") and x["scope"] == "cpu" for x in out["lines"])
     table = dmad_cli("ledger", "--config", str(config))
     assert table.returncode == 0 and f"family {FAMILY[model]}" in table.stdout
 
@@ -374,3 +393,178 @@ def test_docs_table_is_the_ledgers_output(tmp_path):
     from tests.engine.real_configs import ledger_table
 
     assert ledger_table(tmp_path) in (REPO / "docs" / "memory.md").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- one frozen base (issue 20)
+
+LORA = dict(student="lora", fake_score="lora")
+
+
+def lines_of(info, **changes):
+    return estimate_ledger(info, **{**BASE, **changes})
+
+
+@pytest.mark.parametrize("precision", ["auto", "fp32", "int8", "fp8"])
+@pytest.mark.parametrize("model", REAL)
+def test_the_shared_base_is_one_line_counted_once(real_infos, model, precision):
+    """LoRA student + LoRA fake score sharing the base: one frozen line of n x the teacher's bytes
+    per parameter, no teacher line of its own, and the two networks' lines are their adapters only
+    (fp32 + grad + 2 AdamW states: 16 bytes per adapter parameter)."""
+    from dmad.memory.ledger import teacher_bytes_per_param
+
+    info = real_infos[model]
+    word = "UNet" if info.denoiser == "unet" else "transformer"
+    lines = lines_of(info, **LORA, teacher_precision=precision, gradient_checkpointing=True)
+    by = {x.name: x.gib for x in lines}
+    frozen = [x for x in lines if "frozen base" in x.name or (x.name.startswith("teacher") and "(frozen)" in x.name)]
+    assert [x.name for x in frozen] == [f"frozen base: teacher + student + fake score ({word})"]
+    assert "held once" in frozen[0].assumption and "share_frozen_base" in frozen[0].assumption
+    per, _ = teacher_bytes_per_param(info.family, precision, "bf16")
+    assert frozen[0].gib == pytest.approx(info.denoiser_params * per / 2 ** 30)
+    adapter = 64 * info.unet_lora_params_per_rank * 16 / 2 ** 30
+    assert by["student (LoRA r=64, on the shared base)"] == pytest.approx(adapter)
+    assert by["fake score (LoRA r=64, on the shared base)"] == pytest.approx(adapter)
+    assert "base weights saved for backward" not in by  # gradient checkpointing
+
+
+@pytest.mark.parametrize("changes", [
+    dict(gradient_checkpointing=True), dict(gradient_checkpointing=False),
+    dict(gradient_checkpointing=True, teacher_precision="int8"),
+    dict(gradient_checkpointing=True, teacher_precision="fp8", teacher_cpu_offload=True),
+    dict(gradient_checkpointing=True, mixed_precision="fp16", teacher_cpu_offload=True),
+], ids=["gc", "no-gc", "int8", "fp8-offload", "fp16-offload"])
+@pytest.mark.parametrize("model", REAL)
+def test_shared_and_separate_differ_by_the_two_frozen_copies(real_infos, model, changes):
+    """Separate copies hold the denoiser twice more, each in the autocast dtype; the margin adds 10% of
+    that. Nothing else moves: same adapters, GAN head, VAE, text encoders, offload and activations."""
+    from dmad.memory.ledger import BYTES, FRAGMENTATION, ledger_total
+
+    info = real_infos[model]
+    mp = changes.get("mixed_precision", "bf16")
+    shared = lines_of(info, **LORA, **changes)
+    separate = lines_of(info, **LORA, **changes, share_frozen_base=False)
+    copies = 2 * info.denoiser_params * BYTES[mp] / 2 ** 30
+    assert ledger_total(separate) - ledger_total(shared) == pytest.approx(copies * (1 + FRAGMENTATION))
+    rest = lambda lines: {x.name: x.gib for x in lines  # noqa: E731
+                          if not x.name.startswith(("student", "fake score", "teacher ", "frozen base", "margin"))}
+    assert rest(shared) == rest(separate)
+    cpu = lambda lines: [x.gib for x in lines if x.scope == "cpu"]  # noqa: E731
+    assert cpu(shared) == pytest.approx(cpu(separate))  # offload moves the same one frozen denoiser
+
+
+@pytest.mark.parametrize("student,fake", [("full", "lora"), ("lora", "full"), ("full", "full")])
+@pytest.mark.parametrize("model", ["sdxl-base-1.0", "flux-dev"])
+def test_full_networks_never_share(real_infos, model, student, fake):
+    """A full student or fake score is its own copy, and so then is the other network's LoRA: the
+    ledger is the separate-copies ledger whatever share_frozen_base says, and says why."""
+    info = real_infos[model]
+    kw = dict(student=student, fake_score=fake, gradient_checkpointing=True)
+    on, off = lines_of(info, **kw, share_frozen_base=True), lines_of(info, **kw, share_frozen_base=False)
+    assert [(x.name, x.gib) for x in on] == [(x.name, x.gib) for x in off]
+    assert not any("frozen base" in x.name or "shared base" in x.name for x in on)
+    for x in on:
+        if x.name.endswith("(full)"):
+            assert "always its own copy" in x.assumption
+        if x.name.endswith("(LoRA r=64)"):
+            assert "no shared base" in x.assumption and "is a full network" in x.assumption
+    separate = {x.name: x.assumption for x in lines_of(info, **LORA, share_frozen_base=False)}
+    assert "share_frozen_base is false" in separate["student (LoRA r=64)"]
+
+
+def test_the_ledger_shares_by_the_engines_rule(real_infos):
+    from dmad.models.networks import shares_base
+
+    info = real_infos["sdxl-base-1.0"]
+    for student in ("full", "lora"):
+        for fake in ("full", "lora"):
+            for share in (False, True):
+                names = [x.name for x in lines_of(info, student=student, fake_score=fake, share_frozen_base=share)]
+                assert any(n.startswith("frozen base:") for n in names) == shares_base(student, fake, share)
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_offload_moves_the_shared_base_and_keeps_the_adapters_on_the_gpu(real_infos, model):
+    info = real_infos[model]
+    kw = dict(**LORA, teacher_precision="fp8", gradient_checkpointing=True)
+    on, off = lines_of(info, **kw, teacher_cpu_offload=True), lines_of(info, **kw)
+    base = frozen_denoiser_gib({x.name: x.gib for x in off})
+    by = {x.name: x for x in on}
+    word = "UNet" if info.denoiser == "unet" else "transformer"
+    cpu = by[f"frozen base {word} + text encoders (CPU RAM)"]
+    text = {c: n * 2 / 2 ** 30 for c, n in info.param_counts.items() if c.startswith("text_encoder")}
+    assert cpu.scope == "cpu" and cpu.gib == pytest.approx(base + sum(text.values()))
+    assert by["teacher offload (transient)"].gib == pytest.approx(max(base, *text.values()))
+    for name in ("student (LoRA r=64, on the shared base)", "fake score (LoRA r=64, on the shared base)"):
+        assert by[name].scope == "gpu" and by[name].gib == {x.name: x.gib for x in off}[name]
+
+
+@pytest.mark.parametrize("model", ["sd3-medium", "flux-dev"])
+def test_graphs_on_a_shared_base_keep_weights_for_backward_without_checkpointing(real_infos, model):
+    """Without gradient checkpointing each of the 2 graphs through an adapter keeps, for backward, the
+    bf16 weights an int8 / fp8 base dequantised, the casts of an fp32 base, or the GPU copy of an
+    offloaded base (one of which the transient line counts); a bf16 base on the GPU keeps nothing
+    extra, and neither does a separate-copies run (its copies are in the compute dtype)."""
+    from dmad.memory.ledger import LINEAR_SHARE
+
+    info = real_infos[model]
+    n, share = info.denoiser_params, LINEAR_SHARE[info.family][0]
+    name = "base weights saved for backward"
+
+    def saved(**kw):
+        return {x.name: x.gib for x in lines_of(info, **LORA, **kw)}.get(name)
+
+    for q in ("int8", "fp8"):
+        assert saved(teacher_precision=q) == pytest.approx(2 * share * n * 2 / 2 ** 30)
+        assert saved(teacher_precision=q, teacher_cpu_offload=True) == pytest.approx(2 * share * n * 2 / 2 ** 30)
+        assert saved(teacher_precision=q, gradient_checkpointing=True) is None
+        assert saved(teacher_precision=q, share_frozen_base=False) is None
+    assert saved(teacher_precision="fp32") == pytest.approx(2 * n * 2 / 2 ** 30)
+    assert saved(teacher_precision="fp16") == pytest.approx(2 * n * 2 / 2 ** 30)  # cast to bf16 all the same
+    assert saved(teacher_cpu_offload=True) == pytest.approx(n * 2 / 2 ** 30)
+    assert saved() is None and saved(teacher_precision="bf16") is None
+
+
+def test_config_ledger_reads_share_frozen_base(real_infos, write_config):
+    from dmad.contract.config import load_config
+    from dmad.memory.ledger import config_ledger, ledger_json
+
+    info = real_infos["sdxl-base-1.0"]
+    for share in (True, False):
+        cfg = load_config(write_config({"identity": {"student": "lora", "fake_score": "lora"},
+                                        "resources": {"share_frozen_base": share}}))
+        lines = config_ledger(cfg, info)
+        assert any(x.name.startswith("frozen base:") for x in lines) is share
+        assert ledger_json(cfg, lines)["inputs"]["share_frozen_base"] is share
+
+
+# The targets of issue 20, on the configs-only published models at 1024 px, batch 1, bf16, AdamW,
+# LoRA rank 64 (the same figures as docs/memory.md's table): before = separate frozen copies.
+TARGETS = [  # (model, settings, GiB shared, GiB with separate copies, the target)
+    ("sdxl-base-1.0", dict(gradient_checkpointing=True), 13.06, 23.58, 14.0),
+    ("flux-dev", dict(gradient_checkpointing=True, teacher_precision="fp8", teacher_cpu_offload=True), 21.31, 70.08,
+     46.0),
+    ("flux-dev", dict(gradient_checkpointing=True, teacher_precision="fp8"), 31.32, 80.09, 46.0),
+    ("sd3.5-large", dict(gradient_checkpointing=True, teacher_precision="int8", teacher_cpu_offload=True), 16.32,
+     49.33, 24.0),
+]
+
+
+@pytest.mark.parametrize("model,settings,shared_gib,separate_gib,target", TARGETS,
+                         ids=["sdxl-gc", "flux-fp8-offload-gc", "flux-fp8-gc", "sd3.5-large-int8-offload-gc"])
+def test_issue_20_targets(real_infos, model, settings, shared_gib, separate_gib, target):
+    from dmad.memory.ledger import ledger_total
+
+    info = real_infos[model]
+    kw = dict(**LORA, resolution=1024, **settings)
+    shared, separate = ledger_total(lines_of(info, **kw)), ledger_total(lines_of(info, **kw, share_frozen_base=False))
+    assert shared == pytest.approx(shared_gib, abs=0.005) and shared <= target
+    assert separate == pytest.approx(separate_gib, abs=0.005) and separate > target
+
+
+def test_sd35_large_needs_offload_for_24_gb(real_infos):
+    """Without offload its three text encoders (10.4 GiB) stay on the GPU: 26.3 GiB, over the card."""
+    from dmad.memory.ledger import ledger_total
+
+    info = real_infos["sd3.5-large"]
+    assert ledger_total(lines_of(info, **LORA, resolution=1024, gradient_checkpointing=True,
+                                 teacher_precision="int8")) == pytest.approx(26.27, abs=0.005)
