@@ -42,7 +42,10 @@ def full_run(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set) -> Path
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set) -> Path:
-    return _train(tmp_path_factory.mktemp("export_lora"), "lora", LORA, tiny_teacher, tiny_data, tiny_prompt_set)
+    run = _train(tmp_path_factory.mktemp("export_lora"), "lora", LORA, tiny_teacher, tiny_data, tiny_prompt_set)
+    # a LoRA student and fake score share the teacher's frozen base (the default): its export is what is tested
+    assert "one frozen base" in (run / "logs" / "engine.log").read_text()
+    return run
 
 
 def _export(run: Path, *args: str) -> Path:

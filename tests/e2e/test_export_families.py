@@ -145,6 +145,7 @@ def test_full_student_exports_to_the_family_pipeline(family, teachers, tiny_data
 def test_lora_student_exports_as_lora_and_as_fused_pipeline(family, teachers, tiny_data, tiny_prompt_set,
                                                             tmp_path_factory):
     run = _run(tmp_path_factory, family, "lora", teachers, tiny_data, tiny_prompt_set)
+    assert "one frozen base" in (run / "logs" / "engine.log").read_text()  # shared by default: what is exported
     lora_out, fused_out = _export(run, "lora"), _export(run, "diffusers")
     doc = _check_doc(lora_out, family, "lora")
     _check_doc(fused_out, family, "diffusers")
