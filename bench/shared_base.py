@@ -15,7 +15,9 @@ Cost: ~3 min with the defaults on a 2-core CPU. Train nothing else meanwhile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -85,8 +87,8 @@ def held_bytes(teacher_path: Path, share: bool) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--iters", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=40)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
 
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
                 for share in ((True, False) if r % 2 == 0 else (False, True)):
                     name = f"{fam}-{'shared' if share else 'separate'}-{r}"
                     cfg = load_config(_config(root, teacher, data, prompts, name, share, a.iters))
-                    assert run_training(cfg, run_dir=root / name, resume=None, argv=["dmad", "train"]) == 0
+                    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the event stream
+                        assert run_training(cfg, run_dir=root / name, resume=None, argv=["dmad", "train"]) == 0
                     times[share].append(_median_step(root / name))
             ratios = [s / c for s, c in zip(times[True], times[False])]
             row = {"shared_s": statistics.median(times[True]), "separate_s": statistics.median(times[False]),

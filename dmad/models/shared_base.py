@@ -55,6 +55,8 @@ class SharedBase:
         self._state: Optional[str] = None  # None: every adapter disabled (the teacher)
         self._apply(None)
         self.offload_device = None  # set by teacher_cpu_offload: where the frozen base computes
+        self._mode: Optional[bool] = None  # the train/eval mode set_mode last gave the base
+        self._sensitive: Optional[list[nn.Module]] = None
         self._adapter_ids: Optional[set[int]] = None
 
     # ---- which adapter is active
@@ -81,6 +83,22 @@ class SharedBase:
         finally:
             if self._state != before:
                 self._apply(before)
+
+    # ---- train / eval
+    def set_mode(self, training: bool) -> None:
+        """The base in the calling view's mode (the teacher's calls eval, the student's and fake
+        score's train, as separate copies are). Only modules that behave differently in the two
+        modes are switched (dropout with p > 0, batch norm; usually none in a diffusion denoiser):
+        a whole-model train() per call walks every module and costs more than a tiny model's call."""
+        if self._mode == training:
+            return
+        if self._sensitive is None:  # first call: the whole base, once (the rest stays in that mode)
+            self.base.train(training)
+            self._sensitive = [m for m in self.base.modules() if _mode_matters(m)]
+        self.base.training = training
+        for m in self._sensitive:
+            m.training = training
+        self._mode = training
 
     # ---- the adapters' parameters
     def adapter_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
@@ -157,6 +175,14 @@ class SharedBase:
         return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
 
 
+def _mode_matters(m: nn.Module) -> bool:
+    """Whether train and eval mode compute different numbers in this module: dropout with p > 0,
+    batch norm, diffusers' label embedding with class dropout."""
+    if isinstance(m, nn.modules.dropout._DropoutNd):
+        return m.p > 0
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) or getattr(m, "dropout_prob", 0) > 0
+
+
 def _saved_name(name: str, adapter: str) -> Optional[str]:
     """"...to_q.lora_A.<adapter>.weight" -> "...to_q.lora_A.default.weight"; None for any other
     parameter (the base's own, or another adapter's)."""
@@ -188,9 +214,8 @@ class AdapterView(nn.Module):
         return self.shared.base
 
     def forward(self, *args, **kwargs):
+        self.shared.set_mode(self.training)
         base = self.shared.base
-        if base.training != self.training:
-            base.train(self.training)
         with self.shared.active(self.adapter):
             return base(*args, **kwargs)
 

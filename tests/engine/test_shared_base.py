@@ -227,3 +227,20 @@ def test_an_offloaded_base_is_on_the_device_for_every_checkpointed_recompute(tea
     recomputed = [w for p, w in seen if p == "backward"]
     assert recomputed and set(recomputed) == {"device"}
     assert where["at"] == "cpu"
+
+
+def test_each_view_runs_the_base_in_its_own_mode(teachers):
+    """Dropout with p > 0 (the tiny UNet's attention dropout, raised here) behaves as in separate
+    copies: the teacher's calls in eval mode, the student's and fake score's in train mode."""
+    (_, _), (teacher, sh) = _both(teachers["sd"])
+    drops = [m for m in teacher.denoiser.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops
+    for m in drops:
+        m.p = 0.5
+    seen = []
+    drops[0].register_forward_pre_hook(lambda mod, a: seen.append(mod.training))
+    x, t, emb, schedule = _inputs(teacher)
+    with torch.no_grad():
+        for net in (sh.student, sh.teacher, sh.fake_score, sh.teacher):
+            teacher.family.predict(net, x, t, emb, schedule)
+    assert seen == [True, False, True, False]
