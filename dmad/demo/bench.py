@@ -10,7 +10,8 @@
    real command line (`dmad train`, a subprocess, timed wall to wall).
 3. The student samples the same prompts and seeds at 1, 2 and 4 steps: its own timesteps
    (999), (999, 499) and (999, 749, 499, 249), each a prefix-spaced subset of what it trained on.
-4. The shipped evaluator (dmad.demo.evaluator) scores every set: FD to held-out real renders,
+4. The shipped evaluator (dmad.demo.evaluator) scores every set: FD to held-out real renders of
+   the same captions (a conditional FD: the reference shares the samples' captions),
    FD to the teacher's 50-step set A, prompt adherence, per-prompt diversity; plus network
    evaluations (NFE) and sampling wall time per image.
 
@@ -43,7 +44,7 @@ class BenchSettings:
     # as the gaps the targets talk about; every FD also gets a bootstrap interval
     prompts: int = 64              # distinct captions
     seeds_per_prompt: int = 8      # samples per caption (diversity needs >= 2)
-    real_images: int = 5000        # held-out real renders for FD_real
+    real_per_prompt: int = 80      # real renders of each bench caption: FD_real's reference (5,120)
     teacher_steps: int = 50
     baseline_steps: tuple[int, ...] = (1, 2, 4)
     student_steps: tuple[int, ...] = (1, 2, 4)
@@ -52,7 +53,7 @@ class BenchSettings:
 
 
 FULL = BenchSettings()
-QUICK = BenchSettings(prompts=16, seeds_per_prompt=2, real_images=500, batch_size=32,
+QUICK = BenchSettings(prompts=16, seeds_per_prompt=2, real_per_prompt=32, batch_size=32,
                       train_overrides=("optimization.max_train_steps=60", "observation.checkpointing_steps=60",
                                        "observation.validation_steps=60", "observation.log_every_steps=10"))
 
@@ -256,8 +257,9 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     import torch
 
     from dmad.contract.config import load_config
-    from dmad.demo.evaluator import HELDOUT_DATA_SEED, load_evaluator, render_real, to_unit
-    from dmad.demo.metrics import evaluate_images, feature_stats, frechet_distance_from_stats
+    from dmad.demo.evaluator import (HELDOUT_DATA_SEED, load_evaluator, real_attrs_for_captions, render_real_attrs,
+                                     to_unit)
+    from dmad.demo.metrics import evaluate_images, fd_interval, feature_stats, frechet_distance_from_stats
     from dmad.demo.shapes import caption as caption_of
     from dmad.models.teacher import load_teacher
     from dmad.contract.paths import resource
@@ -275,7 +277,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     classifier = load_evaluator()
     result = BenchResult(settings={**asdict(s), "config": str(config), "teacher": cfg.identity.pretrained_model_name_or_path,
                                    "cfg": cfg_scale, "prompt_seed": PROMPT_SEED, "noise_seeds": [NOISE_SEED_A, NOISE_SEED_B],
-                                   "real_seed": HELDOUT_DATA_SEED},
+                                   "real_seed": HELDOUT_DATA_SEED, "real_reference": "renders of the bench captions"},
                          machine=machine_info())
 
     items = bench_prompts(s)
@@ -283,10 +285,13 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     shape = latent_shape(teacher.vae, cfg.resources.resolution, cfg.resources.resolution)
     noise_a, noise_b = initial_noise(items, NOISE_SEED_A, shape), initial_noise(items, NOISE_SEED_B, shape)
 
-    # real reference: held-out renders the evaluator never trained on
-    real, real_attrs = render_real(range(s.real_images), HELDOUT_DATA_SEED)
-    real_eval = evaluate_images(classifier, to_unit(real), [caption_of(a) for a in real_attrs])
-    real_stats = feature_stats(real_eval["features"])
+    # real reference: renders of the bench's own captions (a conditional FD compares like with like),
+    # with held-out offsets the evaluator never trained on
+    def real_renders(per_caption: int, first: int):
+        attrs = real_attrs_for_captions(captions[:: s.seeds_per_prompt], per_caption, HELDOUT_DATA_SEED, first)
+        return evaluate_images(classifier, to_unit(render_real_attrs(attrs)), [caption_of(a) for a in attrs])
+
+    real_stats = feature_stats(real_renders(s.real_per_prompt, 0)["features"])
 
     grid: list[tuple[str, object]] = []  # (column label, the first seed's image of the first GRID_PROMPTS prompts)
 
@@ -326,15 +331,16 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
         add("teacher", f"teacher {k} step{'s' if k > 1 else ''} + CFG", k, 2 * k, images, sec, ref_stats,
             "equal-cost baseline (Euler, sigmas 1 .. 1/k)" if teacher.family.flow else "equal-cost baseline (DDIM, trailing)")
 
-    # the scale of FD_real at this N: as many other held-out real renders as each sample row has
-    more, more_attrs = render_real(range(s.real_images, s.real_images + len(items)), HELDOUT_DATA_SEED)
-    more_eval = evaluate_images(classifier, to_unit(more), [caption_of(a) for a in more_attrs])
+    # the scale of FD_real at this N: as many other real renders of the same captions as each row has
+    more_eval = real_renders(s.seeds_per_prompt, s.real_per_prompt)
     more_stats = feature_stats(more_eval["features"])
     result.rows.append(Row("real", "real renders (held-out)", None, None,
                            frechet_distance_from_stats(*more_stats, *real_stats),
                            frechet_distance_from_stats(*more_stats, *ref_stats), more_eval["adherence"]["all"],
                            more_eval["adherence"]["per_attribute"], None, None,
-                           f"FD_real floor at N = {len(items)}: other real images"))
+                           f"FD_real floor at N = {len(items)}: other real renders of the same captions",
+                           fd_interval(more_eval["features"], *real_stats),
+                           fd_interval(more_eval["features"], *ref_stats)))
 
     dist = run_distillation(out, s, config, log)
     student, state, iteration = load_student(Path(dist["run_dir"]), teacher)
@@ -443,7 +449,8 @@ def format_table(r: BenchResult) -> str:
         f"({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), Python {m['python']}.",
         f"{s['prompts']} prompts x {s['seeds_per_prompt']} seeds = {s['prompts'] * s['seeds_per_prompt']} images per row, "
         f"same initial noise per (prompt, seed) in every row; FD on the evaluator's {128}-d features against "
-        f"{s['real_images']} held-out real renders (FD_real) and against the first row (FD_teacher), each with its "
+        f"{s['prompts'] * s['real_per_prompt']} held-out real renders of the same {s['prompts']} captions "
+        f"({s['real_per_prompt']} each; FD_real) and against the first row (FD_teacher), each with its "
         f"95% bootstrap interval over the row's images. Teacher CFG {s['cfg']}.",
         "",
         "| model | NFE / image | FD_real | FD_teacher | adherence | diversity | sampling s / image | notes |",

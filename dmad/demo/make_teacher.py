@@ -58,7 +58,7 @@ class TeacherTraining:
     vae_kl_weight: float = 1e-6
     vae_mosaic_fraction: float = 0.5
     pool_size: int = 32768
-    steps: int = 6000
+    steps: int = 7000
     batch: int = 32
     lr: float = 2e-3
     text_lr: float = 2e-3
@@ -71,11 +71,11 @@ class TeacherTraining:
     warmup_steps: int = 300
     image_size: int = 64
     layers: int = 6
-    eval_every: int = 500
+    eval_every: int = 1000
     eval_prompts: int = 64
     swap_images: int = 64
-    save_every: int = 500
-    final_eval_prompts: int = 256
+    save_every: int = 1000
+    final_eval_prompts: int = 128
     final_steps: int = 50
     guidance_scale: float = 4.0
 

@@ -4,8 +4,9 @@
   background) the classifier reads as the caption states; plus accuracy per attribute.
 - FD: Fréchet distance between Gaussians fitted to the classifier's penultimate features (the FID
   recipe with our classifier in place of Inception). FD_real compares samples to held-out real
-  renders (`evaluator.render_real(range(n), evaluator.HELDOUT_DATA_SEED)`, or renders of the same
-  captions), FD_teacher compares them to the 50-step teacher's samples.
+  renders of the same captions (`evaluator.real_attrs_for_captions`; renders of other captions
+  differ in the caption mix, which the features encode first), FD_teacher compares them to the
+  50-step teacher's samples.
 - Diversity: mean pairwise L2 distance between the features of one prompt's samples (different
   seeds), averaged over prompts. A collapsed student scores near 0.
 - Noise floor: FD is biased upwards at finite N, so two sample sets from the *same* model differ by

@@ -24,7 +24,7 @@ def test_the_shipped_teacher_is_small_safetensors_with_its_training_record():
     assert set(measured) == {"all", "shape", "colour", "size", "position", "background"}
     log = [json.loads(line) for line in (TEACHER / "training_log.jsonl").read_text().splitlines()]
     checks = [r for r in log if "swap_rise" in r]  # the learning curve: adherence and word-swap rise per check
-    assert len(checks) >= 10 and all(set(r["swap_rise"]) == set(measured) - {"all"} for r in checks)
+    assert len(checks) >= 6 and all(set(r["swap_rise"]) == set(measured) - {"all"} for r in checks)
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def small_bench(tmp_path_factory):
 
     from dmad.demo import bench
 
-    small = bench.BenchSettings(prompts=8, seeds_per_prompt=2, real_images=64, teacher_steps=6, batch_size=16,
+    small = bench.BenchSettings(prompts=8, seeds_per_prompt=2, real_per_prompt=8, teacher_steps=6, batch_size=16,
                                 train_overrides=("optimization.max_train_steps=4", "observation.checkpointing_steps=2",
                                                  "observation.validation_steps=4", "observation.log_every_steps=2"))
     tmp = tmp_path_factory.mktemp("bench")

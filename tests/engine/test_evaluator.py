@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from dmad.demo import shapes
 from dmad.demo.evaluator import (ATTRIBUTES, HELDOUT_DATA_SEED, TRAIN_DATA_SEED, ShapesClassifier, default_path,
-                                 load_evaluator, render_real, to_unit, train_evaluator, vocabulary)
+                                 load_evaluator, real_attrs_for_captions, render_real, render_real_attrs, to_unit,
+                                 train_evaluator, vocabulary)
 from dmad.demo.metrics import (adherence, diversity, evaluate_images, feature_stats, frechet_distance,
                                frechet_distance_from_stats, parse_caption)
 from dmad.errors import UserInputError
@@ -115,6 +116,32 @@ def test_frechet_distance_grows_with_a_mean_shift():
     fds = [frechet_distance(a, a + shift) for shift in (0.0, 0.5, 1.0, 2.0)]
     assert fds == sorted(fds) and fds[0] < 1e-8
     assert fds[-1] == pytest.approx(8 * 2.0 ** 2, rel=1e-6)  # |shift * ones(8)|^2, covariances equal
+
+
+def test_real_renders_for_captions_keep_the_caption_and_vary_the_offset():
+    caps = [shapes.caption(shapes.attributes_for(i, FRESH_SEED)) for i in range(3)]
+    attrs = real_attrs_for_captions(caps, 4, HELDOUT_DATA_SEED)
+    assert [shapes.caption(a) for a in attrs] == [c for c in caps for _ in range(4)]  # caption-major
+    assert len({tuple(a["offset"]) for a in attrs}) == len(attrs)
+    assert all(-1 <= v <= 1 for a in attrs for v in a["offset"])
+    assert attrs == real_attrs_for_captions(caps, 4, HELDOUT_DATA_SEED)  # a pure function of its seeds
+    later = real_attrs_for_captions(caps, 4, HELDOUT_DATA_SEED, first=4)  # disjoint k: other images
+    assert {tuple(a["offset"]) for a in later}.isdisjoint({tuple(a["offset"]) for a in attrs})
+
+
+def test_fd_real_needs_a_reference_of_the_same_captions(evaluator):
+    """The bench's measurement fault (fixed): perfect renders of a few captions sat far from renders
+    of random captions, so FD_real measured the caption mix, not the images. Against renders of the
+    same captions they sit at the noise floor."""
+    caps = [shapes.caption(shapes.attributes_for(i, FRESH_SEED)) for i in range(16)]
+
+    def feats(attrs):
+        return evaluate_images(evaluator, to_unit(render_real_attrs(attrs)), [shapes.caption(a) for a in attrs])["features"]
+
+    samples = feats(real_attrs_for_captions(caps, 16, HELDOUT_DATA_SEED))
+    same = feats(real_attrs_for_captions(caps, 16, HELDOUT_DATA_SEED, first=16))
+    mixed = feats(render_real(range(256), HELDOUT_DATA_SEED)[1])
+    assert frechet_distance(samples, mixed) > 10 * frechet_distance(samples, same)
 
 
 def test_diversity(evaluator, fresh):
