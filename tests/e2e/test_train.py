@@ -157,9 +157,18 @@ def test_gradient_accumulation_matches_a_big_batch(write_config, tmp_path, tiny_
         assert rel < 1e-4, f"{net}: updates differ by {rel:.2e} (relative)"
 
 
+RESUMED_FILES = {
+    "full": ("student/diffusion_pytorch_model.safetensors", "fake_score/diffusion_pytorch_model.safetensors"),
+    # LoRA student and fake score on the teacher's own frozen base (resources.share_frozen_base)
+    "shared_base": ("student_lora.safetensors", "fake_score_lora.safetensors"),
+}
+
+
 @pytest.mark.slow
-def test_resume_after_sigkill_gives_the_same_weights(write_config, dmad_cli, tmp_path):
+@pytest.mark.parametrize("networks", sorted(RESUMED_FILES))
+def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, dmad_cli, tmp_path):
     extra = {
+        "identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4} if networks == "shared_base" else {},
         "resources": {"train_batch_size": 2},
         "optimization": {"max_train_steps": 20},
         "distillation": {"student_steps": 2, "ema_decay": 0.9, "critic_updates_per_generator_update": 3},
@@ -186,8 +195,7 @@ def test_resume_after_sigkill_gives_the_same_weights(write_config, dmad_cli, tmp
     from safetensors.torch import load_file
 
     end_a, end_b = straight / "checkpoints/iter_20", killed / "checkpoints/iter_20"
-    for f in ("student/diffusion_pytorch_model.safetensors", "fake_score/diffusion_pytorch_model.safetensors",
-              "gan_head.safetensors", "ema.safetensors"):
+    for f in (*RESUMED_FILES[networks], "gan_head.safetensors", "ema.safetensors"):
         ta, tb = load_file(str(end_a / f)), load_file(str(end_b / f))
         assert ta.keys() == tb.keys()
         for k in ta:

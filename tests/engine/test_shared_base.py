@@ -244,3 +244,25 @@ def test_each_view_runs_the_base_in_its_own_mode(teachers):
         for net in (sh.student, sh.teacher, sh.fake_score, sh.teacher):
             teacher.family.predict(net, x, t, emb, schedule)
     assert seen == [True, False, True, False]
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_a_quantised_shared_base_is_the_quantised_teacher_and_keeps_fp32_adapters(precision, teachers):
+    """teacher_precision int8 / fp8 on a shared base: the base's linear layers (peft's base_layer)
+    are stored weight-only, the adapters' own layers stay float32 and trainable, and the teacher
+    view computes what a quantised teacher without adapters computes."""
+    from dmad.models.quant import WeightOnlyLinear
+    from dmad.train.build import place_teacher
+
+    (t_sep, _), (t_sh, sh) = _both(teachers["sd"])
+    place_teacher(t_sep, torch.device("cpu"), torch.float32, precision, False)
+    place_teacher(t_sh, torch.device("cpu"), torch.float32, precision, False, sh.shared)
+    for net in (sh.student, sh.fake_score):
+        params = list(net.parameters())
+        assert params and all(p.dtype == torch.float32 and p.requires_grad for p in params)
+    layers = [m.base_layer for m in sh.shared.layers]
+    assert layers and all(isinstance(b, WeightOnlyLinear) for b in layers)
+    x, t, emb, schedule = _inputs(t_sep)
+    fam = t_sep.family
+    with torch.no_grad():
+        assert torch.equal(fam.predict(sh.teacher, x, t, emb, schedule), fam.predict(t_sep.denoiser, x, t, emb, schedule))
