@@ -72,9 +72,7 @@ def quantize_linears(net: nn.Module, fmt: str, shared=None) -> int:
     float copy) and cast the rest to bf16. Returns the number of weights now stored in `fmt`.
     `shared` (dmad.models.shared_base.SharedBase on `net`): the LoRA adapters' own layers stay
     float32 and trainable; the linear layers they wrap (peft's base_layer) are quantised."""
-    keep = set()
-    if shared is not None:
-        keep = {id(p) for a in ("student", "fake") for _, p in shared.adapter_parameters(a)}
+    keep = shared.adapter_ids() if shared is not None else set()
     n = 0
     for name, module in list(net.named_modules()):
         for child_name, child in list(module.named_children()):

@@ -110,12 +110,16 @@ class SharedBase:
                 out.append((saved, p))
         return out
 
+    def adapter_ids(self) -> set[int]:
+        """id() of every adapter parameter of both adapters (fixed once the adapters exist)."""
+        if self._adapter_ids is None:
+            self._adapter_ids = {id(p) for a in (STUDENT, FAKE) for _, p in self.adapter_parameters(a)}
+        return self._adapter_ids
+
     def frozen_tensors(self, within: Optional[nn.Module] = None) -> list[tuple[nn.Module, str, bool]]:
         """(module, name, is_parameter) of every base weight and buffer (of `within`, a submodule,
         when given) that is not an adapter's: what precision casts and offload move."""
-        if self._adapter_ids is None:
-            self._adapter_ids = {id(p) for a in (STUDENT, FAKE) for _, p in self.adapter_parameters(a)}
-        adapter_ids = self._adapter_ids
+        adapter_ids = self.adapter_ids()
         out = []
         for m in (within or self.base).modules():
             if getattr(m, "keeps_dtype", False):  # a WeightOnlyLinear: its stored format is what it is
