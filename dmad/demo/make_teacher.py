@@ -57,6 +57,7 @@ class TeacherTraining:
     vae_lr: float = 2e-3
     vae_kl_weight: float = 1e-6
     vae_mosaic_fraction: float = 0.5
+    vae_check_images: int = 512  # renders for the latents' scale and shift, and held-out ones for the reconstruction check
     pool_size: int = 32768
     steps: int = 7000
     batch: int = 32
@@ -81,7 +82,8 @@ class TeacherTraining:
 
 
 # Options that count something that must exist; the other integers may be 0 (eval_every 0: never).
-_AT_LEAST_ONE = ("vae_steps", "vae_batch", "pool_size", "steps", "batch", "image_size", "layers", "final_steps")
+_AT_LEAST_ONE = ("vae_steps", "vae_batch", "vae_check_images", "pool_size", "steps", "batch", "image_size", "layers",
+                 "final_steps")
 _FRACTIONS = ("vae_mosaic_fraction", "lr_floor", "ema_decay", "caption_dropout")
 # The VAE halves the image, the transformer takes 4x4 latent patches, and its position embedding
 # (sized in build_teacher) covers up to twice the teacher's 64 px.
@@ -124,11 +126,11 @@ def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) 
         if step % 100 == 0 or step == cfg.vae_steps - 1:
             log({"stage": "vae", "step": step, "loss_rec": round(loss, 5), "elapsed_s": round(time.time() - t0, 1)})
     vae.eval().requires_grad_(False)
-    z = encode_latents(vae, render_batch(10**6, 512, cfg.seed, cfg.image_size)[0])
+    z = encode_latents(vae, render_batch(10**6, cfg.vae_check_images, cfg.seed, cfg.image_size)[0])
     shift, scale = float(z.mean()), float(1.0 / z.std())
     vae.register_to_config(scaling_factor=scale, shift_factor=shift)
     log({"stage": "vae", "scaling_factor": scale, "shift_factor": shift,
-         "reconstruction_adherence": reconstruction_adherence(vae, 512, cfg.image_size)})
+         "reconstruction_adherence": reconstruction_adherence(vae, cfg.vae_check_images, cfg.image_size)})
     save_state(work, module_tensors("vae", vae), {"stage_done": 1, "scaling_factor": scale, "shift_factor": shift,
                                                   "recipe": asdict(cfg)})
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-TINY = ["--vae-steps", "2", "--vae-batch", "4", "--pool-size", "16", "--steps", "4", "--batch", "4",
+TINY = ["--vae-steps", "2", "--vae-batch", "4", "--vae-check-images", "8", "--pool-size", "16", "--steps", "4", "--batch", "4",
         "--warmup-steps", "1", "--eval-every", "4", "--eval-prompts", "2", "--swap-images", "2",
         "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2"]
 

@@ -384,8 +384,9 @@ def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, dma
     assert out["inputs"]["teacher_precision"] == "int8" and out["inputs"]["teacher_cpu_offload"] is True
     assert out["inputs"]["share_frozen_base"] is True  # the default
     assert any(x["name"].startswith("frozen base") and x["scope"] == "cpu" for x in out["lines"])
-    table = dmad_cli("ledger", "--config", str(config))
-    assert table.returncode == 0 and f"family {FAMILY[model]}" in table.stdout
+    if model == REAL[0]:  # the printed table once: the same ledger as the JSON, and a CLI start costs ~8 s
+        table = dmad_cli("ledger", "--config", str(config))
+        assert table.returncode == 0 and f"family {FAMILY[model]}" in table.stdout
 
 
 def test_docs_table_is_the_ledgers_output(tmp_path):
