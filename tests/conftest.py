@@ -39,6 +39,16 @@ def dmad_env() -> dict[str, str]:
     return env
 
 
+def dmad_in_process(*args: str) -> int:
+    """The CLI's main() in this process: the whole command (preflight, exit codes, one-line errors on
+    stderr) but the process around it, for tests where the process boundary is not what is tested.
+    A CLI start costs ~8 s of imports (torch, diffusers, transformers) on these 2 cores. A run with
+    mixed precision other than "no" needs its own process: accelerate keeps one state per process."""
+    from dmad.cli import main
+
+    return main(list(args))
+
+
 def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """The real CLI, as a user's script would start it."""
     return subprocess.run([sys.executable, "-m", "dmad", *args], cwd=cwd, env=dmad_env(),

@@ -89,25 +89,25 @@ def test_too_few_usable_images_stop_before_anything_loads(write_config, dmad_cli
 
 
 @pytest.mark.slow
-def test_resume_across_a_skipped_item_gives_the_same_weights(write_config, dmad_cli, tmp_path, tiny_data):
+def test_resume_across_a_skipped_item_gives_the_same_weights(write_config, tmp_path, tiny_data):
+    """In process (the CLI's main(); its process boundary is tested in test_train.py)."""
     from safetensors.torch import load_file
+
+    from tests.conftest import dmad_in_process
 
     folder = _bad_folder(tmp_path, tiny_data, good=4)
     cfg = _config(write_config, folder, 6, every=3)
     straight = tmp_path / "straight"
-    r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(straight), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(straight)) == 0
 
     # the same run stopped at iteration 3 (a checkpoint; the broken image was met in iteration 2
     # or 3 of the first epoch of 5 items), then resumed to 6
     first = _config(write_config, folder, 3, name="first.json", every=3)
     split = tmp_path / "split"
-    r = dmad_cli("train", "--config", str(first), "--run-dir", str(split), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dmad_in_process("train", "--config", str(first), "--run-dir", str(split)) == 0
     assert [Path(e.data["path"]).name for e in _skip_events(split) if e.data["stage"] == "load"] == ["broken.png"]
     shutil.copy(cfg, first)  # same run, now to 6 iterations
-    r = dmad_cli("train", "--config", str(first), "--run-dir", str(split), "--resume", "latest", timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dmad_in_process("train", "--config", str(first), "--run-dir", str(split), "--resume", "latest") == 0
 
     for f in ("student/diffusion_pytorch_model.safetensors", "fake_score/diffusion_pytorch_model.safetensors",
               "gan_head.safetensors"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import _deep_update, run_dmad, tiny_config_dict
+from tests.conftest import _deep_update, dmad_in_process, run_dmad, tiny_config_dict
 
 torch = pytest.importorskip("torch")
 
@@ -29,8 +29,7 @@ def _train(root: Path, name: str, extra: dict, teacher: Path, data: Path, prompt
     path = root / f"{name}.json"
     path.write_text(json.dumps(cfg), encoding="utf-8")
     run = root / name
-    r = run_dmad("train", "--config", str(path), "--run-dir", str(run), cwd=root, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert dmad_in_process("train", "--config", str(path), "--run-dir", str(run)) == 0
     assert (run / "samples" / "iter_2" / "meta.json").is_file()
     return run
 

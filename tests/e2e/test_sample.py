@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dmad, tiny_config_dict
+from tests.conftest import dmad_in_process, run_dmad, tiny_config_dict
 
 torch = pytest.importorskip("torch")
 
@@ -23,8 +23,7 @@ def run(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set) -> Path:
     cfg["distillation"] = {"student_steps": 1, "ema_decay": 0.9}
     cfg["observation"]["checkpointing_steps"] = 1
     (root / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
-    r = run_dmad("train", "--config", str(root / "config.json"), "--run-dir", str(root / "run"), cwd=root, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dmad_in_process("train", "--config", str(root / "config.json"), "--run-dir", str(root / "run")) == 0
     return root / "run"
 
 
