@@ -181,10 +181,10 @@ def _cmdline(p) -> list[str]:
 # The heaviest test files first (measured: seconds per file on 2 cores, `pytest --durations=0`).
 # With --dist loadfile a file runs whole on one worker; a long file that started last would keep
 # one worker busy while the other idles, so the long ones go first and the short ones fill in.
-HEAVY_FIRST = ["tests/engine/test_memory.py", "tests/e2e/test_train_families.py", "tests/e2e/test_train.py",
-               "tests/e2e/test_demo.py", "tests/e2e/test_train_variants.py", "tests/e2e/test_export.py",
-               "tests/e2e/test_multiprocess.py", "tests/engine/test_make_teacher.py", "tests/e2e/test_sample.py",
-               "tests/engine/test_probe.py", "tests/app/test_memory_panel.py", "tests/e2e/test_export_families.py"]
+HEAVY_FIRST = ["tests/e2e/test_multiprocess.py", "tests/e2e/test_train.py", "tests/e2e/test_train_variants.py",
+               "tests/e2e/test_demo.py", "tests/engine/test_memory.py", "tests/e2e/test_export.py",
+               "tests/engine/test_probe.py", "tests/app/test_memory_panel.py", "tests/e2e/test_train_families.py",
+               "tests/e2e/test_sample.py", "tests/e2e/test_app_e2e.py", "tests/engine/test_bad_inputs.py"]
 
 
 def pytest_collection_modifyitems(config, items):
