@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-KEYS = ("shape", "colour", "size", "position", "background")
 CAPTION_SEED = 777  # not the evaluator's, the training's or make-teacher's check captions
 
 
 def score(pred: list[dict], attrs: list[dict]) -> dict:
-    n = len(attrs)
+    from dmad.demo.metrics import adherence
+
+    res = adherence(pred, attrs)
     cells, good, confusions = collections.Counter(), collections.Counter(), collections.Counter()
     for p, a in zip(pred, attrs):
         cell = f"{a['size']} {a['shape']}"
@@ -39,8 +40,7 @@ def score(pred: list[dict], attrs: list[dict]) -> dict:
         for k in ("shape", "size"):
             if p[k] != a[k]:
                 confusions[f"{a['size']} {a['shape']}: {k} read as {p[k]}"] += 1
-    return {"all": sum(all(p[k] == a[k] for k in KEYS) for p, a in zip(pred, attrs)) / n,
-            **{k: sum(p[k] == a[k] for p, a in zip(pred, attrs)) / n for k in KEYS},
+    return {"all": res["all"], **res["per_attribute"],
             "cells": {c: [good[c], cells[c]] for c in sorted(cells)},
             "confusions": dict(confusions.most_common(8))}
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigmas", default="0.5,0.7,0.85,0.95")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+    from diffusers import StableDiffusion3Pipeline
 
     from dmad.demo import teacher_stages as ts
     from dmad.demo.evaluator import load_evaluator, render_real_attrs, to_unit
@@ -71,22 +71,6 @@ def main(argv: list[str] | None = None) -> int:
 
     noise = torch.randn((n, *latent_shape(vae, side, side)), generator=torch.Generator().manual_seed(1))
 
-    @torch.no_grad()
-    def enter_at(sigma: float, z0: torch.Tensor, sl: slice, cfg: float) -> torch.Tensor:
-        sched = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config)
-        sched.set_timesteps(50)
-        steps = [t for t in sched.timesteps if float(t) / 1000 <= sigma + 1e-6]
-        sched.set_begin_index(len(sched.timesteps) - len(steps))
-        s0 = float(steps[0]) / 1000
-        x = (1 - s0) * z0[sl] + s0 * noise[sl]
-        emb, pooled = text.encode(caps[sl])
-        uemb, upooled = text.encode([""] * len(x))
-        for t in steps:
-            sig = torch.full((2 * len(x),), float(t) / 1000)
-            vv = ts.velocity(tr, torch.cat([x, x]), sig, torch.cat([uemb, emb]), torch.cat([upooled, pooled]))
-            x = sched.step(vv[:len(x)] + cfg * (vv[len(x):] - vv[:len(x)]), t, x).prev_sample
-        return x
-
     def row(name: str, make) -> dict:
         t0 = time.time()
         images = torch.cat([make(slice(a, a + 64)) for a in range(0, n, 64)])
@@ -103,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             vae, ts.sample_flow(tr, text, caps[sl], noise[sl], 50, cfg, pipe.scheduler.config))))
     for s in (float(c) for c in args.sigmas.split(",")):
         rows.append(row(f"real latent noised to sigma {s:g}, then 50-step schedule, CFG 3",
-                        lambda sl, s=s: ts.decode(vae, enter_at(s, z0, sl, 3.0))))
+                        lambda sl, s=s: ts.decode(vae, ts.sample_flow(tr, text, caps[sl], noise[sl], 50, 3.0,
+                                                                       pipe.scheduler.config, z0[sl], s))))
     if args.json:
         Path(args.json).write_text(json.dumps({"teacher": args.teacher, "n": n, "rows": rows}, indent=1) + "\n")
     return 0

@@ -193,17 +193,25 @@ def shape_weights(masks: torch.Tensor, shape_share: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_flow(transformer, text: TextSide, captions: list[str], noise: torch.Tensor, steps: int,
-                guidance: float, scheduler_config) -> torch.Tensor:
+                guidance: float, scheduler_config, x0: torch.Tensor | None = None,
+                enter_at: float = 1.0) -> torch.Tensor:
     """The pipeline's own sampler (FlowMatchEulerDiscreteScheduler + CFG on "") on latents, with
-    the zero tokens collapsed: the same numbers as StableDiffusion3Pipeline, ~5x faster here."""
+    the zero tokens collapsed: the same numbers as StableDiffusion3Pipeline, ~5x faster here.
+    With `x0` (scaled latents), the same schedule entered at its first step at or below sigma
+    `enter_at`, from x0 noised to that step's sigma with `noise` (SDEdit-style)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     sched = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
     sched.set_timesteps(steps)
     emb, pooled = text.encode(captions)
     uemb, upooled = text.encode([""] * len(captions))
-    x = noise.clone()
-    for t in sched.timesteps:
+    timesteps, x = sched.timesteps, noise.clone()
+    if x0 is not None:
+        timesteps = [t for t in sched.timesteps if float(t) / 1000 <= enter_at + 1e-6]
+        sched.set_begin_index(len(sched.timesteps) - len(timesteps))
+        s0 = float(timesteps[0]) / 1000
+        x = (1 - s0) * x0 + s0 * noise
+    for t in timesteps:
         sigma = torch.full((len(x),), float(t) / 1000)
         if guidance == 1.0:
             v = velocity(transformer, x, sigma, emb, pooled)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import dmad_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -92,8 +93,6 @@ def test_too_few_usable_images_stop_before_anything_loads(write_config, dmad_cli
 def test_resume_across_a_skipped_item_gives_the_same_weights(write_config, tmp_path, tiny_data):
     """In process (the CLI's main(); its process boundary is tested in test_train.py)."""
     from safetensors.torch import load_file
-
-    from tests.conftest import dmad_in_process
 
     folder = _bad_folder(tmp_path, tiny_data, good=4)
     cfg = _config(write_config, folder, 6, every=3)
