@@ -3,7 +3,7 @@
 The student samples with the timesteps stored in its checkpoint's training_state.json, never the
 teacher's step count or the current config; with the EMA weights when the run kept an EMA (as
 the training's own samples did). Each item's noise comes from a CPU generator seeded with its
-prompt-set seed, and deterministic algorithms are switched on, so the same checkpoint and prompt
+prompt-set seed, and deterministic algorithms are switched on (for the command only), so the same checkpoint and prompt
 set give byte-identical PNGs on a CPU (and, where torch offers deterministic kernels, on a GPU).
 
 Output never replaces an existing folder: <out>/<iter_N|teacher>/ when free, else the first free
@@ -13,6 +13,7 @@ plus a .json beside it (the same -rK rule).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -132,15 +133,25 @@ def student_timesteps(trained: list[int], steps: int, num_train_timesteps: int) 
     return [num_train_timesteps - 1 - i * num_train_timesteps // steps for i in range(steps)]
 
 
-def set_deterministic(device) -> None:
-    """Deterministic kernels where torch has them (warn, not fail, where it has none)."""
+@contextlib.contextmanager
+def deterministic(device):
+    """Deterministic kernels where torch has them (warn, not fail, where it has none), for the block
+    only: torch's switches are process-wide, and main_sample also runs inside other processes (the
+    tests call the CLI's main() in process; a training run after it must keep its own setting)."""
     import torch
 
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[2], before[3]
 
 
 def _say(msg: str) -> None:
@@ -184,36 +195,36 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
     if device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
     device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    set_deterministic(device)
-    ident = cfg.identity
-    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32)
-    for m in teacher.networks():
-        m.to(device)
-    # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
-    teacher.family.guidance = cfg.distillation.real_guidance_scale
-    schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
-    student = ema = None
-    if target.checkpoint is not None:
-        student, ema = load_student(teacher, ident, target.checkpoint)
-        student.to(device)
-    t0 = time.perf_counter()
-    if sweeps is None:
-        paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
-        n = len(paths)
-        event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
-                           checkpoint=target.name, ema=ema)
-    else:
-        dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule)
-        n = len(grid_json["cells"])
-        event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
-                           checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
-    sec = time.perf_counter() - t0
-    event.data.update(images=n, render_s=round(sec, 4), s_per_image=round(sec / max(n, 1), 4), device=str(device))
-    print(event.to_line(), flush=True)
-    _say(f"dmad sample: {n} image{'s' if n != 1 else ''} of {target.name} in {sec:.2f} s "
-         f"({sec / max(n, 1):.3f} s/image) -> {dest}")
-    return 0
+    with deterministic(device):
+        ident = cfg.identity
+        teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
+                               dtype=torch.float32)
+        for m in teacher.networks():
+            m.to(device)
+        # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
+        teacher.family.guidance = cfg.distillation.real_guidance_scale
+        schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
+        student = ema = None
+        if target.checkpoint is not None:
+            student, ema = load_student(teacher, ident, target.checkpoint)
+            student.to(device)
+        t0 = time.perf_counter()
+        if sweeps is None:
+            paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
+            n = len(paths)
+            event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
+                               checkpoint=target.name, ema=ema)
+        else:
+            dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule)
+            n = len(grid_json["cells"])
+            event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
+                               checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
+        sec = time.perf_counter() - t0
+        event.data.update(images=n, render_s=round(sec, 4), s_per_image=round(sec / max(n, 1), 4), device=str(device))
+        print(event.to_line(), flush=True)
+        _say(f"dmad sample: {n} image{'s' if n != 1 else ''} of {target.name} in {sec:.2f} s "
+             f"({sec / max(n, 1):.3f} s/image) -> {dest}")
+        return 0
 
 
 def _iter(target: Target) -> Optional[int]:

@@ -105,6 +105,8 @@ def test_family_trains_checkpoints_samples_and_resumes(family, family_teachers, 
     # `dmad sample` re-renders the checkpoint's images exactly (same weights, noise, sampler)
     assert dmad_in_process("sample", "--run", str(run), "--checkpoint", "6", "--out", str(tmp_path / "again")) == 0
     assert _pngs(tmp_path / "again" / "iter_6") == _pngs(run / "samples" / "iter_6")
+    # torch's deterministic switch is process-wide: the command sets it for itself only
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 VARIANTS = {
