@@ -20,6 +20,9 @@ os.environ["DMAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="dmad-test-cache-")
 # cores spin against each other and run many times slower, not twice.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# As the CLI does (dmad.cli): MKL results independent of memory alignment, for the tests that run
+# the loop in process and compare bits (set before torch loads MKL).
+os.environ.setdefault("MKL_CBWR", "AUTO")
 
 
 def _deep_update(base: dict, extra: dict) -> dict:
