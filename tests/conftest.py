@@ -52,6 +52,14 @@ def dmad_in_process(*args: str) -> int:
     return main(list(args))
 
 
+def dmad_captured(capsys, *args: str) -> tuple[int, str, str]:
+    """dmad_in_process with what the command wrote: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = dmad_in_process(*args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """The real CLI, as a user's script would start it."""
     return subprocess.run([sys.executable, "-m", "dmad", *args], cwd=cwd, env=dmad_env(),
@@ -184,6 +192,9 @@ def _cmdline(p) -> list[str]:
 # The heaviest test files first (measured: seconds per file on 2 cores, `pytest --durations=0`).
 # With --dist loadfile a file runs whole on one worker; a long file that started last would keep
 # one worker busy while the other idles, so the long ones go first and the short ones fill in.
+# pytest-xdist reorders files by their number of tests unless told not to (--no-loadscope-reorder in
+# pyproject's addopts): without it this order was ignored and the 3-test multiprocess file, the
+# heaviest, ran last (the suite's last ~2 minutes on one worker).
 HEAVY_FIRST = ["tests/e2e/test_multiprocess.py", "tests/e2e/test_train.py", "tests/e2e/test_train_variants.py",
                "tests/e2e/test_demo.py", "tests/engine/test_memory.py", "tests/e2e/test_export.py",
                "tests/engine/test_probe.py", "tests/app/test_memory_panel.py", "tests/e2e/test_train_families.py",

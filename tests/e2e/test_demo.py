@@ -50,14 +50,17 @@ def test_plain_diffusers_loads_the_shipped_teacher_with_no_arguments_and_it_foll
 
 
 @pytest.mark.slow
-def test_dmad_demo_distils_and_renders_teacher_and_student(dmad_cli, tmp_path):
+def test_dmad_demo_distils_and_renders_teacher_and_student(capsys, tmp_path):
+    from tests.conftest import dmad_captured
+
     run = tmp_path / "demo-run"
-    r = dmad_cli("demo", "--run-dir", str(run), "--set", "optimization.max_train_steps=4",
-                 "--set", "observation.checkpointing_steps=4", "--set", "observation.validation_steps=4",
-                 timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "Done. Run folder:" in r.stdout and str(run) in r.stdout
-    assert "teacher samples:" in r.stdout  # rendered by the engine, before iteration 1 (the demo only makes the grid)
+    # the demo's own command in this process (a CLI start is ~7 s); it starts the engine as a process of its own
+    code, stdout, stderr = dmad_captured(capsys, "demo", "--run-dir", str(run), "--set", "optimization.max_train_steps=4",
+                                         "--set", "observation.checkpointing_steps=4",
+                                         "--set", "observation.validation_steps=4")
+    assert code == 0, stderr[-2000:]
+    assert "Done. Run folder:" in stdout and str(run) in stdout
+    assert "teacher samples:" in stdout  # rendered by the engine, before iteration 1 (the demo only makes the grid)
     ps = json.loads((run / "prompt_set.json").read_text())
     ids = {item["id"] for item in ps["items"]}
     for folder in ("teacher", "iter_4"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import _deep_update, dmad_in_process, run_dmad, tiny_config_dict
+from tests.conftest import _deep_update, dmad_captured, dmad_in_process, run_dmad, tiny_config_dict
 
 torch = pytest.importorskip("torch")
 
@@ -47,10 +47,12 @@ def lora_run(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set) -> Path
     return run
 
 
-def _export(run: Path, *args: str) -> Path:
-    r = run_dmad("export", "--run", str(run), *args, cwd=run.parent, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = Path(r.stdout.strip().splitlines()[-1])
+def _export(capsys, run: Path, *args: str) -> Path:
+    """`dmad export` in this process (a CLI start is ~7 s of imports; test_bad_requests_exit_2_with_one_line
+    runs the real CLI); stdout's last line is the exported folder."""
+    code, stdout, stderr = dmad_captured(capsys, "export", "--run", str(run), *args)
+    assert code == 0, stderr[-3000:]
+    out = Path(stdout.strip().splitlines()[-1])
     assert out.is_dir() and not any(p.name.startswith(".tmp-") for p in out.parent.iterdir())
     return out
 
@@ -84,10 +86,10 @@ def _engine_images(run: Path, it: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_full_student_exports_to_a_pipeline_that_reproduces_the_engine_exactly(full_run, run_python, tmp_path):
+def test_full_student_exports_to_a_pipeline_that_reproduces_the_engine_exactly(full_run, run_python, tmp_path, capsys):
     from PIL import Image
 
-    out = _export(full_run, "--format", "diffusers")
+    out = _export(capsys, full_run, "--format", "diffusers")
     assert out == full_run / "export" / "iter_2-diffusers"
     doc = json.loads((out / "dmad_export.json").read_text())
     assert doc["student_timesteps"] == [999, 499] and doc["weights"] == "ema" and doc["checkpoint"] == "iter_2"
@@ -107,16 +109,14 @@ def test_full_student_exports_to_a_pipeline_that_reproduces_the_engine_exactly(f
     # the README's lines, pasted as they are, render the first prompt's sample
     assert np.array_equal(_run_readme(out, run_python, tmp_path), want["red"])
     # and `dmad sample` re-rendering the checkpoint agrees
-    r = run_dmad("sample", "--run", str(full_run), "--checkpoint", "2", "--out", str(tmp_path / "again"),
-                 cwd=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert dmad_in_process("sample", "--run", str(full_run), "--checkpoint", "2", "--out", str(tmp_path / "again")) == 0
     again = {k: np.asarray(Image.open(tmp_path / "again" / "iter_2" / f"{k}.png").convert("RGB")) for k in want}
     assert all(np.array_equal(again[k], got[k]) for k in want)
 
 
 @pytest.mark.slow
 def test_lora_student_exports_as_lora_and_as_fused_pipeline(lora_run, tiny_teacher, monkeypatch, run_python,
-                                                             tmp_path):
+                                                             tmp_path, capsys):
     from diffusers import LCMScheduler, StableDiffusionPipeline
 
     from dmad.sample import export
@@ -137,7 +137,7 @@ def test_lora_student_exports_as_lora_and_as_fused_pipeline(lora_run, tiny_teach
     assert "load_lora_weights" in (lora_out / "README.md").read_text()
     monkeypatch.undo()
 
-    fused_out = _export(lora_run, "--format", "diffusers", "--checkpoint", "latest")
+    fused_out = _export(capsys, lora_run, "--format", "diffusers", "--checkpoint", "latest")
     fused = _pipe(fused_out)
     assert not any("lora" in k for k in fused.unet.state_dict())
 
@@ -194,7 +194,8 @@ def _run_readme(out: Path, run_python, tmp_path: Path) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_lora_export_of_a_single_file_teacher_run(tmp_path, tiny_teacher, tiny_data, tiny_prompt_set, run_python):
+def test_lora_export_of_a_single_file_teacher_run(tmp_path, tiny_teacher, tiny_data, tiny_prompt_set, run_python,
+                                                 capsys):
     """A run whose teacher is one LDM-layout .safetensors file: the README loads it with
     from_single_file + teacher_config_dir, puts the LoRA on it and renders the engine's sample."""
     import sys
@@ -212,7 +213,7 @@ def test_lora_export_of_a_single_file_teacher_run(tmp_path, tiny_teacher, tiny_d
     extra = _deep_update(json.loads(json.dumps(LORA)), {"identity": {
         "pretrained_model_name_or_path": str(single), "teacher_config_dir": str(tiny_teacher)}})
     run = _train(tmp_path, "single", extra, tiny_teacher, tiny_data, tiny_prompt_set)
-    out = _export(run, "--format", "lora")
+    out = _export(capsys, run, "--format", "lora")
     assert "from_single_file" in (out / "README.md").read_text()
     diff = np.abs(_run_readme(out, run_python, tmp_path).astype(int) - _engine_images(run, 2)["red"].astype(int))
     assert diff.max() <= 1 and diff.mean() < 0.05, (diff.max(), diff.mean())

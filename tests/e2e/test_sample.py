@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import dmad_in_process, run_dmad, tiny_config_dict
+from tests.conftest import dmad_captured, dmad_in_process, run_dmad, tiny_config_dict
 
 torch = pytest.importorskip("torch")
 
@@ -27,12 +27,19 @@ def run(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set) -> Path:
     return root / "run"
 
 
-def _sample(run: Path, *args: str) -> dict:
-    r = run_dmad("sample", "--run", str(run), *args, cwd=run.parent, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    events = [parse_line(line) for line in r.stdout.splitlines()]
+def _sample(run: Path, *args: str, capsys=None) -> dict:
+    """`dmad sample --run RUN ARGS`: in a process of its own as a user's script starts it, or with
+    `capsys` the CLI's main() in this process (a CLI start is ~7 s of imports)."""
+    if capsys is None:
+        r = run_dmad("sample", "--run", str(run), *args, cwd=run.parent, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out, err = r.stdout, r.stderr
+    else:
+        code, out, err = dmad_captured(capsys, "sample", "--run", str(run), *args)
+        assert code == 0, err[-2000:]
+    events = [parse_line(line) for line in out.splitlines()]
     assert len(events) == 1 and events[0] is not None and events[0].kind == "samples"  # stdout: the event only
-    assert "s/image" in r.stderr
+    assert "s/image" in err
     return events[0].data
 
 
@@ -40,10 +47,10 @@ def _pngs(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.glob("*.png"))}
 
 
-def test_rerendering_a_checkpoint_is_byte_identical_and_never_replaces_a_folder(run):
+def test_rerendering_a_checkpoint_is_byte_identical_and_never_replaces_a_folder(run, capsys):
     samples = run / "samples"
-    first = _sample(run)  # --checkpoint latest
-    second = _sample(run, "--checkpoint", "2")
+    first = _sample(run)  # --checkpoint latest, the real CLI in its own process
+    second = _sample(run, "--checkpoint", "2", capsys=capsys)
     assert (first["folder"], second["folder"]) == (str(samples / "iter_2-r2"), str(samples / "iter_2-r3"))
     a, b, own = _pngs(samples / "iter_2-r2"), _pngs(samples / "iter_2-r3"), _pngs(samples / "iter_2")
     assert sorted(a) == ["blue.png", "red.png"] and a == b == own  # the training's own images, bit for bit
@@ -57,8 +64,8 @@ def test_rerendering_a_checkpoint_is_byte_identical_and_never_replaces_a_folder(
 
 
 @pytest.mark.slow
-def test_teacher_and_an_earlier_checkpoint_into_another_folder_with_another_prompt_set(run, tmp_path):
-    teacher = _sample(run, "--checkpoint", "teacher")
+def test_teacher_and_an_earlier_checkpoint_into_another_folder_with_another_prompt_set(run, tmp_path, capsys):
+    teacher = _sample(run, "--checkpoint", "teacher", capsys=capsys)
     assert teacher["folder"] == str(run / "samples" / "teacher-r2") and teacher["model"] == "teacher"
     assert _pngs(run / "samples" / "teacher-r2") == _pngs(run / "samples" / "teacher")  # the engine's own render
     meta = json.loads((run / "samples" / "teacher-r2" / "meta.json").read_text())
@@ -67,7 +74,7 @@ def test_teacher_and_an_earlier_checkpoint_into_another_folder_with_another_prom
     other = tmp_path / "other_v3.json"
     other.write_text(json.dumps({"prompt_set": "other", "version": "v3", "resolution": [16, 16], "seed": 5,
                                  "items": [{"id": "g", "topic": "t", "prompt": "a green square"}]}))
-    data = _sample(run, "--checkpoint", "1", "--prompt-set", str(other), "--out", str(tmp_path / "out"))
+    data = _sample(run, "--checkpoint", "1", "--prompt-set", str(other), "--out", str(tmp_path / "out"), capsys=capsys)
     assert data["folder"] == str(tmp_path / "out" / "iter_1")
     meta = json.loads((tmp_path / "out" / "iter_1" / "meta.json").read_text())
     assert (meta["prompt_set"], meta["prompt_set_version"], meta["resolution"]) == ("other", "v3", [16, 16])
@@ -79,10 +86,11 @@ def test_teacher_and_an_earlier_checkpoint_into_another_folder_with_another_prom
 
 
 @pytest.mark.slow
-def test_sweep_writes_a_labelled_grid_and_its_json(run, tmp_path):
+def test_sweep_writes_a_labelled_grid_and_its_json(run, tmp_path, capsys):
     from PIL import Image
 
-    data = _sample(run, "--sweep", "steps=1,2,4", "cfg=1,3", "--prompt-id", "blue", "--out", str(tmp_path))
+    data = _sample(run, "--sweep", "steps=1,2,4", "cfg=1,3", "--prompt-id", "blue", "--out", str(tmp_path),
+                   capsys=capsys)
     grid = tmp_path / "sweep_iter_2_blue.png"
     assert data["paths"] == [str(grid)] and data["sweep"] == str(grid.with_suffix(".json"))
     doc = json.loads(grid.with_suffix(".json").read_text())
@@ -96,10 +104,10 @@ def test_sweep_writes_a_labelled_grid_and_its_json(run, tmp_path):
     # labels are drawn: the top-left label band holds dark text pixels
     assert any(sum(cells.getpixel((x, y))) < 200 for x in range(0, 60) for y in range(0, 12))
 
-    teacher = _sample(run, "--checkpoint", "teacher", "--sweep", "cfg=1,7.5", "--out", str(tmp_path))
+    teacher = _sample(run, "--checkpoint", "teacher", "--sweep", "cfg=1,7.5", "--out", str(tmp_path), capsys=capsys)
     doc = json.loads(Path(teacher["sweep"]).read_text())
     assert doc["prompt_id"] == "red" and [(c["steps"], c["cfg"]) for c in doc["cells"]] == [(2, 1.0), (2, 7.5)]
-    again = _sample(run, "--checkpoint", "teacher", "--sweep", "cfg=1,7.5", "--out", str(tmp_path))
+    again = _sample(run, "--checkpoint", "teacher", "--sweep", "cfg=1,7.5", "--out", str(tmp_path), capsys=capsys)
     assert again["paths"] == [str(tmp_path / "sweep_teacher_red-r2.png")]
     assert Path(again["paths"][0]).read_bytes() == Path(teacher["paths"][0]).read_bytes()
 

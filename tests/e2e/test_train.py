@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import dmad_env
+from tests.conftest import dmad_env, dmad_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -175,9 +175,8 @@ def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, dma
         "observation": {"log_every_steps": 1, "checkpointing_steps": 10},
     }
     cfg = write_config(extra)
-    straight = tmp_path / "straight"
-    r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(straight), timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    straight = tmp_path / "straight"  # in this process: only the killed run needs one of its own
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(straight)) == 0
 
     killed = tmp_path / "killed"
     proc = _spawn(cfg, killed)
@@ -189,8 +188,7 @@ def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, dma
     assert proc.returncode == -signal.SIGKILL
     assert max(int(r["iter"]) for r in _rows(killed / "metrics.csv")) > 10  # rows past the checkpoint exist
 
-    r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(killed), "--resume", "latest", timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(killed), "--resume", "latest") == 0
 
     from safetensors.torch import load_file
 
@@ -272,15 +270,15 @@ def test_control_file_pauses_resumes_and_stops(write_config, tmp_path):
     assert kinds.index("paused") < kinds.index("resumed") < kinds.index("stopped") == len(kinds) - 1
 
 
-def test_non_finite_loss_stops_with_the_term_and_iteration(write_config, dmad_cli, tmp_path):
+def test_non_finite_loss_stops_with_the_term_and_iteration(write_config, tmp_path, capsys):
     # plain SGD at lr 1 without clipping diverges within a few iterations on the tiny model
     cfg = write_config({"optimization": {"max_train_steps": 200, "optimizer": "sgd", "critic_lr": 1.0,
                                          "generator_lr": 1.0, "max_grad_norm": 0.0},
                         "observation": {"checkpointing_steps": 1}})
     run = tmp_path / "run"
-    r = dmad_cli("train", "--config", str(cfg), "--run-dir", str(run), timeout=300)
-    assert r.returncode == 1
-    assert "Traceback" not in r.stderr and "is not finite at iteration" in r.stderr.splitlines()[-1]
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(run)) == 1
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "is not finite at iteration" in stderr.splitlines()[-1]
     err = [e for e in read_events(run / "events.jsonl") if e.kind == "error"]
     assert len(err) == 1 and err[0].data["cause"] == "non_finite_loss"
     bad_iter, term = err[0].iter, err[0].data["term"]

@@ -109,13 +109,15 @@ def test_training_with_the_cache_computes_what_training_without_it_does(write_co
     assert status["warm"]["cache"]["latent_encoded"] == 0 and status["warm"]["cache"]["latent_hits"] == 6
 
 
-def test_dmad_cache_command(write_config, dmad_cli, cache_home):
-    config = write_config()
-    r = dmad_cli("cache", "--config", str(config), "--progress")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("latents: 8 encoded, 0 already cached; captions: ") and str(cache_home) in r.stdout
-    assert "progress 8 8" in r.stderr
-    r = dmad_cli("cache", "--config", str(config))
-    assert "latents: 0 encoded, 8 already cached; captions: 0 encoded, 8 already cached" in r.stdout
+def test_dmad_cache_command(write_config, dmad_cli, cache_home, capsys):
+    from tests.conftest import dmad_captured
+
+    config = write_config()  # the two runs in this process (a CLI start is ~7 s), the bad one as a user starts it
+    code, out, err = dmad_captured(capsys, "cache", "--config", str(config), "--progress")
+    assert code == 0, err
+    assert out.startswith("latents: 8 encoded, 0 already cached; captions: ") and str(cache_home) in out
+    assert "progress 8 8" in err
+    code, out, err = dmad_captured(capsys, "cache", "--config", str(config))
+    assert code == 0 and "latents: 0 encoded, 8 already cached; captions: 0 encoded, 8 already cached" in out
     bad = dmad_cli("cache", "--config", str(config), "--set", "identity.train_data_dir=\"/nope\"")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "/nope" in bad.stderr

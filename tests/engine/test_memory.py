@@ -167,7 +167,7 @@ def test_import_is_light():
 
 
 @pytest.mark.slow
-def test_the_ledger_matches_the_measured_peak_on_cpu(tmp_path):
+def test_the_ledger_matches_the_measured_peak_on_cpu(tmp_path, capsys):
     """Ledger vs measurement, process scope on a CPU: the demo config at batch 32 (activations
     dominate), one `dmad probe` point in its own process. Measured = the point's peak RSS minus
     its RSS before the models loaded; estimate = the ledger without its CUDA-context and
@@ -177,20 +177,21 @@ def test_the_ledger_matches_the_measured_peak_on_cpu(tmp_path):
     framework peak; docs/benchmarks.md records it when one is available."""
     import json
 
-    from tests.conftest import run_dmad
+    from tests.conftest import dmad_captured
     from dmad.contract.paths import resource
 
     config = resource("configs", "demo.json")
     out = tmp_path / "probe"
-    r = run_dmad("probe", "--config", str(config), "--batch", "32", "--resolution", "64", "--steps", "1",
-                 "--warmup", "1", "--out", str(out), cwd=tmp_path, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    # the probe and the ledger in this process; the measured point runs in a process of its own
+    code, _, err = dmad_captured(capsys, "probe", "--config", str(config), "--batch", "32", "--resolution", "64",
+                                 "--steps", "1", "--warmup", "1", "--out", str(out))
+    assert code == 0, err[-2000:]
     point = json.loads((out / "probe.json").read_text())["points"][1]
     assert point["kind"] == "train" and point["status"] == "ok"
     measured = point["process_peak_rss_gb"] - point["process_rss_before_gb"]
-    ledger = run_dmad("ledger", "--config", str(config), "--set", "resources.train_batch_size=32", "--json",
-                      cwd=tmp_path)
-    lines = json.loads(ledger.stdout)["lines"]
+    code, stdout, _ = dmad_captured(capsys, "ledger", "--config", str(config), "--set", "resources.train_batch_size=32",
+                                    "--json")
+    lines = json.loads(stdout)["lines"]
     estimate = sum(x["gib"] for x in lines if x["name"] != "margin")
     assert 0.5 <= measured / estimate <= 1.5, (measured, estimate)
 
@@ -367,9 +368,11 @@ def test_format_and_json_name_the_family(real_infos, model):
 
 
 @pytest.mark.parametrize("model", REAL)
-def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, dmad_cli):
+def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, capsys):
+    """`dmad ledger` in this process (a CLI start is ~7 s; the app's memory panel runs the real one)."""
     import json
 
+    from tests.conftest import dmad_captured
     from tests.engine.real_configs import FAMILY, write_real_config_folder
 
     teacher = write_real_config_folder(tmp_path / model, model)
@@ -377,16 +380,16 @@ def test_dmad_ledger_on_a_configs_only_folder(model, tmp_path, write_config, dma
                                         "fake_score": "lora"},
                            "resources": {"resolution": 1024, "mixed_precision": "bf16", "teacher_precision": "int8",
                                          "teacher_cpu_offload": True, "gradient_checkpointing": True}})
-    r = dmad_cli("ledger", "--config", str(config), "--json")
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout)
+    code, stdout, stderr = dmad_captured(capsys, "ledger", "--config", str(config), "--json")
+    assert code == 0, stderr[-2000:]
+    out = json.loads(stdout)
     assert out["family"] == FAMILY[model] and out["total_gib"] > 0
     assert out["inputs"]["teacher_precision"] == "int8" and out["inputs"]["teacher_cpu_offload"] is True
     assert out["inputs"]["share_frozen_base"] is True  # the default
     assert any(x["name"].startswith("frozen base") and x["scope"] == "cpu" for x in out["lines"])
-    if model == REAL[0]:  # the printed table once: the same ledger as the JSON, and a CLI start costs ~8 s
-        table = dmad_cli("ledger", "--config", str(config))
-        assert table.returncode == 0 and f"family {FAMILY[model]}" in table.stdout
+    if model == REAL[0]:  # the printed table once: the same ledger as the JSON
+        code, stdout, _ = dmad_captured(capsys, "ledger", "--config", str(config))
+        assert code == 0 and f"family {FAMILY[model]}" in stdout
 
 
 def test_docs_table_is_the_ledgers_output(tmp_path):

@@ -94,13 +94,15 @@ def test_fault_values(monkeypatch):
     p.set("first-forward")  # once per process
 
 
-def test_the_cli_exits_3_with_one_line(write_config, dmad_cli, tmp_path, monkeypatch):
+def test_the_cli_exits_3_with_one_line(write_config, dmad_cli, tmp_path, monkeypatch, capsys):
+    from tests.conftest import dmad_captured
+
     monkeypatch.setenv("DMAD_FAULT", "oom:first-backward")
     config = write_config()
     r = dmad_cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 3
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("dmad: error: out of memory during first-backward: ")
-    monkeypatch.setenv("DMAD_FAULT", "oom:everywhere")
-    bad = dmad_cli("train", "--config", str(config), "--run-dir", str(tmp_path / "other"))
-    assert bad.returncode == 2 and "DMAD_FAULT" in bad.stderr and not (tmp_path / "other").exists()
+    monkeypatch.setenv("DMAD_FAULT", "oom:everywhere")  # a bad value: refused before the run folder is made
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(tmp_path / "other"))
+    assert code == 2 and "DMAD_FAULT" in err and not (tmp_path / "other").exists()

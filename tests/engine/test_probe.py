@@ -11,6 +11,7 @@ import pytest
 from dmad.contract.config import TrainConfig
 from dmad.train.probe import COLUMNS, fits, markdown, parse_ints, recommend
 from dmad.errors import UserInputError
+from tests.conftest import dmad_captured
 
 
 def _cfg(**resources) -> TrainConfig:
@@ -55,16 +56,18 @@ def test_lists_are_checked():
 torch = pytest.importorskip("torch")
 
 
-def _probe(dmad_cli, config, out, *extra):
-    return dmad_cli("probe", "--config", str(config), "--batch", "1,2", "--resolution", "32", "--steps", "2",
-                    "--warmup", "1", "--out", str(out), "--progress", *extra, timeout=600)
+def _probe(capsys, config, out, *extra) -> tuple[int, str, str]:
+    """`dmad probe` in this process: each point still runs in a process of its own (what is tested);
+    the probe's own process would only add a CLI start (~7 s of imports)."""
+    return dmad_captured(capsys, "probe", "--config", str(config), "--batch", "1,2", "--resolution", "32",
+                         "--steps", "2", "--warmup", "1", "--out", str(out), "--progress", *extra)
 
 
 @pytest.mark.slow
-def test_probe_runs_each_point_in_its_own_process(write_config, dmad_cli, tmp_path):
+def test_probe_runs_each_point_in_its_own_process(write_config, capsys, tmp_path):
     out = tmp_path / "probe"
-    r = _probe(dmad_cli, write_config(), out)
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, stdout, stderr = _probe(capsys, write_config(), out)
+    assert code == 0, stderr[-2000:]
     report = json.loads((out / "probe.json").read_text())
     points = report["points"]
     assert [(p["kind"], p["batch"], p["resolution"]) for p in points] == [
@@ -86,15 +89,15 @@ def test_probe_runs_each_point_in_its_own_process(write_config, dmad_cli, tmp_pa
     md = (out / "probe.md").read_text()
     assert md == markdown(report) and "| 2 | train | 2 |" in md and "## Recommendation" in md
     assert report["recommendation"]["config_changes"]["resources.train_batch_size"] == 2
-    assert "progress 3 3" in r.stderr and r.stdout.startswith("# dmad probe:")
+    assert "progress 3 3" in stderr and stdout.startswith("# dmad probe:")
 
 
 @pytest.mark.slow
-def test_probe_records_where_each_point_ran_out(write_config, dmad_cli, tmp_path, monkeypatch):
-    monkeypatch.setenv("DMAD_FAULT", "oom:first-backward")
+def test_probe_records_where_each_point_ran_out(write_config, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DMAD_FAULT", "oom:first-backward")  # the points inherit it
     out = tmp_path / "probe"
-    r = _probe(dmad_cli, write_config(), out)
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, _, stderr = _probe(capsys, write_config(), out)
+    assert code == 0, stderr[-2000:]
     report = json.loads((out / "probe.json").read_text())
     assert [(p["status"], p["oom_phase"]) for p in report["points"]] == [
         ("ok", "none"), ("oom", "first-backward"), ("oom", "first-backward")]  # the baseline has no backward
