@@ -45,8 +45,9 @@ def dmad_env() -> dict[str, str]:
 def dmad_in_process(*args: str) -> int:
     """The CLI's main() in this process: the whole command (preflight, exit codes, one-line errors on
     stderr) but the process around it, for tests where the process boundary is not what is tested.
-    A CLI start costs ~8 s of imports (torch, diffusers, transformers) on these 2 cores. A run with
-    mixed precision other than "no" needs its own process: accelerate keeps one state per process."""
+    A CLI start costs ~7 s of imports (torch, diffusers, transformers) on these 2 cores. A run
+    leaves no accelerate state behind (dmad.train.run_open), so runs of any precision can follow
+    each other in one process."""
     from dmad.cli import main
 
     return main(list(args))

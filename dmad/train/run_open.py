@@ -193,6 +193,19 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         sys.stdout, sys.stderr = real_stdout, real_stderr
         if lock is not None:
             lock.release()
+        if world == 1:
+            _release_accelerate_state()
+
+
+def _release_accelerate_state() -> None:
+    """accelerate keeps one state per process and refuses a second Accelerator with another mixed
+    precision ("AcceleratorState has already been initialized"): a run inside a longer-lived
+    process (a script calling run_training twice, the tests) leaves none behind. A rank of a
+    multi-process run ends with its process; its process group is not touched."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def _quietly(write: Callable, *args, **kwargs) -> None:

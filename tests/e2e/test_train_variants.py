@@ -16,15 +16,10 @@ torch = pytest.importorskip("torch")
 from dmad.contract.events import is_iteration_metric, read_events  # noqa: E402
 
 
-def _train(dmad_cli, cfg: Path, run: Path, *extra: str) -> None:
-    """The CLI's main() in this process (a CLI start is ~7 s of imports), except for mixed precision:
-    accelerate keeps one state per process, so a bf16 run gets a process of its own."""
-    args = ("train", "--config", str(cfg), "--run-dir", str(run), *extra)
-    if json.loads(cfg.read_text())["resources"].get("mixed_precision", "no") == "no":
-        assert dmad_in_process(*args) == 0
-        return
-    r = dmad_cli(*args, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+def _train(cfg: Path, run: Path, *extra: str) -> None:
+    """The CLI's main() in this process (a CLI start is ~7 s of imports); a run leaves no accelerate
+    state behind, so the bf16 run after a full-precision one gets its own precision (checked below)."""
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(run), *extra) == 0
 
 
 def _load(path: Path) -> dict:
@@ -46,13 +41,13 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_variant_trains_and_checkpoints(name, write_config, dmad_cli, tmp_path):
+def test_variant_trains_and_checkpoints(name, write_config, tmp_path):
     extra, files = VARIANTS[name]
     extra = json.loads(json.dumps(extra))
     extra.setdefault("optimization", {})["max_train_steps"] = 3
     extra.setdefault("observation", {})["checkpointing_steps"] = 3
     run = tmp_path / "run"
-    _train(dmad_cli, write_config(extra), run)
+    _train(write_config(extra), run)
     ckpt = run / "checkpoints" / "iter_3"
     for f in files:
         assert (ckpt / f).is_file(), f
@@ -65,30 +60,44 @@ def test_variant_trains_and_checkpoints(name, write_config, dmad_cli, tmp_path):
         assert state and all("lora" in k for k in state)
     if name == "four_steps":
         assert json.loads((ckpt / "training_state.json").read_text())["student_timesteps"] == [999, 749, 499, 249]
+    # each run in this process trained with its own precision: none inherited the one before it
+    precision = extra.get("resources", {}).get("mixed_precision", "no")
+    assert f"device cpu, {precision}\n" in (run / "logs" / "engine.log").read_text()
 
 
-def test_v_prediction_teacher_trains(tmp_path, write_config, dmad_cli):
+def test_runs_of_two_precisions_in_one_process(write_config, tmp_path):
+    """A run leaves no accelerate state behind: a bf16 run after a full-precision one in the same
+    process (a script calling run_training twice) trains in bf16 instead of failing with
+    "AcceleratorState has already been initialized"."""
+    for i, precision in enumerate(("no", "bf16", "no")):
+        run = tmp_path / f"run{i}"
+        _train(write_config({"resources": {"mixed_precision": precision}, "optimization": {"max_train_steps": 1}},
+                            name=f"{i}.json"), run)
+        assert f"device cpu, {precision}\n" in (run / "logs" / "engine.log").read_text()
+
+
+def test_v_prediction_teacher_trains(tmp_path, write_config):
     from dmad.testing.tiny import make_tiny_sd_pipeline
 
     teacher = tmp_path / "v_teacher"
     make_tiny_sd_pipeline(teacher, prediction_type="v_prediction")
     run = tmp_path / "run"
-    _train(dmad_cli, write_config({"identity": {"pretrained_model_name_or_path": str(teacher)}}), run)
+    _train(write_config({"identity": {"pretrained_model_name_or_path": str(teacher)}}), run)
     assert "v_prediction" in (run / "logs" / "engine.log").read_text()
     state = json.loads((run / "checkpoints" / "iter_2" / "training_state.json").read_text())
     assert state["prediction_type"] == "v_prediction"
 
 
 @pytest.mark.slow
-def test_lora_resume_continues_exactly(write_config, dmad_cli, tmp_path):
+def test_lora_resume_continues_exactly(write_config, tmp_path):
     base = {"identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4},
             "distillation": {"critic_updates_per_generator_update": 2, "ema_decay": 0.8},
             "observation": {"checkpointing_steps": 2}}
     straight = tmp_path / "straight"
-    _train(dmad_cli, write_config({**base, "optimization": {"max_train_steps": 4}}, name="a.json"), straight)
+    _train(write_config({**base, "optimization": {"max_train_steps": 4}}, name="a.json"), straight)
     split = tmp_path / "split"
-    _train(dmad_cli, write_config({**base, "optimization": {"max_train_steps": 2}}, name="b.json"), split)
-    _train(dmad_cli, write_config({**base, "optimization": {"max_train_steps": 4}}, name="c.json"), split,
+    _train(write_config({**base, "optimization": {"max_train_steps": 2}}, name="b.json"), split)
+    _train(write_config({**base, "optimization": {"max_train_steps": 4}}, name="c.json"), split,
            "--resume", "latest")
     for f in ("student_lora.safetensors", "fake_score_lora.safetensors", "gan_head.safetensors", "ema.safetensors"):
         a, b = _load(straight / "checkpoints/iter_4" / f), _load(split / "checkpoints/iter_4" / f)
@@ -105,7 +114,7 @@ def _seed_with_rollout(steps: int) -> int:
     return next(s for s in range(100) if sample_stop_index(steps, iteration_generator(s, 0)) >= 2)
 
 
-def test_student_inputs_never_depend_on_real_images(write_config, dmad_cli, tmp_path, tiny_data):
+def test_student_inputs_never_depend_on_real_images(write_config, tmp_path, tiny_data):
     """The first student update happens before the critic has seen any real image, so with the
     same captions it must be bit-identical whatever the images are; a multi-step student's
     training input comes from its own rollout. The critic, which does see images, must differ."""
@@ -122,9 +131,9 @@ def test_student_inputs_never_depend_on_real_images(write_config, dmad_cli, tmp_
              "optimization": {"max_train_steps": 1}, "distillation": {"student_steps": steps},
              "observation": {"checkpointing_steps": 1}}
     a, b = tmp_path / "real", tmp_path / "noise"
-    _train(dmad_cli, write_config(extra, name="a.json"), a)
+    _train(write_config(extra, name="a.json"), a)
     extra["identity"] = {"train_data_dir": str(noise_data)}
-    _train(dmad_cli, write_config(extra, name="b.json"), b)
+    _train(write_config(extra, name="b.json"), b)
     sa = _load(a / "checkpoints/iter_1/student/diffusion_pytorch_model.safetensors")
     sb = _load(b / "checkpoints/iter_1/student/diffusion_pytorch_model.safetensors")
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
