@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import dmad_in_process
+from tests.conftest import dmad_captured, dmad_in_process
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def _leftovers(run: Path) -> list:
     return found
 
 
-def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, processes: int,
+def _one_update(write_config, tmp_path, name: str, batch: int, processes: int,
                 identity: dict | None = None) -> Path:
     cfg = write_config({
         "identity": identity or {},
@@ -52,23 +52,20 @@ def _one_update(write_config, dmad_cli, tmp_path, name: str, batch: int, process
                          "max_grad_norm": 0.0, "lr_scheduler": "constant"},
         "observation": {"checkpointing_steps": 1, "log_every_steps": 1}}, name=f"{name}.json")
     run = tmp_path / name
-    args = ("train", "--config", str(cfg), "--run-dir", str(run), "--num-processes", str(processes))
-    if processes == 1:  # the reference: in this process (a CLI start is ~7 s of imports)
-        assert dmad_in_process(*args) == 0
-        return run
-    r = dmad_cli(*args, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    # in this process: the reference run, and the launcher of a multi-process run (its ranks are
+    # processes of their own, started by accelerate launch); a CLI start is ~7 s of imports
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(run), "--num-processes", str(processes)) == 0
     return run
 
 
-def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, dmad_cli, tmp_path, tiny_teacher):
+def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, tmp_path, tiny_teacher):
     """Rank r takes the samples (and per-sample noise) at global positions r*B ... (r+1)*B - 1, so
     two ranks of batch 2 see what one process of batch 4 sees; DDP averages the gradients: one SGD
     update must agree up to float rounding."""
     from tests.e2e.test_train import _unet_state
 
-    one = _one_update(write_config, dmad_cli, tmp_path, "one", 4, 1)
-    two = _one_update(write_config, dmad_cli, tmp_path, "two", 2, 2)
+    one = _one_update(write_config, tmp_path, "one", 4, 1)
+    two = _one_update(write_config, tmp_path, "two", 2, 2)
     teacher = _unet_state(tiny_teacher / "unet")
     for net in ("student", "fake_score"):
         sa = _unet_state(one / "checkpoints" / "iter_1" / net)
@@ -88,15 +85,15 @@ def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, dmad_c
     assert float(two_rows[1].split(",")[loss]) == pytest.approx(float(one_rows[1].split(",")[loss]), rel=1e-4)
 
 
-def test_shared_base_adapters_step_alike_in_two_processes(write_config, dmad_cli, tmp_path):
+def test_shared_base_adapters_step_alike_in_two_processes(write_config, tmp_path):
     """LoRA student and fake score on one frozen base (resources.share_frozen_base): DDP wraps each
     adapter view, whose parameters are its adapter's only; two ranks of batch 2 update both adapters
     as one process of batch 4 does."""
     from safetensors.torch import load_file
 
     lora = {"student": "lora", "fake_score": "lora", "lora_rank": 4}
-    one = _one_update(write_config, dmad_cli, tmp_path, "one", 4, 1, lora)
-    two = _one_update(write_config, dmad_cli, tmp_path, "two", 2, 2, lora)
+    one = _one_update(write_config, tmp_path, "one", 4, 1, lora)
+    two = _one_update(write_config, tmp_path, "two", 2, 2, lora)
     for run in (one, two):
         assert "one frozen base" in (run / "logs" / "engine.log").read_text()
     for net in ("student", "fake_score"):
@@ -109,16 +106,19 @@ def test_shared_base_adapters_step_alike_in_two_processes(write_config, dmad_cli
         assert rel < 1e-4, f"{net}: updates differ by {rel:.2e} (relative)"
 
 
-def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_config, dmad_cli, tmp_path,
+def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_config, capsys, tmp_path,
                                                                         monkeypatch):
+    """The launcher runs in this process (test_train_families starts one as a user does); the
+    ranks are accelerate's processes."""
     config = _config(write_config, "c.json", 2, 4)
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
-    r = dmad_cli("train", "--config", str(config), "--run-dir", str(whole), "--num-processes", "2", timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    monkeypatch.setenv("DMAD_FAULT", "crash:step-3@rank1")
-    r = dmad_cli("train", "--config", str(config), "--run-dir", str(crashed), "--num-processes", "2", timeout=300)
-    assert r.returncode == 1
-    last = r.stderr.strip().splitlines()[-1]
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(whole), "--num-processes", "2")
+    assert code == 0, err[-3000:]
+    monkeypatch.setenv("DMAD_FAULT", "crash:step-3@rank1")  # the ranks inherit it
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(crashed),
+                                 "--num-processes", "2")
+    assert code == 1
+    last = err.strip().splitlines()[-1]
     assert last.startswith("dmad: error: rank 1: RuntimeError: injected crash (DMAD_FAULT) in phase step-3"), last
     assert not _leftovers(crashed)
     status = json.loads((crashed / "status.json").read_text())
@@ -126,9 +126,9 @@ def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_c
     errors = [json.loads(x) for x in (crashed / "events.jsonl").read_text().splitlines() if '"error"' in x]
     assert errors[-1]["data"]["cause"] == "rank_failed" and errors[-1]["data"]["last_checkpoint"] == 2
     monkeypatch.delenv("DMAD_FAULT")
-    r = dmad_cli("train", "--config", str(config), "--run-dir", str(crashed), "--num-processes", "2",
-                 "--resume", "latest", timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(crashed),
+                                 "--num-processes", "2", "--resume", "latest")
+    assert code == 0, err[-3000:]
     a, b = _weights(whole, 4), _weights(crashed, 4)
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7), k

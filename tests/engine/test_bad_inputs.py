@@ -199,11 +199,13 @@ def test_help_still_works(dmad_cli):
     assert proc.returncode == 0 and "--config" in proc.stdout and proc.stderr == ""
 
 
-def test_dry_run_prints_resolved_config_and_ledger(tmp_path, write_config, dmad_cli):
-    cfg = write_config()
-    proc = dmad_cli("train", "--config", str(cfg), "--dry-run", "--set", "optimization.generator_lr=2e-5")
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+def test_dry_run_prints_resolved_config_and_ledger(tmp_path, write_config, capsys):
+    from tests.conftest import dmad_captured
+
+    cfg = write_config()  # in this process (the app's config panel test runs the real engine's dry run)
+    code, out, err = dmad_captured(capsys, "train", "--config", str(cfg), "--dry-run", "--set",
+                                   "optimization.generator_lr=2e-5")
+    assert code == 0, err
     start = out.index("{")
     resolved, end = json.JSONDecoder().raw_decode(out[start:])
     assert resolved["resources"]["resolution"] == 32
