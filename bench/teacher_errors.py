@@ -11,6 +11,10 @@
 Same captions, noise and seeds for every row, so rows compare directly.
 
     python bench/teacher_errors.py [--teacher DIR] [-n 320] [--cfg 3,4] [--sigmas 0.5,0.7,0.85,0.95] [--json OUT]
+                                   [--phase]
+
+--phase adds, to the rows that start from real renders, the small shapes' accuracy by where their
+edge falls inside a transformer token (a test of "the token grid loses small outlines").
 
 ~7 minutes for the defaults on 2 idle CPU cores.
 """
@@ -26,6 +30,27 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTION_SEED = 777  # not the evaluator's, the training's or make-teacher's check captions
+
+
+def phase_cells(pred: list[dict], attrs: list[dict], side: int, token_px: float, bins: int = 4) -> dict:
+    """Small shapes' shape-and-size accuracy by where the shape's left (top) edge falls inside a
+    transformer token: phase 0 = on a token boundary, bins of token_px / bins pixels. Only for
+    rows that start from the caption's own render (the offset is the render's): a flat profile
+    says the token grid is not what loses small outlines."""
+    from dmad.demo.shapes import shape_box
+
+    out = {}
+    for axis in (0, 1):
+        good, total = [0] * bins, [0] * bins
+        for p, a in zip(pred, attrs):
+            if a["size"] != "small":
+                continue
+            edge = shape_box(a, side)[axis] - shape_box(a, side)[2]
+            b = min(int((edge % token_px) / token_px * bins), bins - 1)
+            total[b] += 1
+            good[b] += p["shape"] == a["shape"] and p["size"] == a["size"]
+        out["x" if axis == 0 else "y"] = [[g, t] for g, t in zip(good, total)]
+    return out
 
 
 def score(pred: list[dict], attrs: list[dict]) -> dict:
@@ -52,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cfg", default="3,4")
     ap.add_argument("--sigmas", default="0.5,0.7,0.85,0.95")
     ap.add_argument("--json")
+    ap.add_argument("--phase", action="store_true",
+                    help="also break the rows that start from real renders down by the small shapes' edge "
+                         "position inside a transformer token")
     args = ap.parse_args(argv)
     from diffusers import StableDiffusion3Pipeline
 
@@ -71,24 +99,31 @@ def main(argv: list[str] | None = None) -> int:
 
     noise = torch.randn((n, *latent_shape(vae, side, side)), generator=torch.Generator().manual_seed(1))
 
-    def row(name: str, make) -> dict:
+    token_px = side / (latent_shape(vae, side, side)[-1] / tr.config.patch_size)
+
+    def row(name: str, make, phase: bool = False) -> dict:
         t0 = time.time()
         images = torch.cat([make(slice(a, a + 64)) for a in range(0, n, 64)])
         with torch.no_grad():
-            res = {"row": name, **score(evaluator.predict(images), attrs), "seconds": round(time.time() - t0, 1)}
+            pred = evaluator.predict(images)
+        res = {"row": name, **score(pred, attrs)}
+        if phase:
+            res["small_by_edge_phase"] = {"token_px": token_px, **phase_cells(pred, attrs, side, token_px)}
+        res["seconds"] = round(time.time() - t0, 1)
         print(json.dumps(res), flush=True)
         return res
 
     real = to_unit(render_real_attrs(attrs, side))
     z0 = (ts.encode_latents(vae, real) - vae.config.shift_factor) * vae.config.scaling_factor
-    rows = [row("real renders", lambda sl: real[sl]), row("VAE reconstruction", lambda sl: ts.decode(vae, z0[sl]))]
-    for cfg in (float(c) for c in args.cfg.split(",")):
+    rows = [row("real renders", lambda sl: real[sl]),
+            row("VAE reconstruction", lambda sl: ts.decode(vae, z0[sl]), args.phase)]
+    for cfg in (float(c) for c in args.cfg.split(",") if c):
         rows.append(row(f"50 steps, CFG {cfg:g}", lambda sl, cfg=cfg: ts.decode(
             vae, ts.sample_flow(tr, text, caps[sl], noise[sl], 50, cfg, pipe.scheduler.config))))
-    for s in (float(c) for c in args.sigmas.split(",")):
+    for s in (float(c) for c in args.sigmas.split(",") if c):
         rows.append(row(f"real latent noised to sigma {s:g}, then 50-step schedule, CFG 3",
                         lambda sl, s=s: ts.decode(vae, ts.sample_flow(tr, text, caps[sl], noise[sl], 50, 3.0,
-                                                                       pipe.scheduler.config, z0[sl], s))))
+                                                                       pipe.scheduler.config, z0[sl], s)), args.phase))
     if args.json:
         Path(args.json).write_text(json.dumps({"teacher": args.teacher, "n": n, "rows": rows}, indent=1) + "\n")
     return 0
