@@ -1,0 +1,98 @@
+"""Probe: fine-tune the shipped demo teacher with some shape x size cells drawn more often, to see
+whether the cells it loses (small crosses and diamonds, docs/benchmarks.md) are a matter of how
+often training shows them. Writes a plain diffusers pipeline folder (the EMA transformer) that
+bench/teacher_errors.py reads with --teacher.
+
+The recipe's transformer stage (dmad.demo.make_teacher.train_transformer) from the shipped weights:
+flow loss on a pool of encoded captioned renders, logit-normal sigmas (the recipe's mean 1.5, std
+1), 10% caption dropout, AdamW on the transformer and both text encoders at one constant rate,
+gradient clipping at 1, an EMA of the transformer. What differs is the draw: a cell named in
+--boost is drawn with that weight (1 for the rest).
+
+    python bench/teacher_finetune.py --out DIR [--steps 800] [--lr 4e-4] [--boost "small cross=3,small diamond=3"]
+
+~6 minutes for 800 steps on 2 idle cores (a step ~0.3 s, the pool ~1 minute); run it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cell_of(caption: str) -> str:
+    """'small cross' of 'a small red cross at the top left on a black background'."""
+    words = caption.split()
+    return f"{words[1]} {words[3]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--teacher", default=str(ROOT / "resources/demo/teacher"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--lr", type=float, default=4e-4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--ema", type=float, default=0.995)
+    ap.add_argument("--pool", type=int, default=8192)
+    ap.add_argument("--boost", default="small cross=3,small diamond=3", help="CELL=WEIGHT,... ('' for none)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from diffusers import StableDiffusion3Pipeline
+
+    from dmad.demo import teacher_stages as ts
+    from dmad.models.repeated_tokens import install
+
+    torch.set_num_threads(2)
+    boost = {k.strip(): float(v) for k, v in (x.split("=") for x in args.boost.split(",") if x)}
+    pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
+    tr, vae = pipe.transformer, pipe.vae
+    install(tr)
+    ema = copy.deepcopy(tr).requires_grad_(False)
+    text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
+    t0, c0 = time.time(), time.process_time()
+    lat, caps = [], []
+    with torch.no_grad():
+        for a in range(0, args.pool, 1024):  # renders the recipe never trained on (its pool starts at 2**24)
+            x, c = ts.render_batch(2**25 + a, min(1024, args.pool - a), args.seed, vae.config.sample_size)
+            lat.append((ts.encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+            caps += c
+    pool, ids, empty = torch.cat(lat), text.ids(caps), text.ids([""])[0]
+    weights = torch.tensor([boost.get(cell_of(c), 1.0) for c in caps])
+    shown = {k: round(float(weights[[cell_of(c) == k for c in caps]].sum() / weights.sum()), 3) for k in boost}
+    print(json.dumps({"pool": len(caps), "share_of_draws": shown, "pool_s": round(time.time() - t0, 1)}), flush=True)
+    params = list(tr.parameters()) + list(pipe.text_encoder.parameters()) + list(pipe.text_encoder_2.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    tr.train()
+    for step in range(args.steps):
+        idx = torch.multinomial(weights, args.batch, replacement=True, generator=gen)
+        drop = torch.rand(args.batch, generator=gen) < 0.1
+        emb, pooled = text.encode_ids(torch.where(drop[:, None], empty[None], ids[idx]))
+        sigma = ts.logit_normal_sigmas(args.batch, gen, 1.5, 1.0)
+        noise = torch.randn(pool[idx].shape, generator=gen)
+        loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        ts.ema_update(ema, tr, args.ema)
+        if step % 100 == 0 or step == args.steps - 1:
+            print(json.dumps({"step": step, "loss": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)}),
+                  flush=True)
+    ema.eval()
+    pipe.transformer = ema
+    pipe.save_pretrained(args.out)
+    print(json.dumps({"out": args.out, "steps": args.steps, "wall_s": round(time.time() - t0, 1),
+                      "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
