@@ -244,5 +244,10 @@ def open_dataset(source: str | Path, resolution: int, train_batch: int, effectiv
 
 
 def make_loader(dataset: MixedImages, sampler, num_workers: int) -> torch.utils.data.DataLoader:
+    """A generator of the loader's own: without one, starting an iterator draws the workers' base
+    seed from the global RNG, and a resumed run (which starts its iterator after restoring the
+    checkpoint's RNG state) ran one draw ahead of an uninterrupted one. Items use no RNG (they
+    are pure functions of (seed, b)); the seed only names the workers'."""
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                                       persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available())
+                                       persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
+                                       generator=torch.Generator().manual_seed(dataset.seed))

@@ -237,11 +237,21 @@ class Session:
 
         if self.is_main:
             try:
-                render_one_off(self, prompt, seed) if prompt else render_prompt_set(self)
+                with self.own_rng():
+                    render_one_off(self, prompt, seed) if prompt else render_prompt_set(self)
             finally:
                 self.barrier()
         else:
             self.barrier()
+
+    def own_rng(self):
+        """Rendering inside its own copy of the global RNGs: whatever a sampler draws from them never
+        reaches training's stream, so that stream (saved in each checkpoint's rng.safetensors, for
+        dropout in a user's model say) is the same whether samples were rendered or not, how often
+        (a resumed run does not render its checkpoint's samples again; Sample now adds some) and on
+        which rank (only rank 0 renders)."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
 
     def render_teacher_reference(self, between_images: Optional[Any] = None) -> None:
         """samples/teacher/, once per run, before iteration 1 (dmad.train.validation); rank 0 renders,
@@ -250,7 +260,8 @@ class Session:
 
         if self.is_main:
             try:
-                render_teacher_reference(self, between_images)
+                with self.own_rng():
+                    render_teacher_reference(self, between_images)
             finally:
                 self.barrier()
         else:

@@ -193,7 +193,8 @@ def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, dma
     from safetensors.torch import load_file
 
     end_a, end_b = straight / "checkpoints/iter_20", killed / "checkpoints/iter_20"
-    for f in (*RESUMED_FILES[networks], "gan_head.safetensors", "ema.safetensors"):
+    # rng.safetensors too: the global RNG stream (dropout in a user's model) goes on as if never stopped
+    for f in (*RESUMED_FILES[networks], "gan_head.safetensors", "ema.safetensors", "rng.safetensors"):
         ta, tb = load_file(str(end_a / f)), load_file(str(end_b / f))
         assert ta.keys() == tb.keys()
         for k in ta:
