@@ -10,6 +10,10 @@ gradient clipping at 1, an EMA of the transformer. What differs is the draw: a c
 --boost is drawn with that weight (1 for the rest).
 
     python bench/teacher_finetune.py --out DIR [--steps 800] [--lr 4e-4] [--boost "small cross=3,small diamond=3"]
+                                     [--add-layers K]
+
+--add-layers K first inserts K joint blocks that start as the identity (deepen), to ask whether
+depth is what the teacher lacks.
 
 ~6 minutes for 800 steps on 2 idle cores (a step ~0.3 s, the pool ~1 minute); run it alone.
 """
@@ -32,6 +36,33 @@ def cell_of(caption: str) -> str:
     return f"{words[1]} {words[3]}"
 
 
+def deepen(tr, k: int):
+    """The transformer with k more joint blocks, inserted before its last (context-pre-only) block
+    and starting as the identity: their adaLN modulations are zero, so every gate is 0 (DiT's
+    adaLN-Zero) and the deeper model computes exactly what the shipped one does until trained. A
+    plain SD3Transformer2DModel (num_layers + k) that diffusers loads like the shipped one."""
+    from diffusers import SD3Transformer2DModel
+
+    n = tr.config.num_layers
+    new = SD3Transformer2DModel.from_config({**tr.config, "num_layers": n + k})
+    state = {}
+    for key, v in tr.state_dict().items():
+        if key.startswith("transformer_blocks."):
+            _, i, rest = key.split(".", 2)
+            i = int(i)
+            key = f"transformer_blocks.{i if i < n - 1 else i + k}.{rest}"
+        state[key] = v
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    assert not unexpected and all(m.startswith(tuple(f"transformer_blocks.{j}." for j in range(n - 1, n - 1 + k)))
+                                  for m in missing), (missing, unexpected)
+    with torch.no_grad():
+        for j in range(n - 1, n - 1 + k):
+            for lin in (new.transformer_blocks[j].norm1.linear, new.transformer_blocks[j].norm1_context.linear):
+                lin.weight.zero_()
+                lin.bias.zero_()
+    return new
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--teacher", default=str(ROOT / "resources/demo/teacher"))
@@ -43,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=8192)
     ap.add_argument("--boost", default="small cross=3,small diamond=3", help="CELL=WEIGHT,... ('' for none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--add-layers", type=int, default=0,
+                    help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
     args = ap.parse_args(argv)
     from diffusers import StableDiffusion3Pipeline
 
@@ -52,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     boost = {k.strip(): float(v) for k, v in (x.split("=") for x in args.boost.split(",") if x)}
     pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
+    if args.add_layers:
+        pipe.transformer = deepen(pipe.transformer, args.add_layers)
     tr, vae = pipe.transformer, pipe.vae
     install(tr)
     ema = copy.deepcopy(tr).requires_grad_(False)
