@@ -3,8 +3,9 @@
 The student samples with the timesteps stored in its checkpoint's training_state.json, never the
 teacher's step count or the current config; with the EMA weights when the run kept an EMA (as
 the training's own samples did). Each item's noise comes from a CPU generator seeded with its
-prompt-set seed, and deterministic algorithms are switched on (for the command only), so the same checkpoint and prompt
-set give byte-identical PNGs on a CPU (and, where torch offers deterministic kernels, on a GPU).
+prompt-set seed, and deterministic algorithms are switched on (for the command only), so the same
+checkpoint and prompt set give byte-identical PNGs on a CPU (and, where torch offers deterministic
+kernels, on a GPU).
 
 Output never replaces an existing folder: <out>/<iter_N|teacher>/ when free, else the first free
 sibling <iter_N|teacher>-r2, -r3, ... (the training's own samples stay as they were rendered).

@@ -250,7 +250,8 @@ class Session:
         dropout in a user's model say) is the same whether samples were rendered or not, how often
         (a resumed run does not render its checkpoint's samples again; Sample now adds some) and on
         which rank (only rank 0 renders)."""
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        cuda = self.device.type == "cuda"
+        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
         return torch.random.fork_rng(devices=devices)
 
     def render_teacher_reference(self, between_images: Optional[Any] = None) -> None:

@@ -55,7 +55,7 @@ def _skip_events(run: Path) -> list:
     return [e for e in read_events(run / "events.jsonl") if e.kind == "warning" and e.data.get("category")]
 
 
-def test_a_corrupt_image_and_an_empty_caption_are_skipped_and_reported(write_config, dmad_cli, tmp_path, tiny_data):
+def test_a_corrupt_image_and_an_empty_caption_are_skipped_and_reported(write_config, tmp_path, tiny_data):
     folder = _bad_folder(tmp_path, tiny_data, good=4)
     run = tmp_path / "run"
     # 5 items pass the scan; 4 iterations x 2 samples walk all of them, the broken one included

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import dmad_env, dmad_in_process
+from tests.conftest import dmad_captured, dmad_env, dmad_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -166,7 +166,7 @@ RESUMED_FILES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("networks", sorted(RESUMED_FILES))
-def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, dmad_cli, tmp_path):
+def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, tmp_path):
     extra = {
         "identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4} if networks == "shared_base" else {},
         "resources": {"train_batch_size": 2},
@@ -277,8 +277,8 @@ def test_non_finite_loss_stops_with_the_term_and_iteration(write_config, tmp_pat
                                          "generator_lr": 1.0, "max_grad_norm": 0.0},
                         "observation": {"checkpointing_steps": 1}})
     run = tmp_path / "run"
-    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(run)) == 1
-    stderr = capsys.readouterr().err
+    code, _, stderr = dmad_captured(capsys, "train", "--config", str(cfg), "--run-dir", str(run))
+    assert code == 1
     assert "Traceback" not in stderr and "is not finite at iteration" in stderr.splitlines()[-1]
     err = [e for e in read_events(run / "events.jsonl") if e.kind == "error"]
     assert len(err) == 1 and err[0].data["cause"] == "non_finite_loss"
