@@ -9,7 +9,7 @@ flow loss on a pool of encoded captioned renders, logit-normal sigmas (the recip
 gradient clipping at 1, an EMA of the transformer. What differs is the draw: a cell named in
 --boost is drawn with that weight (1 for the rest).
 
-    python bench/teacher_finetune.py --out DIR [--steps 800] [--lr 4e-4] [--boost "small cross=3,small diamond=3"]
+    python bench/teacher_finetune.py --out DIR [--steps 800] [--lr 4e-4] [--boost "small diamond=3,small square=2"]
                                      [--add-layers K]
 
 --add-layers K first inserts K joint blocks that start as the identity (deepen), to ask whether
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--ema", type=float, default=0.995)
     ap.add_argument("--pool", type=int, default=8192)
-    ap.add_argument("--boost", default="small cross=3,small diamond=3", help="CELL=WEIGHT,... ('' for none)")
+    ap.add_argument("--boost", default="", help="CELL=WEIGHT,... ('' for none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--add-layers", type=int, default=0,
                     help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
