@@ -19,7 +19,9 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 GENERATOR = "dmad.demo.shapes"
-SHAPES = ("circle", "square", "triangle", "cross", "diamond")
+SHAPES = ("circle", "square", "triangle", "diamond")  # no cross since 2026-12-03: its arms, 3.4 latent
+# pixels wide at the small size, were the one outline the demo teacher (patch-4 MMDiT on the 2x VAE's
+# latents) could not draw; docs/benchmarks.md, "Where the teacher's errors are"
 COLOURS = {  # far apart in RGB so each name is unambiguous at a glance
     "red": (220, 40, 40), "green": (40, 190, 70), "blue": (50, 90, 235),
     "yellow": (245, 220, 40), "white": (245, 245, 245), "purple": (160, 70, 210),
@@ -92,10 +94,6 @@ def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: f
         draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], fill=fill)
     elif shape == "diamond":
         draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], fill=fill)
-    elif shape == "cross":
-        t = r / 3  # arm half-width: arms a third of the extent wide
-        draw.rectangle([cx - t, cy - r, cx + t, cy + r], fill=fill)
-        draw.rectangle([cx - r, cy - t, cx + r, cy + t], fill=fill)
     else:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
 

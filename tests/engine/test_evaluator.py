@@ -68,13 +68,14 @@ def test_parse_caption_inverts_caption():
         for i in range(300):
             a = shapes.attributes_for(i, seed)
             assert parse_caption(shapes.caption(a)) == {k: a[k] for k in ATTRIBUTES}
-    every = {"shape": "cross", "colour": "purple", "size": "small", "position": "center", "background": "white"}
+    every = {"shape": "diamond", "colour": "purple", "size": "small", "position": "center", "background": "white"}
     assert parse_caption(shapes.caption(every) + "\n") == every
 
 
 @pytest.mark.parametrize("garbage", [
     "", "a red circle", "a small red circle at the top left on a black", "a huge red circle in the center on a black background",
-    "a small red circle at the center on a black background", "a small pink circle in the center on a black background",
+    "a small red circle at the center on a black background", "a small red cross in the center on a black background",
+    "a small pink circle in the center on a black background",
     "A small red circle in the center on a black background", "a small red circle in the center on a black background!"])
 def test_parse_caption_rejects_garbage(garbage):
     with pytest.raises(ValueError, match="not a shapes caption"):
