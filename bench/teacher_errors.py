@@ -99,22 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     tr, vae, n = pipe.transformer.eval(), pipe.vae, args.n
     text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
     evaluator = load_evaluator()
-    keep = [x.strip() for x in args.shapes.split(",") if x.strip()]
-    if unknown := sorted(set(keep) - set(evaluator.vocab["shape"])):
-        ap.error(f"--shapes: {', '.join(unknown)} not among the evaluator's shapes {evaluator.vocab['shape']}")
-    read = evaluator.predict
-    if keep:  # the first n captions of those shapes; the other shapes' logits never win
-        every = (attributes_for(i, CAPTION_SEED) for i in itertools.count())
-        found = (a for a in every if a["shape"] in keep)
-        attrs = list(itertools.islice(found, n))
-        masked = [j for j, s in enumerate(evaluator.vocab["shape"]) if s not in keep]
+    shapes = evaluator.vocab["shape"]
+    keep = [x.strip() for x in args.shapes.split(",") if x.strip()] or shapes
+    if unknown := sorted(set(keep) - set(shapes)):
+        ap.error(f"--shapes: {', '.join(unknown)} not among the evaluator's shapes {shapes}")
+    every = (attributes_for(i, CAPTION_SEED) for i in itertools.count())
+    attrs = list(itertools.islice((a for a in every if a["shape"] in keep), n))  # the first n of those shapes
+    masked = [j for j, s in enumerate(shapes) if s not in keep]
 
-        def read(images):
-            logits = evaluator(images)
-            logits["shape"][:, masked] = float("-inf")
-            return evaluator.decode(logits)
-    else:
-        attrs = [attributes_for(i, CAPTION_SEED) for i in range(n)]
+    def read(images):  # the left-out shapes' logits never win
+        logits = evaluator(images)
+        logits["shape"][:, masked] = float("-inf")
+        return evaluator.decode(logits)
+
     caps = [caption(a) for a in attrs]
     side = vae.config.sample_size
     from dmad.sample.render import latent_shape
