@@ -14,9 +14,12 @@ from __future__ import annotations
 # patches 4x4: 64 image tokens, as x4 + 2x2 patches would give, but a x2 autoencoder reconstructs
 # small shapes that a x4 one (16x16x8) still drew as the wrong shape 14-16% of the time after
 # 900 steps (measured: 93% shape after 300 steps at x2, 84% after 900 at x4). Every word of the
-# demo captions is one token (demo_vocab), so the longest caption is 13 tokens with BOS/EOS; other
-# text falls back to one token per byte, and 32 CLIP positions leave room for that.
-TEACHER_MAX_LENGTH = 32
+# demo captions is one token (demo_vocab), so the longest caption is 14 tokens with BOS/EOS, and
+# 16 CLIP positions hold every demo caption (other text falls back to one token per byte and is
+# cut at 16). The transformer attends over the image tokens and every CLIP position, padding
+# included, at every step: 16 positions instead of 32 make a teacher training step 22% cheaper
+# (0.345 s against 0.444 s on 2 AMD EPYC cores) and the distillation's passes likewise.
+TEACHER_MAX_LENGTH = 16
 TEACHER_IMAGE_SIZE = 64
 TEACHER_LATENT_CHANNELS = 4
 TEACHER_VAE_CHANNELS = (32, 64)

@@ -13,9 +13,12 @@ Stages (dmad/demo/teacher_stages.py has the pieces and their shapes):
      shape colours last, so part of each batch is dense "mosaics" of random shapes
      (dmad.demo.shapes.render_mosaic), and on captioned images the shape and the background each
      carry half the loss. Then scaling and shift factors make the latents of captioned images
-     zero-mean, unit-variance, as SD3's VAE config does.
+     zero-mean, unit-variance, as SD3's VAE config does. 700 steps of batch 8 (411 s on 2 AMD EPYC
+     cores; 1,200 of batch 16 took 1,345 s) reconstruct 98.2% of held-out shapes, the issue's
+     >= 98%: the recipe's 60 minutes go to the transformer, whose curve still gains at its end.
   2. A pool of `pool_size` captioned training renders is encoded once (their latents are a pure
-     function of the VAE and the index), instead of encoding every batch again.
+     function of the VAE and the index), instead of encoding every batch again; 16,384 renders are
+     ~14 passes of the transformer's 7,000 x 32 draws.
   3. The SD3 transformer and both CLIP text encoders, from scratch, with SD3's flow-matching loss
      and logit-normal noise levels, centred higher than SD3's (mean 1.5, median sigma 0.82): the
      caption decides where the shape goes only at high noise, and at SD3's mean 0 the position
@@ -52,13 +55,13 @@ LogFn = Callable[[dict], None]
 @dataclass
 class TeacherTraining:
     seed: int = 0
-    vae_steps: int = 1200
-    vae_batch: int = 16
+    vae_steps: int = 700
+    vae_batch: int = 8
     vae_lr: float = 2e-3
     vae_kl_weight: float = 1e-6
     vae_mosaic_fraction: float = 0.5
     vae_check_images: int = 512  # renders for the latents' scale and shift, and held-out ones for the reconstruction check
-    pool_size: int = 32768
+    pool_size: int = 16384
     steps: int = 7000
     batch: int = 32
     lr: float = 2e-3
@@ -109,8 +112,8 @@ def check_training(cfg: TeacherTraining) -> None:
 def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) -> None:
     import torch
 
-    from dmad.demo.teacher_stages import (encode_latents, load_module, module_tensors, reconstruction_adherence,
-                                          render_batch, save_state, vae_step)
+    from dmad.demo.teacher_stages import (channels_last, encode_latents, load_module, module_tensors,
+                                          reconstruction_adherence, render_batch, save_state, vae_step)
 
     vae = pipe.vae
     if resume.get("stage_done", 0) >= 1:
@@ -121,10 +124,11 @@ def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) 
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
     vae.train()
     t0 = time.time()
-    for step in range(cfg.vae_steps):
-        loss = vae_step(vae, opt, step, cfg)
-        if step % 100 == 0 or step == cfg.vae_steps - 1:
-            log({"stage": "vae", "step": step, "loss_rec": round(loss, 5), "elapsed_s": round(time.time() - t0, 1)})
+    with channels_last(vae):
+        for step in range(cfg.vae_steps):
+            loss = vae_step(vae, opt, step, cfg)
+            if step % 100 == 0 or step == cfg.vae_steps - 1:
+                log({"stage": "vae", "step": step, "loss_rec": round(loss, 5), "elapsed_s": round(time.time() - t0, 1)})
     vae.eval().requires_grad_(False)
     z = encode_latents(vae, render_batch(10**6, cfg.vae_check_images, cfg.seed, cfg.image_size)[0])
     shift, scale = float(z.mean()), float(1.0 / z.std())
@@ -139,14 +143,15 @@ def latent_pool(vae, cfg: TeacherTraining, log: LogFn):
     """(pool_size, 4, 32, 32) scaled latents and their captions."""
     import torch
 
-    from dmad.demo.teacher_stages import encode_latents, render_batch
+    from dmad.demo.teacher_stages import channels_last, encode_latents, render_batch
 
     t0 = time.time()
     lat, caps = [], []
-    for a in range(0, cfg.pool_size, 1024):
-        x, c = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size)
-        lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
-        caps += c
+    with channels_last(vae):
+        for a in range(0, cfg.pool_size, 1024):
+            x, c = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size)
+            lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+            caps += c
     log({"stage": "pool", "images": cfg.pool_size, "elapsed_s": round(time.time() - t0, 1)})
     return torch.cat(lat), caps
 
