@@ -79,10 +79,13 @@ def test_dmad_demo_distils_and_renders_teacher_and_student(capsys, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_bench(tmp_path_factory):
+def small_bench(tmp_path_factory, tiny_prompt_set):
     """`dmad bench distill`'s whole pipeline (every row, a 4-iteration distillation in its own
     process, the learning-curve row, the grid, the JSON and the table) at a tenth of --quick's
-    size, in process. What the numbers say is the bench's job (bench/distill.py, docs/benchmarks.md)."""
+    size, in process. What the numbers say is the bench's job (bench/distill.py, docs/benchmarks.md).
+    The distillation run's own samples (the engine's teacher reference, its validation renders)
+    are not what the bench reads, so they use the two-prompt, 2-step set, not the demo's 10
+    prompts at 50 steps + CFG."""
     import contextlib
     import io
 
@@ -90,7 +93,8 @@ def small_bench(tmp_path_factory):
 
     small = bench.BenchSettings(prompts=8, seeds_per_prompt=2, real_per_prompt=8, teacher_steps=6, batch_size=16,
                                 train_overrides=("optimization.max_train_steps=4", "observation.checkpointing_steps=2",
-                                                 "observation.validation_steps=4", "observation.log_every_steps=2"))
+                                                 "observation.validation_steps=4", "observation.log_every_steps=2",
+                                                 f"observation.prompt_set={tiny_prompt_set}"))
     tmp = tmp_path_factory.mktemp("bench")
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
