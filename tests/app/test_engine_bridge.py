@@ -29,7 +29,9 @@ FAKE_ENGINE = textwrap.dedent(r'''
     from dmad.contract.events import make_event
 
     scenario, argv = sys.argv[1], sys.argv[2:]
-    Path(__file__).with_name("argv.json").write_text(json.dumps(argv))
+    # temp + rename: the test waits for argv.json to exist, then reads it; a plain write could be seen empty
+    Path(__file__).with_name("argv.json.tmp").write_text(json.dumps(argv))
+    os.replace(Path(__file__).with_name("argv.json.tmp"), Path(__file__).with_name("argv.json"))
     out = sys.stdout.buffer
 
     def arg(name):
@@ -346,9 +348,11 @@ def test_store_keeps_numeric_fields_and_dedupes_until_reset():
 def test_start_with_several_processes_asks_the_engine_to_launch_them(qtbot, tmp_path, fake):
     eng = EngineProcess(command=fake("events"))
     eng.start_train(tmp_path / "cfg.json", num_processes=4)
-    qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
-    assert _argv(tmp_path)[:5] == ["train", "--config", str(tmp_path / "cfg.json"), "--num-processes", "4"]
-    eng.terminate_gracefully()
+    try:
+        qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
+        assert _argv(tmp_path)[:5] == ["train", "--config", str(tmp_path / "cfg.json"), "--num-processes", "4"]
+    finally:
+        eng.terminate_gracefully()
 
 
 def test_start_over_several_machines_passes_the_launch_options(qtbot, tmp_path, fake):
@@ -368,7 +372,9 @@ def test_start_over_several_machines_passes_the_launch_options(qtbot, tmp_path, 
     assert dialog.buttons.button(dialog.buttons.StandardButton.Ok).isEnabled()
     eng = EngineProcess(command=fake("events"))
     eng.start_train(tmp_path / "cfg.json", num_processes=8, machines=machines)
-    qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
-    assert _argv(tmp_path)[3:] == ["--num-processes", "8", "--num-machines", "2", "--machine-rank", "1",
-                                   "--main-process-ip", "10.0.0.1", "--main-process-port", "29511"]
-    eng.terminate_gracefully()
+    try:
+        qtbot.waitUntil(lambda: (tmp_path / "argv.json").exists(), timeout=WAIT_MS)
+        assert _argv(tmp_path)[3:] == ["--num-processes", "8", "--num-machines", "2", "--machine-rank", "1",
+                                       "--main-process-ip", "10.0.0.1", "--main-process-port", "29511"]
+    finally:
+        eng.terminate_gracefully()
