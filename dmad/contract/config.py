@@ -126,15 +126,38 @@ class Optimization(_Group):
     max_train_steps: int = Field(1000, ge=1, le=10**8, description="Iterations (critic optimizer steps) to train.")
 
 
-class Distillation(_Group):
-    """How the student is made: DMAD = distribution matching + adversarial (DMD2)."""
+def lcm_grid(num_ddim_timesteps: int, num_train_timesteps: int = 1000) -> list[int]:
+    """The skipping-step grid latent consistency distillation trains on, ascending: k * (T // N) - 1
+    for k = 1 .. N (diffusers' DDIMSolver and LCMScheduler: N = 50 gives 19, 39, ..., 999)."""
+    step = num_train_timesteps // num_ddim_timesteps
+    return [k * step - 1 for k in range(1, num_ddim_timesteps + 1)]
 
-    method: Literal["dmd2"] = Field("dmd2", description="Distillation method.")
+
+def lcm_sampling_timesteps(steps: int, num_ddim_timesteps: int, num_train_timesteps: int = 1000) -> list[int]:
+    """What LCMScheduler.set_timesteps(steps) picks from that grid (original_inference_steps = N):
+    indices floor(linspace(0, N, steps, endpoint=False)) of the grid read from 999 down
+    (N = 50, 4 steps: 999, 759, 499, 259)."""
+    grid = lcm_grid(num_ddim_timesteps, num_train_timesteps)[::-1]
+    return [grid[int(i * num_ddim_timesteps / steps)] for i in range(steps)]
+
+
+class Distillation(_Group):
+    """How the student is made: DMAD = distribution matching + adversarial (DMD2), or latent
+    consistency distillation (LCM) as the peer method."""
+
+    method: Literal["dmd2", "lcm"] = Field(
+        "dmd2", description="Distillation method. dmd2: DMAD (distribution matching against the teacher's guided "
+                            "score and a trained fake score, plus a GAN term). lcm: latent consistency distillation "
+                            "(LCM paper, diffusers' train_lcm_distill scripts): a skipping-step DDIM solver with the "
+                            "guided teacher, a Huber consistency loss against an EMA target of the student; no fake "
+                            "score, no GAN, critic settings unused.")
     student_steps: int = Field(1, ge=1, le=4, description="Sampling steps of the student (1-4).")
     student_timesteps: Optional[list[Annotated[int, Field(ge=0, le=999)]]] = Field(
         None, min_length=1, max_length=4, description="The student's timesteps, descending, in [0, 999]. Empty: evenly spaced from 999 "
-                          "(4 steps: 999, 749, 499, 249).")
-    real_guidance_scale: float = Field(3.0, ge=1.0, le=100.0, description="CFG scale of the teacher (real score).")
+                          "(4 steps: 999, 749, 499, 249); with lcm, what LCMScheduler picks from the solver's grid "
+                          "(4 steps: 999, 759, 499, 259).")
+    real_guidance_scale: float = Field(3.0, ge=1.0, le=100.0, description="CFG scale of the teacher (real score); "
+                                                                           "with lcm, the solver's fixed guidance scale.")
     critic_updates_per_generator_update: int = Field(
         5, ge=1, le=100, description="Two-time-scale rule: the critic steps every iteration, the student every K-th (DMD2: 5).")
     generator_gan_weight: float = Field(1e-3, ge=0.0, le=100.0, description="Weight of the GAN loss in the student loss.")
@@ -145,6 +168,12 @@ class Distillation(_Group):
     min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
     max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
     ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
+    lcm_ddim_timesteps: int = Field(50, ge=2, le=1000, description="lcm: timesteps of the skipping-step DDIM solver "
+                                                                   "(N; each solver step skips 1000 / N timesteps).")
+    lcm_huber_c: float = Field(0.001, gt=0.0, le=10.0, description="lcm: c of the pseudo-Huber consistency loss "
+                                                                   "sqrt(d^2 + c^2) - c.")
+    lcm_target_ema_decay: float = Field(0.95, ge=0.0, lt=1.0, description="lcm: decay of the target network, an EMA "
+                                                                          "of the student updated after each step.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Distillation":
@@ -156,11 +185,21 @@ class Distillation(_Group):
                 raise ValueError(f"student_timesteps has {len(ts)} entries but student_steps is {self.student_steps}")
             if any(t < 0 or t > 999 for t in ts) or any(a <= b for a, b in zip(ts, ts[1:])):
                 raise ValueError(f"student_timesteps must be strictly descending within [0, 999]; got {ts}")
+            if self.method == "lcm":
+                grid = set(lcm_grid(self.lcm_ddim_timesteps))
+                off = [t for t in ts if t not in grid]
+                if off:
+                    near = [min(grid, key=lambda g: abs(g - t)) for t in off]
+                    raise ValueError(f"with method lcm, student_timesteps must lie on the solver's grid of "
+                                     f"{self.lcm_ddim_timesteps} timesteps (k * {1000 // self.lcm_ddim_timesteps} - 1); "
+                                     f"{off} are not (nearest {near})")
         return self
 
     def resolved_student_timesteps(self) -> list[int]:
         if self.student_timesteps is not None:
             return list(self.student_timesteps)
+        if self.method == "lcm":
+            return lcm_sampling_timesteps(self.student_steps, self.lcm_ddim_timesteps)
         return [999 - i * 1000 // self.student_steps for i in range(self.student_steps)]
 
 

@@ -6,6 +6,9 @@ checkpoints/iter_<N>/
   student_lora.safetensors LoRA student: the adapter's trainable weights (peft names)
   fake_score/ | fake_score_lora.safetensors      the same for the fake score
   gan_head.safetensors, ema.safetensors (when EMA is on)
+  lcm_target.safetensors   method lcm: the EMA target network's tensors (shadow.<i>, in the order of
+                           the student's trainable parameters); an LCM checkpoint has no fake score,
+                           GAN head or critic optimizer
   optimizer_generator.safetensors, optimizer_critic.safetensors, grad_scaler.json (fp16 only)
                            optimizer states as tensors + JSON (dmad.models.optim_state); checkpoints
                            of format 1 have optimizer_*.pt / grad_scaler.pt instead, torch.save files
@@ -24,6 +27,7 @@ import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,6 +36,7 @@ from torch import nn
 from dmad.errors import CheckpointUnusable
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
 
+LCM_TARGET = "lcm_target.safetensors"
 FORMAT_VERSION = 2  # 1: optimizer states as torch.save .pt files (still read, weights_only=True)
 READABLE_FORMATS = (1, 2)
 
@@ -154,17 +159,24 @@ def save_checkpoint(out: Path, *, nets, student_mode: str, fake_mode: str, opt_g
                     scaler, state: TrainingState) -> None:
     """Write every file of a checkpoint into `out` (a fresh temp folder). `nets` are unwrapped."""
     save_network(nets.student, out, "student", student_mode)
-    save_network(nets.fake_score, out, "fake_score", fake_mode)
-    save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()}, str(out / "gan_head.safetensors"))
+    if nets.fake_score is not None:
+        save_network(nets.fake_score, out, "fake_score", fake_mode)
+        save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()},
+                  str(out / "gan_head.safetensors"))
     if nets.ema is not None:
         _save_ema(nets.ema, out / "ema.safetensors")
+    if nets.target is not None:
+        save_file({f"shadow.{i}": t.detach().contiguous().cpu() for i, t in enumerate(nets.target.shadow)},
+                  str(out / LCM_TARGET), metadata={"decay": str(nets.target.decay)})
     save_optimizer(opt_g, out / "optimizer_generator.safetensors")
-    save_optimizer(opt_c, out / "optimizer_critic.safetensors")
+    if opt_c is not None:
+        save_optimizer(opt_c, out / "optimizer_critic.safetensors")
     if scaler is not None:
         save_scaler(scaler, out / "grad_scaler.json")
     save_file(_rng_state(), str(out / "rng.safetensors"))
     doc = {"format_version": FORMAT_VERSION, **state.__dict__}
-    doc["lr_generator"], doc["lr_critic"] = _jsonable(sched_g.state_dict()), _jsonable(sched_c.state_dict())
+    doc["lr_generator"] = _jsonable(sched_g.state_dict())
+    doc["lr_critic"] = _jsonable(sched_c.state_dict()) if sched_c is not None else {}
     (out / "training_state.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
@@ -244,12 +256,18 @@ def _load_plain(path: Path, ckpt: Path, mmap: bool = False) -> dict:
     return state
 
 
-def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: str) -> TrainingState:
+def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str]) -> TrainingState:
     """Before a resume picks `ckpt`: every file load_checkpoint reads is present, inside the
     checkpoint and whole (safetensors headers and coverage; optimizer states memory-mapped, so
     their tensors are not read), and training_state.json is well typed. Shapes are checked when
-    the weights load (load_checkpoint). Raises CheckpointUnusable naming the first problem."""
+    the weights load (load_checkpoint). `fake_mode` None: an LCM run's checkpoint (student, EMA
+    target, generator optimizer only). Raises CheckpointUnusable naming the first problem."""
     state = read_training_state(ckpt)
+    if fake_mode is None:
+        return _verify_lcm(ckpt, student_mode, state)
+    if (ckpt / LCM_TARGET).exists() and not (ckpt / "gan_head.safetensors").exists():
+        raise CheckpointUnusable(f"checkpoint {ckpt} is from an LCM run (distillation.method lcm); this config "
+                                 f"is method dmd2")
     for name, mode in (("student", student_mode), ("fake_score", fake_mode)):
         files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
         if not files:
@@ -263,6 +281,33 @@ def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: str) -> Training
     for name in ("generator", "critic"):
         _optimizer_state(ckpt, name, header_only=True)
     return state
+
+
+def _verify_lcm(ckpt: Path, student_mode: str, state: TrainingState) -> TrainingState:
+    if (ckpt / "gan_head.safetensors").exists() and not (ckpt / LCM_TARGET).exists():
+        raise CheckpointUnusable(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
+                                 f"is method lcm")
+    files = sorted((ckpt / "student").glob("*.safetensors")) if student_mode == "full" \
+        else [ckpt / "student_lora.safetensors"]
+    if not files:
+        raise CheckpointUnusable(f"checkpoint {ckpt} has no student weights (expected {ckpt / 'student'}/*.safetensors)")
+    for f in files + [ckpt / LCM_TARGET, ckpt / "rng.safetensors"]:
+        _check_safetensors(f, ckpt)
+    if (ckpt / "ema.safetensors").exists():
+        _check_safetensors(ckpt / "ema.safetensors", ckpt)
+    _optimizer_state(ckpt, "generator", header_only=True)
+    return state
+
+
+def _load_target(target, ckpt: Path) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / LCM_TARGET), framework="pt") as f, torch.no_grad():
+        if set(f.keys()) != {f"shadow.{i}" for i in range(len(target.shadow))}:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {LCM_TARGET} has {len(list(f.keys()))} tensors for "
+                                     f"{len(target.shadow)} student parameters")
+        for i, t in enumerate(target.shadow):
+            t.copy_(f.get_tensor(f"shadow.{i}"))
 
 
 def _format(ckpt: Path) -> int:
@@ -312,18 +357,23 @@ def _load_checkpoint(ckpt: Path, *, nets, student_mode, fake_mode, opt_g, opt_c,
     # Preflight verified the files (verify_checkpoint); each load below fails on its own file anyway.
     state = read_training_state(ckpt)
     load_network(nets.student, ckpt, "student", student_mode)
-    load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
-    nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
+    if nets.fake_score is not None:
+        load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
+        nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
+    if nets.target is not None:
+        _load_target(nets.target, ckpt)
     if nets.ema is not None:
         if not (ckpt / "ema.safetensors").is_file():
             raise CheckpointUnusable(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
         _load_ema(nets.ema, ckpt / "ema.safetensors")
     opt_g.load_state_dict(_optimizer_state(ckpt, "generator"))
-    opt_c.load_state_dict(_optimizer_state(ckpt, "critic"))
+    if opt_c is not None:
+        opt_c.load_state_dict(_optimizer_state(ckpt, "critic"))
     scaler_state = _scaler_state(ckpt)
     if scaler is not None and scaler_state is not None:
         scaler.load_state_dict(scaler_state)
     sched_g.load_state_dict(state.lr_generator)
-    sched_c.load_state_dict(state.lr_critic)
+    if sched_c is not None:
+        sched_c.load_state_dict(state.lr_critic)
     _restore_rng(load_file(str(ckpt / "rng.safetensors")))
     return state

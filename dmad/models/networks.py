@@ -84,11 +84,17 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps:
 @dataclass
 class Networks:
     student: nn.Module
-    fake_score: nn.Module
-    gan_head: nn.Module
+    fake_score: Optional[nn.Module]  # None for LCM (no critic)
+    gan_head: Optional[nn.Module]    # None for LCM
     ema: Optional[object]  # diffusers EMAModel over the student's trainable parameters
     shared: Optional[object] = None  # dmad.models.shared_base.SharedBase when the three share one frozen base
     teacher: Optional[nn.Module] = None  # the view that calls the teacher (adapters disabled); None: the denoiser
+    target: Optional[object] = None  # LCM: dmad.methods.lcm.TargetEMA, the consistency target theta^-
+
+    def trained(self) -> list[tuple[str, nn.Module]]:
+        """The trained networks a checkpoint saves, by name (LCM has only the student)."""
+        return [(n, m) for n, m in (("student", self.student), ("fake_score", self.fake_score),
+                                    ("gan_head", self.gan_head)) if m is not None]
 
 
 def shares_base(student: str, fake_score: str, share_frozen_base: bool) -> bool:
@@ -128,15 +134,30 @@ def add_shared_adapters(teacher_unet: nn.Module, rank: int, alpha: Optional[int]
 def build_networks(teacher_unet: nn.Module, *, student: str, fake_score: str, lora_rank: int,
                    lora_alpha: Optional[int], gradient_checkpointing: bool, ema_decay: Optional[float],
                    gan_on_teacher: bool, family=None, base_dtype: Optional[torch.dtype] = None,
-                   share_frozen_base: bool = False) -> Networks:
+                   share_frozen_base: bool = False, lcm_target_decay: Optional[float] = None) -> Networks:
     """Copies are made from the float32 teacher before it is cast down. `family`
     (dmad.models.families.Family; None: SD) gives the LoRA targets and the GAN feature width.
     With `share_frozen_base` and two LoRA networks, no copy is made: both adapters go on the
     teacher's denoiser itself (dmad.models.shared_base), which the caller then casts as the
-    teacher (SharedBase.cast_frozen keeps the adapters float32)."""
+    teacher (SharedBase.cast_frozen keeps the adapters float32).
+    `lcm_target_decay` (method lcm): only the student, full or LoRA on its own copy (as diffusers'
+    LCM and LCM-LoRA scripts), plus its EMA target (dmad.methods.lcm.TargetEMA); no fake score, no
+    GAN head."""
     from dmad.models.families import Family
 
     family = family or Family()
+    if lcm_target_decay is not None:
+        from dmad.methods.lcm import TargetEMA
+
+        s = make_trainable_copy(teacher_unet, student, lora_rank, lora_alpha, gradient_checkpointing,
+                                family.lora_targets, base_dtype)
+        ema = None
+        if ema_decay is not None:
+            from diffusers.training_utils import EMAModel
+
+            ema = EMAModel(trainable_parameters(s), decay=ema_decay)
+        return Networks(student=s, fake_score=None, gan_head=None, ema=ema,
+                        target=TargetEMA(trainable_parameters(s), lcm_target_decay))
     shared = teacher_view = None
     if shares_base(student, fake_score, share_frozen_base):
         shared, s, f, teacher_view = add_shared_adapters(teacher_unet, lora_rank, lora_alpha, gradient_checkpointing,

@@ -21,7 +21,7 @@ from dmad.train.ranks import NullCsv
 from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.models.teacher import DTYPES
 from dmad.train.session import METRIC_COLUMNS, Session
-from dmad.train.step import DmadNetworks, RealScore, TimestepRange
+from dmad.train.step import DmadNetworks, LcmNetworks, RealScore, TimestepRange
 
 
 
@@ -155,11 +155,13 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     between_phases()
     family = teacher.family
     family.guidance = dist.real_guidance_scale  # what a guidance-embedding student and fake score are given
+    lcm = dist.method == "lcm"
     nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
                           lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
                           gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
                           gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family,
-                          base_dtype=wdtype, share_frozen_base=res.share_frozen_base)
+                          base_dtype=wdtype, share_frozen_base=res.share_frozen_base,
+                          lcm_target_decay=dist.lcm_target_ema_decay if lcm else None)
     check_buckets(groups, teacher, ident.train_data_dir)
     caches = None
     if res.cache_latents:
@@ -171,23 +173,22 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     betas = (opt.adam_beta1, opt.adam_beta2)
     opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
                            opt.adam_epsilon, opt.adam_weight_decay)
-    critic_params = trainable_parameters(nets.fake_score) + trainable_parameters(nets.gan_head)
-    opt_c = make_optimizer(critic_params, opt.optimizer, opt.critic_lr, betas, opt.adam_epsilon, opt.adam_weight_decay)
-    k = dist.critic_updates_per_generator_update
-    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
-                                math.ceil(opt.max_train_steps / k))
-    sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
-    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
-    if nets.ema is not None:
-        nets.ema.to(acc.device)
     schedule = family.schedule(teacher.scheduler, res.resolution)
     teacher_net = nets.teacher if nets.teacher is not None else teacher.denoiser  # shared base: adapters off
     real = RealScore(teacher_net, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
-    on_teacher = dist.gan_head_placement == "teacher_bottleneck"
-    gan_net = teacher_net if on_teacher else nets.fake_score
-    dmad = DmadNetworks(student=student, fake_score=fake, fake_score_bare=nets.fake_score, gan_head=head, real=real,
-                        gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
-                        schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))
+    if lcm:  # the student steps every iteration; no critic
+        opt_c = sched_c = None
+        sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
+        student, opt_g = acc.prepare(nets.student, opt_g)
+        nets.target.to(acc.device)
+        method_nets = LcmNetworks(student=student, student_bare=nets.student, real=real, target=nets.target,
+                                  family=family, schedule=schedule, num_ddim_timesteps=dist.lcm_ddim_timesteps,
+                                  huber_c=dist.lcm_huber_c)
+    else:
+        opt_g, opt_c, sched_g, sched_c, method_nets = _dmad_networks(cfg, acc, nets, opt_g, real, teacher_net,
+                                                                     family, schedule)
+    if nets.ema is not None:
+        nets.ema.to(acc.device)
     timesteps = dist.resolved_student_timesteps()
     between_phases()
     state = _load_checkpoint(cfg, resume, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps) if resume else None
@@ -198,14 +199,34 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
                              consumed=batches_used)
     metrics = CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
     s = Session(cfg=cfg, folder=folder, events=events, log=log, accelerator=acc, weight_dtype=wdtype, teacher=teacher,
-                nets=nets, dmad=dmad, opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, timesteps=timesteps,
+                nets=nets, dmad=method_nets, opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, timesteps=timesteps,
                 prompt_set=prompt_set, dataset=dataset, sampler=sampler, skip_log=skip_log, caches=caches,
                 metrics=metrics, iter=state.iter if state else 0,
                 generator_steps=state.generator_steps if state else 0, batches_used=batches_used)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
              ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,
-             ident.student, ident.fake_score, acc.device, res.mixed_precision)
+             ident.student, "none (lcm)" if lcm else ident.fake_score, acc.device, res.mixed_precision)
     return s
+
+
+def _dmad_networks(cfg: TrainConfig, acc, nets, opt_g, real: RealScore, teacher_net, family, schedule):
+    """DMAD's critic (fake score + GAN head) optimizer, both schedules, the prepared networks and the
+    DmadNetworks an iteration calls."""
+    opt, dist = cfg.optimization, cfg.distillation
+    betas = (opt.adam_beta1, opt.adam_beta2)
+    critic_params = trainable_parameters(nets.fake_score) + trainable_parameters(nets.gan_head)
+    opt_c = make_optimizer(critic_params, opt.optimizer, opt.critic_lr, betas, opt.adam_epsilon, opt.adam_weight_decay)
+    k = dist.critic_updates_per_generator_update
+    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
+                                math.ceil(opt.max_train_steps / k))
+    sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
+    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
+    on_teacher = dist.gan_head_placement == "teacher_bottleneck"
+    gan_net = teacher_net if on_teacher else nets.fake_score
+    dmad = DmadNetworks(student=student, fake_score=fake, fake_score_bare=nets.fake_score, gan_head=head, real=real,
+                        gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
+                        schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))
+    return opt_g, opt_c, sched_g, sched_c, dmad
 
 
 def size_step(teacher) -> int:

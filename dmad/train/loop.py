@@ -212,7 +212,8 @@ def _log_row(s: Session, w: _Window) -> None:
     row = {k: w.sums[k] / w.counts[k] for k in w.sums}
     row.update(s.memory_row())
     row.update(iter=s.iter, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters,
-               lr_generator=s.sched_g.get_last_lr()[0], lr_critic=s.sched_c.get_last_lr()[0])
+               lr_generator=s.sched_g.get_last_lr()[0],
+               lr_critic=s.sched_c.get_last_lr()[0] if s.sched_c is not None else None)
     s.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
     remaining = s.cfg.optimization.max_train_steps - s.iter
     s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"},

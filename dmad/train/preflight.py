@@ -89,7 +89,8 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
     if not launched:  # a rank's launcher checked, and rank 0 holds the lock by now
         check_not_in_use(run_dir)
     ident = cfg.identity
-    target = find_resume_target(run_dir, resume, ident.student, ident.fake_score) if resume else None
+    fake_mode = None if cfg.distillation.method == "lcm" else ident.fake_score  # None: no fake score saved
+    target = find_resume_target(run_dir, resume, ident.student, fake_mode) if resume else None
     restart = resume is not None and target is None
     if target is None and not restart and not launched:
         check_fresh_run_dir(run_dir)

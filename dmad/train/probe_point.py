@@ -58,7 +58,9 @@ def inference_loop(s: Any, phase: Any) -> int:
                 nets = s.dmad
                 x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
                 nets.real.x0(nets.schedule, x0, t, emb)
-                nets.family.predict(nets.fake_score, x0.to(s.weight_dtype), t, emb, nets.schedule, guidance=FAKE_GUIDANCE)
+                if getattr(nets, "fake_score", None) is not None:  # DMAD's third network (LCM has none)
+                    nets.family.predict(nets.fake_score, x0.to(s.weight_dtype), t, emb, nets.schedule,
+                                        guidance=FAKE_GUIDANCE)
         s.sync_device()
         s.iter += 1
         row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}

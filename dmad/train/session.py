@@ -27,7 +27,8 @@ from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.train.step import DmadNetworks, NonFiniteLoss
 
 LOSS_COLUMNS = ["loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c",
-                "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c"]
+                "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c",
+                "loss_lcm"]  # the last: latent consistency distillation (the others stay empty in its rows)
 METRIC_COLUMNS = (["iter"] + LOSS_COLUMNS +
                   ["step_time_s", "data_time_s", "mem_peak_alloc_gb", "mem_device_used_gb", "lr_generator", "lr_critic"])
 
@@ -46,9 +47,9 @@ class Session:
     weight_dtype: torch.dtype
     teacher: Any  # dmad.models.teacher.Teacher (frozen denoiser, VAE, text encoders, tokenizers; its family)
     nets: Networks  # unwrapped student, fake score, GAN head and the student's EMA (checkpoints, samples)
-    dmad: DmadNetworks  # what an iteration calls (prepared networks, teacher, feature tap, schedule)
+    dmad: Any  # what an iteration calls: DmadNetworks (prepared networks, teacher, feature tap, schedule) or LcmNetworks
     opt_g: torch.optim.Optimizer
-    opt_c: torch.optim.Optimizer
+    opt_c: Optional[torch.optim.Optimizer]  # the critic's; None for LCM
     sched_g: Any
     sched_c: Any
     timesteps: list[int]  # the student's
@@ -156,6 +157,10 @@ class Session:
         self.generator_steps += 1
         return norm
 
+    def generator_params(self) -> list[torch.nn.Parameter]:
+        """The student's trainable parameters, in the optimizer's (and the LCM target's) order."""
+        return _params(self.opt_g)
+
     def step_critic(self) -> Optional[float]:
         return self._step(self.opt_c, self.sched_c)
 
@@ -187,10 +192,10 @@ class Session:
         """Every rank calls it (the weights are the same everywhere); rank 0 writes."""
         if self.last_saved == self.iter:
             return
-        for name in ("student", "fake_score", "gan_head"):
+        for name, net in self.nets.trained():
             # One pass over the weights per checkpoint, so a saved checkpoint is always a good one
             # (on every rank: the weights are the same, so every rank stops alike).
-            params = list(getattr(self.nets, name).parameters())
+            params = list(net.parameters())
             if not all(torch.isfinite(p).all() for p in params):
                 raise NonFiniteLoss(f"{name} weights", self.iter)
         self.barrier()
@@ -205,11 +210,12 @@ class Session:
 
     def checkpoint_bytes(self) -> int:
         """About what a checkpoint takes on disk: the saved weights and the optimizer states."""
-        tensors = [t for net in (self.nets.student, self.nets.fake_score, self.nets.gan_head)
-                   for t in net.state_dict().values()]
+        tensors = [t for _, net in self.nets.trained() for t in net.state_dict().values()]
         if self.nets.ema is not None:
             tensors += list(self.nets.ema.shadow_params)
-        for opt in (self.opt_g, self.opt_c):
+        if self.nets.target is not None:
+            tensors += list(self.nets.target.shadow)
+        for opt in (o for o in (self.opt_g, self.opt_c) if o is not None):
             tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
         return sum(t.numel() * t.element_size() for t in tensors)
 

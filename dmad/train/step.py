@@ -1,4 +1,5 @@
-"""One DMAD iteration: the student's loss, the critic's loss, and the iteration that runs them.
+"""One DMAD iteration: the student's loss, the critic's loss, and the iteration that runs them;
+and one iteration of the peer method, latent consistency distillation (lcm_iteration).
 
 Shapes: latents (B, C, h, w); text conditioning a dmad.models.families.Cond (emb (B, L, D), and
 pooled (B, P) for SDXL / SD3 / Flux); timesteps LongTensor (B,). Every network call goes through
@@ -20,6 +21,7 @@ from torch import nn
 
 from dmad.methods.dmd2 import (loss_distribution_matching, loss_fake_denoising,
                                loss_gan_critic, loss_gan_generator, sample_timesteps, _fresh_noise)
+from dmad.methods.lcm import TargetEMA, consistency_output, ddim_step, loss_consistency, sample_solver_steps
 from dmad.methods.noise import SampleRNG
 from dmad.methods.prediction import NoiseSchedule
 from dmad.models.families import Cond, FeatureTap, Family
@@ -222,5 +224,69 @@ def dmad_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) 
     return logs
 
 
+# --------------------------------------------------------------------------- LCM, the peer method
+
+@dataclass(frozen=True)
+class LcmNetworks:
+    """What one latent-consistency-distillation iteration calls (dmad.methods.lcm), fixed for the run:
+    the student as prepared by accelerate (its gradients are synchronised) and unwrapped (the
+    target's no-grad pass with the EMA weights swapped in), the guided teacher, the EMA target."""
+
+    student: nn.Module
+    student_bare: nn.Module
+    real: RealScore
+    target: TargetEMA
+    family: Family
+    schedule: NoiseSchedule
+    num_ddim_timesteps: int
+    huber_c: float
+
+
+def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -> LogSum:
+    """One LCM iteration (= one student optimizer step) on `batches`, as diffusers'
+    train_lcm_distill scripts:
+
+    1. per micro-batch: encode, draw a solver step (t_{n+k}, t_n) on the skipping grid and the noise,
+       x_{t_{n+k}} = add_noise(latents); the guided teacher's one DDIM step to x^_{t_n} (no grad);
+    2. the target f_{theta^-}(x^_{t_n}, t_n): the student with its EMA weights swapped in (no grad);
+    3. per micro-batch: the student's f_theta(x_{t_{n+k}}, t_{n+k}), the pseudo-Huber loss,
+       backward; then the optimizer step and the target's EMA update.
+    Cost per micro-batch: 1 batched CFG teacher forward (2B), 1 target forward, 1 student forward
+    and backward."""
+    acc, nets = s.accelerator, s.dmad
+    family, schedule = nets.family, nets.schedule
+    accum, first = len(batches), s.iter == s.start_iter
+    logs = LogSum(defer=s.world > 1)
+    items = []
+    for m, batch in enumerate(batches):
+        phase.set("vae-encode" if first else f"step-{s.iter + 1}")
+        rng = s.rng(first_batch + m)
+        latents, emb = s.encode_batch(batch, rng)
+        t, t_prev = sample_solver_steps(latents.shape[0], nets.num_ddim_timesteps, rng, latents.device,
+                                        schedule.num_train_timesteps)
+        x_t = schedule.add_noise(latents, _fresh_noise(latents, rng), t)
+        phase.set("first-forward" if first else phase.name)
+        with torch.no_grad(), acc.autocast():
+            x_prev = ddim_step(x_t, nets.real.x0(schedule, x_t, t, emb), t, t_prev, schedule).to(x_t.dtype)
+        items.append([x_t, t, x_prev, t_prev, emb, None])
+    params = s.generator_params()
+    with nets.target.swapped_in(params), torch.no_grad(), acc.autocast():
+        for item in items:
+            x_prev, t_prev, emb = item[2], item[3], item[4]
+            item[5] = consistency_output(x_prev, family.x0(nets.student_bare, x_prev, t_prev, emb, schedule), t_prev)
+    for m, (x_t, t, _, _, emb, target) in enumerate(items):
+        sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
+        with sync, acc.autocast():
+            pred = consistency_output(x_t, family.x0(nets.student, x_t, t, emb, schedule), t)
+            loss, lg = loss_consistency(pred, target, nets.huber_c)
+            phase.set("first-backward" if first else phase.name)
+            acc.backward(loss / accum)
+        logs.add(lg, s.iter + 1)
+    logs.add({"grad_norm_g": s.step_generator()}, s.iter + 1)
+    nets.target.step(params)
+    return logs
+
+
 # distillation.method -> its iteration (the loop, run folder, checkpoints and samples are shared)
-ITERATIONS: dict[str, Callable[["Session", list, int, Phase], LogSum]] = {"dmd2": dmad_iteration}
+ITERATIONS: dict[str, Callable[["Session", list, int, Phase], LogSum]] = {"dmd2": dmad_iteration,
+                                                                         "lcm": lcm_iteration}
