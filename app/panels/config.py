@@ -33,6 +33,7 @@ from app.engine.background import Task
 from app.widgets.json_view import JsonView
 from app.widgets.ledger_view import LedgerView
 from app.models.presets import Preset, presets
+from app.models.methods import method_of, unused_fields
 from dmad.errors import UserInputError
 from dmad.contract.jsonfile import read_json_file
 from dmad.contract.paths import resources_dir
@@ -395,6 +396,7 @@ class ConfigPanel(QWidget):
     def _changed(self) -> None:
         self._problems = check(self._raw, self._source(), self._fields)
         self.form.mark_errors(self._problems.fields)
+        self.form.mark_unused(unused_fields(method_of(self._raw)))  # greyed: the method does not read them
         self.banner.setText("\n".join(self._problems.general))
         self.banner.setVisible(bool(self._problems.general))
         self._update_validity()

@@ -12,11 +12,12 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QMenu, QToolButton, QVBoxLayout, QWidget)
 
 from app.models.config_doc import PATH_FIELDS, UNSET, FieldSpec, GroupSpec, Key, get_field
+from app.models import methods
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
 
@@ -103,13 +104,22 @@ class BoolEditor(_Editor):
         return self.box
 
 
+# readable names for enum values, {key: {value: (text, tooltip)}}; the value itself stays in the text
+OPTION_LABELS: dict[Key, dict[Any, tuple[str, str]]] = {
+    methods.METHOD_KEY: {m: (methods.label(m), methods.WHAT[m]) for m in methods.LABELS}}
+
+
 class EnumEditor(_Editor):
     def __init__(self, spec: FieldSpec):
         super().__init__(spec)
         self.combo = QComboBox()
         guard_wheel(self.combo)  # scrolling the form must not change the value under the pointer
+        labels = OPTION_LABELS.get(spec.key, {})
         for option in spec.options:
-            self.combo.addItem(str(option), option)
+            text, tip = labels.get(option, (str(option), ""))
+            self.combo.addItem(text, option)
+            if tip:
+                self.combo.setItemData(self.combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         self.combo.currentIndexChanged.connect(lambda i: self._emit(self.combo.itemData(i)))
         self.row.addWidget(self.combo, 1)
 
@@ -236,21 +246,34 @@ class FieldRow(QWidget):
         layout.setSpacing(2)
         layout.addWidget(self.editor)
         layout.addWidget(self.error)
+        self.label = QLabel(spec.name + (" *" if spec.required else ""))
+        self.unused = ""  # "unused with method lcm": the row is greyed out
         self.set_error("")
 
     def base_tooltip(self) -> str:
         s = self.spec
-        parts = [s.description, s.range_text,
-                 "required" if s.required else f"default: {json.dumps(s.default)}"]
+        parts = [f"Greyed out: {self.unused} (the value is kept, not read)" if self.unused else "",
+                 s.description, s.range_text, "required" if s.required else f"default: {json.dumps(s.default)}"]
         return "\n".join(p for p in parts if p)
 
     def set_error(self, message: str) -> None:
+        self._message = message
         self.error.setText(message)
         self.error.setVisible(bool(message))
         self.editor.control().setStyleSheet(INVALID_STYLE if message else "")
         tip = self.base_tooltip() + (f"\n\n{message}" if message else "")
         self.editor.setToolTip(tip)
         self.editor.control().setToolTip(tip)
+        self.label.setToolTip(self.base_tooltip())
+
+    def set_unused(self, note: str) -> None:
+        """Grey out (note: why) or enable again (""); the value and any error stay."""
+        if note == self.unused:
+            return
+        self.unused = note
+        self.editor.setEnabled(not note)  # disabled widgets still show their tooltips
+        self.label.setEnabled(not note)
+        self.set_error(self._message)
 
 
 class ConfigForm(QWidget):
@@ -279,9 +302,7 @@ class ConfigForm(QWidget):
         for spec in group.fields:
             row = FieldRow(spec)
             row.editor.edited.connect(lambda value, key=spec.key: self.field_edited.emit(key, value))
-            label = QLabel(spec.name + (" *" if spec.required else ""))
-            label.setToolTip(row.base_tooltip())
-            form.addRow(label, row)
+            form.addRow(row.label, row)
             self.rows[spec.key] = row
         return box
 
@@ -290,6 +311,14 @@ class ConfigForm(QWidget):
         for key, row in self.rows.items():
             value = get_field(raw, key)
             row.editor.set_value(row.spec.default if value is UNSET and not row.spec.required else value)
+
+    def mark_unused(self, notes: dict[Key, str]) -> None:
+        """Grey out the fields in `notes` (key -> why: "unused with method lcm"), enable every other."""
+        for key, row in self.rows.items():
+            row.set_unused(notes.get(key, ""))
+
+    def unused_fields(self) -> list[Key]:
+        return [key for key, row in self.rows.items() if row.unused]
 
     def mark_errors(self, errors: dict[Key, str]) -> None:
         for key, row in self.rows.items():
