@@ -1,14 +1,18 @@
-"""Config presets: the CPU demo and SD 1.5-class configs named by the GPU memory they target.
+"""Config presets: the CPU demos (DMAD, and LCM, the peer method) and model configs named by the GPU
+memory they target.
 
-resources/configs/presets/index.json lists them (name, file, and what the settings were chosen
-for); each file is a plain engine config that `dmad train --config` reads as it is. A preset opens
-as an untitled config whose relative paths mean what they mean beside its file.
+resources/configs/presets/index.json lists them (name, file, distillation method, and what the
+settings were chosen for); each file is a plain engine config that `dmad train --config` reads as
+it is. A preset opens as an untitled config whose relative paths mean what they mean beside its
+file. The index says the method so the chooser can show it without reading every config (a test
+checks that each file's distillation.method agrees).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.models.methods import LABELS, WHAT, short_name
 from dmad.errors import UserInputError
 from dmad.contract.jsonfile import read_json_file
 from dmad.contract.paths import resource
@@ -21,6 +25,14 @@ class Preset:
     name: str
     path: Path          # the config file; relative paths inside it are relative to path.parent
     description: str    # what it was chosen for: shown as the tooltip
+    method: str         # distillation.method of its config: dmd2 | lcm
+
+    def menu_text(self) -> str:
+        """The chooser's line: the name and the method ("CPU demo · DMAD")."""
+        return f"{self.name} \u00b7 {short_name(self.method)}"
+
+    def tooltip(self) -> str:
+        return f"Method: {LABELS[self.method]}, {WHAT[self.method]}.\n\n{self.description}"
 
     def load_raw(self) -> dict:
         """The preset's config as written (not validated: the panel shows the engine's verdict)."""
@@ -39,7 +51,13 @@ def presets(index: Path | None = None) -> list[Preset]:
     index = index or index_path()
     data = read_json_file(index, "preset index")
     try:
-        return [Preset(name=e["name"], path=(index.parent / e["file"]).resolve(), description=e["description"])
-                for e in data["presets"]]
+        found = [Preset(name=e["name"], path=(index.parent / e["file"]).resolve(), description=e["description"],
+                        method=e["method"]) for e in data["presets"]]
     except (KeyError, TypeError) as e:
-        raise UserInputError(f"{index}: each preset needs name, file and description ({e!r} is wrong)") from None
+        raise UserInputError(f"{index}: each preset needs name, file, description and method "
+                             f"({e!r} is wrong)") from None
+    for p in found:
+        if p.method not in LABELS:
+            raise UserInputError(f"{index}: preset {p.name!r} has method {p.method!r}; "
+                                 f"expected one of {', '.join(LABELS)}")
+    return found

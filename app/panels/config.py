@@ -135,8 +135,8 @@ class ConfigPanel(QWidget):
         menu = QMenu(self.preset_button)
         menu.setToolTipsVisible(True)
         for preset in self.presets:
-            action = menu.addAction(preset.name)
-            action.setToolTip(preset.description)
+            action = menu.addAction(preset.menu_text())
+            action.setToolTip(preset.tooltip())
             action.triggered.connect(lambda _=False, p=preset: self._ask_discard() and self.load_preset(p))
         self.preset_button.setMenu(menu)
         self.file_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)  # a long path keeps both ends
