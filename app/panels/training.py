@@ -34,6 +34,7 @@ from app.engine.command import exit_meaning
 from app.engine.process import EngineProcess, LaunchMachines, describe_event, failure_report, phase_text
 from app.engine.follow import EventFollower
 from app.models.eta import EtaSmoother
+from app.models.methods import read_method
 from app.widgets.failure_banner import FailureBanner
 from app.widgets.stop_bar import StopBar
 from app.widgets.log_tail import LogTail
@@ -161,6 +162,7 @@ class TrainingPanel(QWidget):
             self.note_label.setText("a run is already live here: stop it first")
             return False
         self._clear()
+        self.loss_plot.set_method(read_method(config_path))  # which plots this run fills
         self._starting_in = self._target[0]
         self.run_state.start()
         self._refresh_labels()
@@ -181,6 +183,7 @@ class TrainingPanel(QWidget):
             return False
         self._clear()
         folder = RunFolder(run_dir)
+        self.loss_plot.set_method(read_method(folder.config_json))
         self._status = folder.read_status() or {}
         state = effective_state(self._status)
         self.log_view.load_tail(folder.engine_log)
@@ -203,6 +206,7 @@ class TrainingPanel(QWidget):
             self.note_label.setText(f"only a stopped or failed run can be continued (this one is {state})")
             return False
         self._clear()
+        self.loss_plot.set_method(read_method(run_dir / "config.json"))
         self._continuing = True
         self.run_state.start(run_dir)
         self._started_t = time.time()
@@ -477,6 +481,7 @@ class TrainingPanel(QWidget):
         self._replaying = False
         self._clear_run_facts()
         self._reset_plots()
+        self.loss_plot.set_method(None)  # the next run's config says (or its metrics show) its method
         self.memory_plot.set_total(None)
         self.banner.hide()
         self.note_label.clear()

@@ -1,7 +1,10 @@
 """The Training panel's plots and their shared controls.
 
 Two pages of metric plots (losses: generator | critic; accuracy | gradient norms | learning rates)
-above memory | step time, which stay in view whatever page is chosen. The controls apply to all:
+above memory | step time, which stay in view whatever page is chosen. The plots shown are those the
+run's distillation method fills (plot_specs.METHOD_PLOTS: an LCM run has one consistency-loss plot
+and no critic or accuracy plot), plus any that has data, a compared run's included; the method comes
+from the run's config (set_method), or, when that is unknown, from the first metrics it logs. The controls apply to all:
 smoothing, log y, the x axis (iteration or elapsed wall-clock time), and other runs to compare
 (their metrics.csv read in a pool worker, drawn dashed). Every plot spans the same x range, so a
 generator curve that ends early (logged only on student updates) is seen to.
@@ -23,7 +26,8 @@ from app.models.plot_data import X_ELAPSED, X_ITERATION, OverlayRun, read_overla
 from app.models.series import SeriesStore
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.plot_legend import dash_style
-from app.widgets.plot_specs import ACCURACY, CRITIC, GENERATOR, GRADIENTS, LEARNING_RATE
+from app.models.methods import DEFAULT, DMD2, EMPTY_COLUMNS, LCM
+from app.widgets.plot_specs import ACCURACY, CONSISTENCY, CRITIC, GENERATOR, GRADIENTS, LEARNING_RATE, METHOD_PLOTS
 from app.widgets.plot_memory import MemoryPlot
 from app.widgets.plot_row import PlotRow
 from app.widgets.plots import MetricPlot, step_time_plot
@@ -31,6 +35,16 @@ from app.widgets.wheel_guard import guard_wheel
 
 _SLIDER_STEPS = 1000  # smoothing slider resolution: factor = position / 1000, up to 0.999
 _X_CHOICES = ((X_ITERATION, "iteration"), (X_ELAPSED, "wall-clock time"))
+_PAGE_WORDS = {"generator": "losses", "critic": "losses", "lcm": "losses", "accuracy": "accuracy",
+               "gradients": "gradients", "lr": "LR"}  # a page's title: the words of the plots it shows
+
+
+def guess_method(names) -> Optional[str]:
+    """The method whose columns the metric names are, None before a loss is logged."""
+    names = set(names)
+    if names.intersection(EMPTY_COLUMNS[DMD2]):  # loss_lcm
+        return LCM
+    return DMD2 if names.intersection(EMPTY_COLUMNS[LCM]) else None
 
 
 class PlotBoard(QWidget):
@@ -42,9 +56,12 @@ class PlotBoard(QWidget):
         super().__init__(parent)
         self._run_dir = run_dir
         self.generator, self.critic = MetricPlot(GENERATOR), MetricPlot(CRITIC)
+        self.consistency = MetricPlot(CONSISTENCY)
         self.accuracy, self.gradients, self.lr = MetricPlot(ACCURACY), MetricPlot(GRADIENTS), MetricPlot(LEARNING_RATE)
         self.memory_plot, self.step_plot = MemoryPlot(), step_time_plot()
-        self.pages = ([self.generator, self.critic], [self.accuracy, self.gradients, self.lr])
+        self.pages = ([self.generator, self.critic, self.consistency], [self.accuracy, self.gradients, self.lr])
+        self._method: Optional[str] = None  # from the run's config; None: guessed from the metrics
+        self._shown: Optional[list] = None  # which plots of each page are shown
         self._factor, self._store = 0.0, None
         self._pending: dict[MetricPlot, set[str]] = {}
         self._overlays: dict[str, OverlayRun] = {}
@@ -54,11 +71,13 @@ class PlotBoard(QWidget):
         self._build()
         for plot in self.plots():
             plot.reported.connect(self.status.setText)
+        self._show_method_plots()
 
     def _build(self) -> None:
         self.tabs = QTabWidget()
-        for title, plots in zip(("Losses", "Accuracy · gradients · LR"), self.pages):
-            self.tabs.addTab(PlotRow(plots), title)
+        self.rows = [PlotRow(plots) for plots in self.pages]
+        for row in self.rows:
+            self.tabs.addTab(row, "")
         self.tabs.setCornerWidget(self._controls(), Qt.TopRightCorner)
         self.tabs.currentChanged.connect(self._page_shown)
         split = QSplitter(Qt.Vertical)
@@ -117,6 +136,7 @@ class PlotBoard(QWidget):
                 self._pending.setdefault(plot, set()).update(dirty)
             else:
                 plot.refresh(store, dirty | self._pending.pop(plot, set()))
+        self._show_method_plots()
         self._share_x()
 
     def _hidden_plots(self) -> set[MetricPlot]:
@@ -145,11 +165,50 @@ class PlotBoard(QWidget):
                 plot.view.set_shared_x(span)
 
     def reset(self) -> None:
-        """Another run (or the events file was cut back): no data, fresh ranges; compared runs stay."""
+        """Another run (or the events file was cut back): no data, fresh ranges; compared runs stay.
+        The method stays: a resumed run replays its own metrics (the panel sets another run's)."""
         self._pending.clear()
         for plot in self.plots():
             plot.reset()
+        self._show_method_plots()
         self._share_x()
+
+    # ------------------------------------------------------------ which plots the method fills
+
+    def set_method(self, method: Optional[str]) -> None:
+        """The shown run's distillation.method (dmd2 | lcm); None: not known, guessed from its metrics."""
+        self._method = method
+        self._show_method_plots()
+
+    def method(self) -> str:
+        """The method whose plots are shown: the run's, else the one its metrics show, else the default."""
+        guessed = guess_method(self._store.names()) if self._store is not None else None
+        return self._method or guessed or DEFAULT
+
+    def shown_plots(self) -> list[MetricPlot]:
+        return [p for page in self.pages for p in page if not p.isHidden()]
+
+    def _show_method_plots(self) -> None:
+        """Show the method's plots and any other that has data (a compared run of the other method);
+        a method the app does not know shows every plot. Page titles name what they hold."""
+        wanted = METHOD_PLOTS.get(self.method())
+        shown = [[wanted is None or p.spec.name in wanted or self._has_data(p) for p in page] for page in self.pages]
+        if shown == self._shown:  # called on every redraw: relayout only on a change
+            return
+        self._shown = shown
+        for row, page, flags in zip(self.rows, self.pages, shown):
+            for plot, on in zip(page, flags):
+                plot.setVisible(on)
+            row.align()
+        for i, page in enumerate(self.pages):
+            words = list(dict.fromkeys(_PAGE_WORDS[p.spec.name] for p in page if not p.isHidden()))
+            title = " · ".join(words)
+            self.tabs.setTabText(i, title[:1].upper() + title[1:])
+
+    def _has_data(self, plot: MetricPlot) -> bool:
+        store = self._store
+        return plot.has_overlays() or (store is not None and any(
+            store.get(k) is not None and len(store.get(k)) for k in plot.curve_keys()))
 
     # ------------------------------------------------------------ shared settings
 
@@ -185,7 +244,7 @@ class PlotBoard(QWidget):
     # ------------------------------------------------------------ lookups (tests, the window)
 
     def loss_keys(self) -> list[str]:
-        return self.generator.keys_with_data() + self.critic.keys_with_data()
+        return [k for p in self.pages[0] for k in p.keys_with_data()]
 
     def plot_for(self, key: str) -> Optional[MetricPlot]:
         return next((p for p in self.plots() if key in p.curve_keys()), None)
@@ -227,6 +286,7 @@ class PlotBoard(QWidget):
         self._overlays[run.name] = run
         self.status.setText(f"comparing with {run.name} (dashed)")
         self._fill_compare_menu()
+        self._show_method_plots()
         self._share_x()
 
     def remove_overlay(self, name: str) -> None:
@@ -237,6 +297,7 @@ class PlotBoard(QWidget):
                 plot.remove_overlay(name)
         self.status.setText("")
         self._fill_compare_menu()
+        self._show_method_plots()
         self._share_x()
 
     def overlay_names(self) -> list[str]:

@@ -25,6 +25,7 @@ class PlotRow(QSplitter):
         self.align()
 
     def align(self) -> None:
-        tallest = max(plot.legend_height(plot.width()) for plot in self._plots)
-        for plot in self._plots:
+        shown = [plot for plot in self._plots if not plot.isHidden()]  # a hidden plot's width is stale
+        tallest = max((plot.legend_height(plot.width()) for plot in shown), default=0)
+        for plot in shown:
             plot.legend.setMinimumHeight(tallest)

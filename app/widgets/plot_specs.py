@@ -4,11 +4,16 @@ Keys are the metric event fields = metrics.csv columns (dmad/train/session.py ME
 losses are split the way DMAD trains them: the student (generator) steps only every K-th iteration
 (`critic_updates_per_generator_update`), so its losses are logged only on those rows; the critic
 (fake score + GAN head) steps every iteration. A metric keeps its colour in every plot and run.
+An LCM run (distillation.method lcm) logs loss_lcm, grad_norm_g and lr_generator and leaves the DMAD
+columns empty: METHOD_PLOTS says which plots each method fills, and the board shows only those (and
+any plot another run compared with has data for).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from app.models.methods import DMD2, LCM
 
 # Okabe-Ito-like hues brightened for the dark plot background: distinct for colour-blind readers.
 SKY, ORANGE, GREEN, YELLOW, PINK, VERMILION, GREY = ((86, 180, 233), (230, 159, 0), (0, 190, 140), (240, 228, 66),
@@ -94,5 +99,20 @@ STEP_TIME = PlotSpec(
     (CurveSpec("step_time_s", "step time (s)", GREEN), CurveSpec("data_time_s", "data time (s)", YELLOW)),
     y_from_zero=True, smooth=False, log_ok=False)
 
-LOSS_PLOTS = (GENERATOR, CRITIC)
+CONSISTENCY = PlotSpec(
+    "lcm", "Consistency loss (LCM)", "loss",
+    (CurveSpec("loss_lcm", "loss_lcm", SKY,
+               tip="pseudo-Huber consistency loss between the student at t_n+k and the EMA target at t_n after "
+                   "one guided DDIM step of the teacher"),),
+    tip="Latent consistency distillation: sqrt(d\u00b2 + c\u00b2) \u2212 c per latent element, averaged "
+        "(c = lcm_huber_c), between the student's output at t_n+k and the EMA target's at t_n, one guided DDIM "
+        "step of the teacher apart (k = 1000 / lcm_ddim_timesteps). The student steps every iteration; there is "
+        "no critic. The target follows the student (lcm_target_ema_decay), so this loss measures "
+        "self-consistency: read it with the samples.")
+
+LOSS_PLOTS = (GENERATOR, CRITIC, CONSISTENCY)
 HEALTH_PLOTS = (ACCURACY, GRADIENTS, LEARNING_RATE)
+# The plots each distillation method fills (PlotSpec names); a run of one method leaves the others'
+# columns empty, so they are not shown for it (an empty critic plot would look like a broken run).
+METHOD_PLOTS = {DMD2: ("generator", "critic", "accuracy", "gradients", "lr"),
+                LCM: ("lcm", "gradients", "lr")}

@@ -269,6 +269,9 @@ class MetricPlot(QWidget):
         self.legend.remove_entry("@" + name)
         self._update_empty()
 
+    def has_overlays(self) -> bool:
+        return bool(self._overlays)
+
     def overlay_curves(self, name: str) -> dict[str, pg.PlotDataItem]:
         ov = self._overlays.get(name)
         return dict(ov.curves) if ov else {}

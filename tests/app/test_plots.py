@@ -87,7 +87,7 @@ def test_each_group_has_its_own_plot_with_distinct_2px_colours(qtbot, board):
     fed(board)
     board.tabs.setCurrentIndex(1)  # the second page draws what waited while it was hidden
     expected = {"generator": ["loss_dm", "loss_g_gan", "loss_g"], "critic": ["loss_fake", "loss_d_gan", "loss_c"],
-                "accuracy": ["d_real_acc", "d_fake_acc"], "gradients": ["grad_norm_g", "grad_norm_c", "dm_grad_norm"],
+                "lcm": [], "accuracy": ["d_real_acc", "d_fake_acc"], "gradients": ["grad_norm_g", "grad_norm_c", "dm_grad_norm"],
                 "lr": ["lr_generator", "lr_critic"], "memory": ["mem_device_used_gb"],
                 "step_time": ["step_time_s", "data_time_s"]}
     assert {p.spec.name: p.keys_with_data() for p in board.plots()} == expected
