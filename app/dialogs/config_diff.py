@@ -1,4 +1,5 @@
-"""The "Compare configs" dialog: two runs' config.json side by side, one row per dotted field."""
+"""The "Compare configs" dialog: two runs' config.json side by side, one row per dotted field; a value
+its run's distillation method does not read is greyed and says so."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,6 +11,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogBut
 from app.models.config_diff import diff_configs, format_value
 
 _DIFF_BACKGROUND = QColor(255, 236, 179)  # amber tint: the rows that differ, when all rows are shown
+_UNUSED_FOREGROUND = QColor(130, 130, 130)  # a value the run's method does not read
 
 
 class ConfigDiffDialog(QDialog):
@@ -43,20 +45,25 @@ class ConfigDiffDialog(QDialog):
     def _fill(self) -> None:
         everything = diff_configs(self._a, self._b, show_all=True)
         differing = sum(d.differs for d in everything)
+        idle = sum(d.differs and bool(d.unused_a or d.unused_b) for d in everything)
         shown = everything if self.show_all.isChecked() else [d for d in everything if d.differs]
-        self.summary.setText(f"{differing} of {len(everything)} fields differ"
+        self.summary.setText((f"{differing} of {len(everything)} fields differ"
+                              + (f"; {idle} of them unused by one run's distillation method (greyed)" if idle else ""))
                              if differing else f"The configs are identical ({len(everything)} fields)")
         self.table.setRowCount(len(shown))
         bold = QFont()
         bold.setBold(True)
         for row, d in enumerate(shown):
-            cells = (d.path, format_value(d.a), format_value(d.b))
-            for col, text in enumerate(cells):
+            cells = ((d.path, ""), (format_value(d.a), d.unused_a), (format_value(d.b), d.unused_b))
+            for col, (value, unused) in enumerate(cells):
+                text = f"{value}  ({unused})" if unused else value
                 item = QTableWidgetItem(text)
                 item.setToolTip(text)
                 if d.differs and self.show_all.isChecked():
                     item.setBackground(QBrush(_DIFF_BACKGROUND))
                     item.setFont(bold)
+                if unused:
+                    item.setForeground(QBrush(_UNUSED_FOREGROUND))
                 self.table.setItem(row, col, item)
 
     def rows(self) -> list[tuple[str, str, str]]:

@@ -2,13 +2,17 @@
 
 Pure python, no Qt: nested dicts are flattened to dotted paths ("optimization.generator_lr");
 lists are leaves and compared whole (student_timesteps [999, 499] vs [999, 749, 499] is one
-difference, not three); a field present on one side only is shown as "(absent)".
+difference, not three); a field present on one side only is shown as "(absent)". A field that a
+side's distillation method does not read (critic_lr of an lcm run, lcm_huber_c of a dmd2 run) carries
+a note, so a DMAD run compared with an LCM run does not look like it differs where neither cares.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from app.models.methods import is_unused, method_of, unused_note
 
 
 class _Absent:
@@ -27,6 +31,8 @@ class FieldDiff:
     a: Any        # value in A, or ABSENT
     b: Any        # value in B, or ABSENT
     differs: bool
+    unused_a: str = ""  # "unused with method lcm": A's method does not read this field
+    unused_b: str = ""
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -64,13 +70,15 @@ def _both_numbers(a: Any, b: Any) -> bool:
 def diff_configs(a: dict, b: dict, show_all: bool = False) -> list[FieldDiff]:
     """The fields of A and B in A's order (then B's extra fields); only differing ones unless show_all."""
     fa, fb = flatten(a), flatten(b)
+    ma, mb = method_of(a), method_of(b)
     paths = list(fa) + [p for p in fb if p not in fa]
     out = []
     for path in paths:
         va, vb = fa.get(path, ABSENT), fb.get(path, ABSENT)
         differs = not same_value(va, vb)
         if differs or show_all:
-            out.append(FieldDiff(path, va, vb, differs))
+            out.append(FieldDiff(path, va, vb, differs, unused_a=unused_note(ma) if is_unused(ma, path) else "",
+                                 unused_b=unused_note(mb) if is_unused(mb, path) else ""))
     return out
 
 

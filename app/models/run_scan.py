@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
+from app.models.methods import method_of
 from app.models.resume import CONTINUABLE
 from app.models.run_files import NOTE_NAME, read_note
 from dmad.contract.events import is_iteration_metric, parse_line
@@ -47,6 +48,7 @@ class RunRow:
     teacher: str = ""
     dataset: str = ""
     prompt_set: str = ""
+    method: str = ""                 # distillation.method: dmd2 | lcm ("" without a config)
     student_steps: Optional[int] = None
     batch: Optional[int] = None      # effective batch: train_batch_size x gradient_accumulation_steps
     batch_parts: tuple[Optional[int], Optional[int]] = (None, None)
@@ -236,6 +238,7 @@ def _fill_from_config(row: RunRow, config: Optional[dict]) -> None:
     data_dir = _get(config, "identity.train_data_dir")
     row.dataset = PurePath(data_dir).name if isinstance(data_dir, str) else ""
     row.student_steps = _int(_get(config, "distillation.student_steps"))
+    row.method = str(method_of(config)) if config is not None else ""
     per_step = _int(_get(config, "resources.train_batch_size"))
     accumulation = _int(_get(config, "resources.gradient_accumulation_steps"))
     row.batch_parts = (per_step, accumulation)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 
+from app.models.methods import EMPTY_COLUMNS, WHAT, is_unused, label, short_name, unused_note
 from app.models.run_scan import RunRow
 
 STATE_COLOURS = {
@@ -21,7 +22,7 @@ STATE_COLOURS = {
     "failed": QColor(207, 34, 46), "error": QColor(207, 34, 46), "not a run": QColor(150, 150, 150),
 }
 COLUMNS = ("Name", "Status", "Note", "Iteration", "Last checkpoint", "Started", "Teacher", "Dataset",
-           "Prompt set", "Student steps", "Batch", "Learning rates (G / C)", "Last losses", "Updated")
+           "Prompt set", "Method", "Student steps", "Batch", "Learning rates (G / C)", "Last losses", "Updated")
 NUMERIC = {"Iteration", "Last checkpoint", "Started", "Student steps", "Batch", "Updated"}
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 
@@ -44,6 +45,11 @@ def _lr(x: Optional[float]) -> str:
     return "?" if x is None else f"{x:g}"
 
 
+def _critic_unused(row: RunRow) -> bool:
+    """The run's method trains no critic (lcm): its critic_lr is a kept, unread value."""
+    return is_unused(row.method, "optimization.critic_lr")
+
+
 def _cell(row: RunRow, column: str) -> tuple[str, Any]:
     """(display text, sort key) of one cell; sort keys are numbers or lower-case text."""
     if column == "Name":
@@ -63,8 +69,12 @@ def _cell(row: RunRow, column: str) -> tuple[str, Any]:
         return ("" if row.student_steps is None else str(row.student_steps)), row.student_steps or 0
     if column == "Batch":
         return ("" if row.batch is None else str(row.batch)), row.batch or 0
+    if column == "Method":
+        text = short_name(row.method) if row.method else ""
+        return text, text.lower()
     if column == "Learning rates (G / C)":
-        text = "" if row.config is None else f"{_lr(row.generator_lr)} / {_lr(row.critic_lr)}"
+        critic = "-" if _critic_unused(row) else _lr(row.critic_lr)
+        text = "" if row.config is None else f"{_lr(row.generator_lr)} / {critic}"
         return text, row.generator_lr or 0.0
     if column == "Last losses":
         text = _losses(row.metrics)
@@ -85,10 +95,17 @@ def _tooltip(row: RunRow, column: str) -> str:
         return (row.name + "\n" + str(row.path) + (f"\n{row.reason}" if row.reason and row.state != "failed" else "")
                 + (f"\n\nNote: {row.note}" if row.note else ""))
     if column == "Last losses" and row.metrics:
-        return "\n".join(f"{k}: {v:.6g}" if v is not None else f"{k}: -" for k, v in row.metrics.items())
+        other = EMPTY_COLUMNS.get(row.method, ())  # the other method's columns, always empty here
+        return "\n".join(f"{k}: {v:.6g}" if v is not None else f"{k}: -" for k, v in row.metrics.items()
+                         if v is not None or k not in other)
     if column == "Batch" and row.batch is not None:
         per_step, accumulation = row.batch_parts
         return f"{per_step} per step x {accumulation} accumulation steps"
+    if column == "Method" and row.method:
+        return f"{label(row.method)}: {WHAT[row.method]}" if row.method in WHAT else row.method
+    if column == "Learning rates (G / C)" and _critic_unused(row):
+        return (f"generator (student) {_lr(row.generator_lr)}; no critic with method {row.method} "
+                f"(critic_lr {_lr(row.critic_lr)}: {unused_note(row.method)})")
     if column == "Teacher" and row.config:
         return str(row.config.get("identity", {}).get("pretrained_model_name_or_path", ""))
     return _cell(row, column)[0]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from app.models.methods import label, read_method
+
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 TEACHER = "teacher"
 # teacher | iter_<N>, and `dmad sample`'s re-renders beside them: <name>-r2, -r3, ... (never replaced)
@@ -44,6 +46,7 @@ class SamplesIndex:
     columns: tuple[Checkpoint, ...]
     prompt_set: dict = field(default_factory=dict)  # the run's prompt_set.json ({} when absent)
     prompt_note: str = ""
+    method: str = ""                         # the run's distillation.method ("" when config.json is unreadable)
 
     def image(self, row: int, col: int) -> Optional[ImageFile]:
         return self.columns[col].images.get(self.rows[row])
@@ -112,7 +115,8 @@ def scan_samples(run_dir: Optional[Path]) -> SamplesIndex:
     rows = [str(it["id"]) for it in items if isinstance(it, dict) and isinstance(it.get("id"), str)]
     known = set(rows)
     extra = sorted({stem for c in columns for stem in c.images} - known)
-    return SamplesIndex(run_dir, tuple(rows + extra), tuple(columns), prompt_set, note)
+    return SamplesIndex(run_dir, tuple(rows + extra), tuple(columns), prompt_set, note,
+                        read_method(run_dir / "config.json") or "")
 
 
 # ---------------------------------------------------------------- provenance
@@ -141,8 +145,11 @@ def provenance(index: SamplesIndex, row: int, col: int) -> list[tuple[str, str]]
     c, prompt_id = index.columns[col], index.rows[row]
     meta_item, set_item = _item(index, c, prompt_id)
     image = c.images.get(prompt_id)
-    lines = [("checkpoint", c.name + (f" ({c.meta['model']})" if c.meta.get("model") else "")),
-             ("prompt id", prompt_id)]
+    lines = [("checkpoint", c.name + (f" ({c.meta['model']})" if c.meta.get("model") else ""))]
+    method = c.meta.get("method") or index.method  # meta.json's word when it has one, else the run's config
+    if method and checkpoint_of(c.name) != TEACHER:
+        lines.append(("distilled by", label(method)))
+    lines.append(("prompt id", prompt_id))
     if not c.meta:
         lines.append(("meta.json", f"samples/{c.name}: {c.meta_note or 'empty'}; provenance unknown"))
         if set_item.get("prompt"):

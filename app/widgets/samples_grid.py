@@ -12,7 +12,7 @@ panel's header says so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -66,7 +66,7 @@ def scan_grid(run_dir: Optional[Path]) -> GridListing:
     rendered = {checkpoint_of(c.name) for c in index.columns}
     extra = [Checkpoint(f"iter_{i}", {}, {}, NO_SAMPLES) for i in iters if str(i) not in rendered]
     columns = tuple(sorted(index.columns + tuple(extra), key=lambda c: checkpoint_order(c.name)))
-    index = SamplesIndex(index.run_dir, index.rows, columns, index.prompt_set, index.prompt_note)
+    index = replace(index, columns=columns)
     live = effective_state(run.read_status()) in LIVE_STATES
     return GridListing(index, iters, live, _student_kind(run))
 
