@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--json", type=_path, metavar="OUT", help="also write the results as JSON")
     distill.add_argument("--out", type=_path, metavar="DIR", help="keep the distillation run here (default: a temp folder)")
     distill.add_argument("--config", type=_path, metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
+    distill.add_argument("--methods", default="dmad", metavar="LIST",
+                         help="dmad, or dmad,lcm: also distil with latent consistency distillation on DMAD's wall-clock "
+                              "budget and evaluate it beside DMAD (and at equal teacher passes)")
+    distill.add_argument("--lcm-config", type=_path, metavar="FILE",
+                         help="LCM's config with --methods dmad,lcm (default: resources/configs/demo_lcm.json)")
     distill.set_defaults(handler=_cmd_bench_distill)
 
     check = sub.add_parser(
@@ -318,7 +323,8 @@ def _cmd_make_teacher(args: argparse.Namespace, ctx: _Context) -> int:
 def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.demo.bench import main_distill
 
-    return main_distill(quick=args.quick, json_out=args.json, out_dir=args.out, config=args.config)
+    return main_distill(quick=args.quick, json_out=args.json, out_dir=args.out, config=args.config,
+                        methods=args.methods, lcm_config=args.lcm_config)
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:

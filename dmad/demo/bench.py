@@ -10,6 +10,13 @@
    real command line (`dmad train`, a subprocess, timed wall to wall).
 3. The student samples the same prompts and seeds at 1, 2 and 4 steps: its own timesteps
    (999), (999, 499) and (999, 749, 499, 249), each a prefix-spaced subset of what it trained on.
+With --methods dmad,lcm, latent consistency distillation (resources/configs/demo_lcm.json, the
+peer method) distils the same teacher on the same data after DMAD, under DMAD's wall-clock
+budget: the bench starts it with no step limit of its own and sends it the `stop` control command
+(checkpoint, then stop) when DMAD's wall time has passed. Its checkpoint at the iteration where it
+has used as many teacher evaluations as DMAD did (DMAD: one CFG teacher pass per student step, on
+the student's batch; LCM: one per iteration) is evaluated too: the second, equal-teacher-evaluation
+budget. LCM's student samples at LCMScheduler's timesteps (999), (999, 499), (999, 759, 499, 259).
 4. The shipped evaluator (dmad.demo.evaluator) scores every set: FD to held-out real renders of
    the same captions (a conditional FD: the reference shares the samples' captions),
    FD to the teacher's 50-step set A, prompt adherence, per-prompt diversity; plus network
@@ -49,7 +56,9 @@ class BenchSettings:
     baseline_steps: tuple[int, ...] = (1, 2, 4)
     student_steps: tuple[int, ...] = (1, 2, 4)
     batch_size: int = 64
-    train_overrides: tuple[str, ...] = ()   # --set items for the distillation
+    train_overrides: tuple[str, ...] = ()   # --set items for the distillation (each method's)
+    methods: tuple[str, ...] = ("dmad",)   # "dmad", and "lcm" for the peer method beside it
+    lcm_step_cap: int = 100   # LCM's max_train_steps, in equal-teacher-pass iterations (DMAD's wall clock stops it first)
 
 
 FULL = BenchSettings()
@@ -81,6 +90,7 @@ class BenchResult:
     machine: dict
     rows: list[Row] = field(default_factory=list)
     distill: dict = field(default_factory=dict)
+    distill_lcm: dict = field(default_factory=dict)
     targets: list[dict] = field(default_factory=list)
     wall_time_s: float = 0.0
 
@@ -234,26 +244,101 @@ def _evaluate(classifier, images, items, real_stats, teacher_stats) -> dict:
     }
 
 
-def run_distillation(out: Path, s: BenchSettings, config: Path, log: Callable[[str], None]) -> dict:
-    """`dmad train` in a subprocess, timed wall to wall. Events go to the run folder; stderr to a log."""
-    run_dir = out / "run"
+def run_distillation(out: Path, s: BenchSettings, config: Path, log: Callable[[str], None], name: str = "run",
+                     extra: tuple[str, ...] = (), stop_after_s: Optional[float] = None) -> dict:
+    """`dmad train` in a subprocess, timed wall to wall. Events go to the run folder; stderr to a log.
+    `stop_after_s`: send the run the `stop` control command (checkpoint, then stop) once that much
+    wall time has passed since it started: a wall-clock budget."""
+    from dmad.contract.runlog import append_control
+
+    run_dir = out / name
     argv = [sys.executable, "-m", "dmad", "train", "--config", str(config), "--run-dir", str(run_dir)]
-    for item in s.train_overrides:
+    for item in (*s.train_overrides, *extra):
         argv += ["--set", item]
-    log(f"distilling: {' '.join(argv[2:])}")
-    stderr_path = out / "train.stderr.log"
+    log(f"distilling: {' '.join(argv[2:])}" + (f" (stopped after {stop_after_s:.0f} s)" if stop_after_s else ""))
+    stderr_path = out / f"{name}.stderr.log" if name != "run" else out / "train.stderr.log"
     t0 = time.perf_counter()
+    stop_sent = None
     with open(stderr_path, "wb") as err:
-        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, check=False)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if stop_after_s is not None and stop_sent is None and time.perf_counter() - t0 >= stop_after_s:
+                if (run_dir / "config.json").is_file():  # the run folder exists: the engine reads control.jsonl
+                    append_control(run_dir, "stop")
+                    stop_sent = round(time.perf_counter() - t0, 1)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = stderr_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
         raise RunFailed(f"the distillation exited with {proc.returncode}: {tail[0]} (log: {stderr_path})")
-    return {"wall_time_s": round(wall, 1), "run_dir": str(run_dir), "command": " ".join(argv)}
+    return {"wall_time_s": round(wall, 1), "run_dir": str(run_dir), "command": " ".join(argv),
+            **({"stop_sent_at_s": stop_sent} if stop_after_s is not None else {})}
+
+
+def teacher_passes(cfg, state) -> int:
+    """Images the guided teacher was run on in a distillation (each is one CFG pass, 2 network
+    evaluations for a CFG teacher): DMAD's student steps (generator_steps) x effective batch, or
+    LCM's iterations x effective batch."""
+    steps = state.iter if cfg.distillation.method == "lcm" else state.generator_steps
+    return steps * cfg.effective_batch()
+
+
+def run_lcm(out: Path, s: BenchSettings, lcm_config: Optional[Path], dmad_cfg, dmad_state, dmad_dist: dict,
+            result: BenchResult, teacher, captions, noise, ref_stats, add, timed, log) -> None:
+    """The peer method: LCM on DMAD's wall-clock budget (stopped when DMAD's wall time has passed),
+    with a checkpoint at the iteration where its teacher passes equal DMAD's; both evaluated at
+    1, 2 and 4 steps, and the other checkpoints at 4 steps (its learning curve)."""
+    from dmad.contract.config import load_config
+    from dmad.contract.paths import resource
+    from dmad.contract.runs import RunFolder
+
+    path = Path(lcm_config) if lcm_config else resource("configs", "demo_lcm.json")
+    lcm_cfg = load_config(path, list(s.train_overrides))
+    if lcm_cfg.distillation.method != "lcm":
+        raise UserInputError(f"--lcm-config {path}: distillation.method is {lcm_cfg.distillation.method!r}, not 'lcm'")
+    passes = teacher_passes(dmad_cfg, dmad_state)
+    equal = max(1, round(passes / lcm_cfg.effective_batch()))  # LCM iteration with DMAD's teacher passes
+    every = equal // 2 if equal % 2 == 0 else equal
+    extra = (f"optimization.max_train_steps={s.lcm_step_cap * equal}", f"observation.checkpointing_steps={every}",
+             f"observation.validation_steps={every}")
+    dist = run_distillation(out, s, path, log, name="run_lcm", extra=extra, stop_after_s=dmad_dist["wall_time_s"])
+    student, state, iteration = load_student(Path(dist["run_dir"]), teacher)
+    dist.update(iterations=iteration, student_timesteps=state.student_timesteps, config=str(path),
+                teacher_passes=teacher_passes(lcm_cfg, state), dmad_teacher_passes=passes,
+                equal_teacher_passes_iter=equal)
+    result.distill_lcm = dist
+    log(f"LCM: {iteration} iterations in {dist['wall_time_s']:.0f} s (DMAD: {dmad_dist['wall_time_s']:.0f} s); "
+        f"equal teacher passes ({passes}) at iteration {equal}")
+    res = lcm_cfg.resources.resolution
+
+    def rows(net, st, suffix: str, note: str, steps) -> None:
+        for k in steps:
+            ts = student_timesteps_for(list(st.student_timesteps), k)
+            images, sec = timed(lambda ts=ts: sample_student_images(net, teacher, captions, noise, ts, s.batch_size, res))
+            add("student", f"LCM student {k} step{'s' if k > 1 else ''}{suffix}", k, k, images, sec, ref_stats,
+                f"timesteps {ts}; {note}")
+
+    rows(student, state, "", f"{iteration} iterations, DMAD's wall clock", s.student_steps)
+    top = max(s.student_steps)
+    for it, ckpt in RunFolder(dist["run_dir"]).list_checkpoints():
+        if it == iteration:
+            continue
+        early, st, _ = load_student(Path(dist["run_dir"]), teacher, ckpt)
+        if it == equal:
+            rows(early, st, " @ equal teacher passes", f"iteration {it}: {passes} teacher passes, as DMAD's",
+                 s.student_steps)
+        else:
+            rows(early, st, f" @ iter {it}", "earlier checkpoint", (top,))
+    if equal == iteration:
+        rows(student, state, " @ equal teacher passes", f"iteration {equal}: {passes} teacher passes, as DMAD's",
+             s.student_steps)
+    elif equal > iteration:
+        log(f"LCM stopped at iteration {iteration}, before the equal-teacher-pass iteration {equal}")
 
 
 def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> BenchResult:
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+              lcm_config: Optional[Path] = None) -> BenchResult:
     import torch
 
     from dmad.contract.config import load_config
@@ -318,6 +403,8 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     ref_label = f"teacher {s.teacher_steps} steps + CFG"
     grid_labels = {ref_label, f"teacher {max(s.baseline_steps)} steps + CFG",
                    *(f"student {k} step{'s' if k > 1 else ''}" for k in s.student_steps)}
+    if "lcm" in s.methods:
+        grid_labels |= {f"LCM student {k} step{'s' if k > 1 else ''}" for k in (min(s.student_steps), max(s.student_steps))}
     images, sec = timed(lambda: sample_teacher(teacher, captions, noise_a, s.teacher_steps, cfg_scale, s.batch_size))
     ref = add("teacher", ref_label, s.teacher_steps, 2 * s.teacher_steps, images, sec, None, "reference (seed set A)")
     ref_stats = ref["stats"]
@@ -363,6 +450,9 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
         images, sec = timed(lambda: sample_student_images(early, teacher, captions, noise_a, ts, s.batch_size,
                                                            cfg.resources.resolution))
         add("student", f"student {top} steps @ iter {it}", top, top, images, sec, ref_stats, "earlier checkpoint")
+
+    if "lcm" in s.methods:
+        run_lcm(out, s, lcm_config, cfg, state, dist, result, teacher, captions, noise_a, ref_stats, add, timed, log)
 
     result.targets = check_targets(result, s)
     write_grid(out / "grid.png", grid, captions[:: s.seeds_per_prompt][:GRID_PROMPTS])
@@ -438,6 +528,28 @@ def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
     if r.distill:
         target("distillation within 20 minutes", r.distill["wall_time_s"] <= 1200,
                f"{r.distill['wall_time_s'] / 60:.1f} min")
+    l4, l1 = labels.get("LCM student 4 steps"), labels.get("LCM student 1 step")
+    e4 = labels.get("LCM student 4 steps @ equal teacher passes")
+
+    def beats(a: Row, b: Row, what: str) -> None:
+        target(f"DMAD {what} beats LCM's on FD_real and adherence", a.fd_real < b.fd_real and a.adherence > b.adherence,
+               f"FD_real {a.fd_real:.2f} vs {b.fd_real:.2f}; adherence {a.adherence:.1%} vs {b.adherence:.1%}")
+
+    if s4 and l4:
+        beats(s4, l4, "4-step, same wall clock,")
+    if s4 and e4:
+        beats(s4, e4, "4-step, same teacher passes,")
+    if s1 and l1:
+        # "a wide margin": LCM's 1-step FD_real at least twice DMAD's, and DMAD's adherence higher
+        target("DMAD 1-step beats LCM's by a wide margin (FD_real <= 0.5x LCM's, adherence higher)",
+               s1.fd_real <= 0.5 * l1.fd_real and s1.adherence > l1.adherence,
+               f"FD_real {s1.fd_real:.2f} vs {l1.fd_real:.2f} ({s1.fd_real / max(l1.fd_real, 1e-12):.2f}x); "
+               f"adherence {s1.adherence:.1%} vs {l1.adherence:.1%}")
+    if l4 and t4:
+        # "clearly": LCM's 95% interval lies wholly below the teacher's
+        hi, lo = (l4.fd_real_ci or (l4.fd_real, l4.fd_real))[1], (t4.fd_real_ci or (t4.fd_real, t4.fd_real))[0]
+        target("LCM 4-step clearly beats the teacher's 4 steps + CFG (FD_real intervals apart)", hi < lo,
+               f"{l4.fd_real:.2f} (upper {hi:.2f}) vs {t4.fd_real:.2f} (lower {lo:.2f})")
     return out
 
 
@@ -469,6 +581,12 @@ def format_table(r: BenchResult) -> str:
         d = r.distill
         lines += ["", f"Distillation: {d['iterations']} iterations, student timesteps {d['student_timesteps']}, "
                       f"{d['wall_time_s']:.0f} s wall ({d['wall_time_s'] / 60:.1f} min). Whole bench: {r.wall_time_s:.0f} s."]
+    if r.distill_lcm:
+        d = r.distill_lcm
+        lines += [f"LCM ({Path(d['config']).name}): {d['iterations']} iterations, student timesteps "
+                  f"{d['student_timesteps']}, {d['wall_time_s']:.0f} s wall (stop sent at {d.get('stop_sent_at_s')} s, "
+                  f"DMAD's wall time); {d['teacher_passes']} teacher passes against DMAD's {d['dmad_teacher_passes']}, "
+                  f"equal at iteration {d['equal_teacher_passes_iter']}."]
     if r.targets:
         lines += ["", "| target | met | measured |", "|---|---|---|"]
         lines += [f"| {t['target']} | {'yes' if t['met'] else 'NO'} | {t['measured']} |" for t in r.targets]
@@ -477,23 +595,44 @@ def format_table(r: BenchResult) -> str:
 
 def to_json(r: BenchResult) -> dict:
     return {"settings": r.settings, "machine": r.machine, "rows": [asdict(x) for x in r.rows],
-            "distill": r.distill, "targets": r.targets, "wall_time_s": r.wall_time_s}
+            "distill": r.distill, "distill_lcm": r.distill_lcm, "targets": r.targets, "wall_time_s": r.wall_time_s}
 
 
-def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str]) -> int:
+METHODS = ("dmad", "lcm")
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """--methods: a comma-separated list that includes dmad (every comparison is against it)."""
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UserInputError(f"--methods {text!r}: unknown method {unknown[0] if unknown else '(none)'!r}; "
+                             f"choose from {', '.join(METHODS)}")
+    if "dmad" not in methods:
+        raise UserInputError(f"--methods {text!r}: must include dmad (the budget and comparison are DMAD's)")
+    return tuple(m for m in METHODS if m in methods)
+
+
+def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str],
+                 methods: str = "dmad", lcm_config: Optional[str] = None) -> int:
     """The `dmad bench distill` command: prints the table on stdout, progress on stderr."""
+    from dataclasses import replace
+
     from dmad.contract.runs import atomic_write_json
 
-    s = QUICK if quick else FULL
+    s = replace(QUICK if quick else FULL, methods=parse_methods(methods))
+    if lcm_config and "lcm" not in s.methods:
+        raise UserInputError("--lcm-config needs --methods dmad,lcm")
     if out_dir:
         out = Path(out_dir).expanduser().resolve()
         if out.exists() and any(out.iterdir()):
             raise UserInputError(f"--out {out}: folder exists and is not empty")
         out.mkdir(parents=True, exist_ok=True)
-        result = run_bench(s, out, Path(config) if config else None)
+        result = run_bench(s, out, Path(config) if config else None, lcm_config=Path(lcm_config) if lcm_config else None)
     else:
         with tempfile.TemporaryDirectory(prefix="dmad-bench-") as tmp:
-            result = run_bench(s, Path(tmp), Path(config) if config else None)
+            result = run_bench(s, Path(tmp), Path(config) if config else None,
+                               lcm_config=Path(lcm_config) if lcm_config else None)
     if json_out:
         atomic_write_json(Path(json_out), to_json(result))
     print(format_table(result), flush=True)

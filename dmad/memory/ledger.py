@@ -204,7 +204,7 @@ def _saved_base_weights(n_den: int, family: str, *, teacher_precision: str, mixe
 def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
                     gradient_checkpointing: bool, train_batch_size: int, resolution: int,
                     optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False,
-                    share_frozen_base: bool = True) -> Ledger:
+                    share_frozen_base: bool = True, method: str = "dmd2") -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
@@ -223,14 +223,21 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     line counted once in teacher_precision, and the student and fake-score lines are their
     adapters alone; offload moves that base, as it moves the teacher otherwise. Without gradient
     checkpointing the graphs through the adapters may keep extra base weights
-    (_saved_base_weights), a line of its own."""
+    (_saved_base_weights), a line of its own.
+
+    method lcm (latent consistency distillation): no fake score and no GAN head; the student is its
+    own copy (full, or LoRA on a frozen copy, as diffusers' LCM-LoRA scripts); its EMA target is a
+    second fp32 set of the student's trainable weights, plus one more while the target's pass runs
+    with them swapped in; one graph with gradients (the student's) at the peak."""
     from dmad.models.families import FAMILIES
     from dmad.models.networks import shares_base
 
     wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
     n_den = info.denoiser_params
     word = _denoiser_word(info)
-    shared = shares_base(student, fake_score, share_frozen_base)
+    lcm = method == "lcm"
+    shared = not lcm and shares_base(student, fake_score, share_frozen_base)
+    graphs = 1 if lcm else GRAPHS_AT_PEAK
     encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
     n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
     vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
@@ -240,16 +247,16 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     if info.denoiser == "unet":
         latent = resolution // info.vae_scale_factor
         base = info.unet_block_out_channels[0]
-        act = (ACTIVATION_VALUES * GRAPHS_AT_PEAK * train_batch_size * latent * latent * base * wb
+        act = (ACTIVATION_VALUES * graphs * train_batch_size * latent * latent * base * wb
                * (CHECKPOINTING_FACTOR if gradient_checkpointing else 1.0))
         act_how = (f"{ACTIVATION_VALUES} values x batch {train_batch_size} x {latent}x{latent} latent px x "
-                   f"{base} base channels x {GRAPHS_AT_PEAK} UNet graphs, {dt}"
+                   f"{base} base channels x {graphs} UNet graph{'s' if graphs > 1 else ''}, {dt}"
                    + (f", x{CHECKPOINTING_FACTOR} for gradient checkpointing" if gradient_checkpointing else "")
                    + "; memory-efficient attention assumed")
     else:
         values, how = transformer_activation_values(info, resolution, gradient_checkpointing)
-        act = values * GRAPHS_AT_PEAK * train_batch_size * wb
-        act_how = (f"{how} x batch {train_batch_size} x {GRAPHS_AT_PEAK} transformer graphs, {dt}; "
+        act = values * graphs * train_batch_size * wb
+        act_how = (f"{how} x batch {train_batch_size} x {graphs} transformer graph{'s' if graphs > 1 else ''}, {dt}; "
                    f"memory-efficient attention assumed")
     teacher_gib = n_den * tb / GIB
     teacher_how = f"{info.family}: {n_den / 1e6:.0f} M params in {tdt}, no grads"
@@ -262,14 +269,22 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
     sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
     why = "" if shared else _why_not_shared(student, fake_score, share_frozen_base)
+    if lcm:
+        why = "LCM's student is its own copy (as diffusers' LCM-LoRA scripts)"
     lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, teacher_gib, teacher_how)]
-    lines += [
-        _trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why),
-        _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision, shared, why),
-        LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
-                   f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
-                   f"fp32 + grads + optimizer states"),
-    ]
+    lines.append(_trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why))
+    if lcm:
+        n_train = n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank
+        lines.append(LedgerLine("LCM target (EMA of the student)", 2 * n_train * 4 / GIB,
+                                f"{n_train / 1e6:.1f} M trainable params fp32, twice: the EMA target and the "
+                                f"student's own weights kept while the target's pass runs with it swapped in"))
+    else:
+        lines += [
+            _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision, shared, why),
+            LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
+                       f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
+                       f"fp32 + grads + optimizer states"),
+        ]
     if sd_labels:
         lines.append(LedgerLine("VAE + text encoder (frozen)", (n_vae * vb + n_text * wb) / GIB,
                                 f"{(n_vae + n_text) / 1e6:.0f} M params in {dt}"))
@@ -329,7 +344,8 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
                            mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
                            train_batch_size=r.train_batch_size, resolution=r.resolution,
                            optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
-                           teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base)
+                           teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base,
+                           method=cfg.distillation.method)
 
 
 def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
@@ -344,6 +360,6 @@ def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
             "inputs": {"train_batch_size": r.train_batch_size, "resolution": r.resolution,
                        "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
                        "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
-                       "share_frozen_base": r.share_frozen_base,
+                       "share_frozen_base": r.share_frozen_base, "method": cfg.distillation.method,
                        "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
                        "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family}}

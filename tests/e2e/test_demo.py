@@ -94,12 +94,14 @@ def small_bench(tmp_path_factory, tiny_prompt_set):
     small = bench.BenchSettings(prompts=8, seeds_per_prompt=2, real_per_prompt=8, teacher_steps=6, batch_size=16,
                                 train_overrides=("optimization.max_train_steps=4", "observation.checkpointing_steps=2",
                                                  "observation.validation_steps=4", "observation.log_every_steps=2",
-                                                 f"observation.prompt_set={tiny_prompt_set}"))
+                                                 f"observation.prompt_set={tiny_prompt_set}"),
+                                lcm_step_cap=2)
     tmp = tmp_path_factory.mktemp("bench")
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
         mp.setattr(bench, "QUICK", small)
-        code = bench.main_distill(quick=True, json_out=str(tmp / "bench.json"), out_dir=str(tmp / "b"), config=None)
+        code = bench.main_distill(quick=True, json_out=str(tmp / "bench.json"), out_dir=str(tmp / "b"), config=None,
+                                  methods="dmad,lcm")
     assert code == 0
     return stdout.getvalue(), json.loads((tmp / "bench.json").read_text()), tmp / "b"
 
@@ -121,11 +123,49 @@ def test_bench_distill_runs_every_row_and_draws_its_grid(small_bench):
     assert {t["target"] for t in doc["targets"]}  # every target is checked and reported
     from PIL import Image
 
-    # the picture of the bench: 8 prompts x (teacher 6 steps, teacher 4 steps, students at 1, 2, 4 steps), 2x size
+    # the picture of the bench: 8 prompts x (teacher 6 steps, teacher 4 steps, students at 1, 2, 4 steps,
+    # LCM's students at 1 and 4 steps), 2x size
     with Image.open(folder / "grid.png") as im:
-        assert im.size == (250 + 5 * (128 + 4), 18 + 8 * (128 + 4))
+        assert im.size == (250 + 7 * (128 + 4), 18 + 8 * (128 + 4))
         tile = im.convert("RGB").crop((250, 18, 250 + 128, 18 + 128))  # the teacher's first sample
         assert len(tile.getcolors(128 * 128)) > 1  # an image, not the sheet's blank background
+
+
+def test_bench_distill_puts_lcm_beside_dmad_on_the_same_budgets(small_bench):
+    """--methods dmad,lcm: LCM distils the same teacher after DMAD, stopped by DMAD's wall clock (or
+    its step cap), with the checkpoint where its teacher passes equal DMAD's evaluated at 1, 2 and 4
+    steps, and its targets checked against DMAD's rows."""
+    table, doc, folder = small_bench
+    rows = {row["label"]: row for row in doc["rows"]}
+    lcm = doc["distill_lcm"]
+    # DMAD: 4 iterations, a student step every 2nd (critic ratio 2) on batch 8 = 16 teacher passes;
+    # LCM: one teacher pass per image per iteration on batch 8, so equal at iteration 2
+    assert lcm["dmad_teacher_passes"] == 16 and lcm["equal_teacher_passes_iter"] == 2
+    assert lcm["student_timesteps"] == [999, 759, 499, 259]
+    assert lcm["teacher_passes"] == 8 * lcm["iterations"] and 2 <= lcm["iterations"] <= 4
+    for k, ts in ((1, [999]), (2, [999, 499]), (4, [999, 759, 499, 259])):
+        for suffix in ("", " @ equal teacher passes"):
+            row = rows[f"LCM student {k} step{'s' if k > 1 else ''}{suffix}"]
+            assert row["nfe"] == k and row["notes"].startswith(f"timesteps {ts}") and row["fd_real"] > 0
+    targets = {t["target"] for t in doc["targets"]}
+    assert {"DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence",
+            "DMAD 4-step, same teacher passes, beats LCM's on FD_real and adherence",
+            "DMAD 1-step beats LCM's by a wide margin (FD_real <= 0.5x LCM's, adherence higher)",
+            "LCM 4-step clearly beats the teacher's 4 steps + CFG (FD_real intervals apart)"} <= targets
+    assert "| LCM student 4 steps @ equal teacher passes |" in table and "LCM (demo_lcm.json)" in table
+    ckpts = sorted(p.name for p in (folder / "run_lcm" / "checkpoints").iterdir())
+    assert "iter_2" in ckpts
+
+
+def test_bench_methods_must_be_known_and_include_dmad():
+    from dmad.demo.bench import parse_methods
+    from dmad.errors import UserInputError
+
+    assert parse_methods("lcm, dmad") == ("dmad", "lcm")
+    with pytest.raises(UserInputError, match="unknown method 'lcd'"):
+        parse_methods("dmad,lcd")
+    with pytest.raises(UserInputError, match="must include dmad"):
+        parse_methods("lcm")
 
 
 def test_the_few_step_flow_baseline_uses_every_step():

@@ -119,3 +119,22 @@ def test_the_target_is_a_constant_rate_ema_and_swapping_it_in_puts_the_student_b
         p.add_(1.0)
     t0.step([p])
     assert t0.shadow[0].tolist() == [4.0, 1.0]
+
+
+def test_the_memory_ledger_of_an_lcm_run_has_no_critic_and_counts_the_target():
+    from dmad.contract.config import load_config
+    from dmad.contract.paths import resource
+    from dmad.memory.ledger import config_ledger, ledger_total
+
+    dmad = config_ledger(load_config(resource("configs", "demo.json")))
+    lcm = config_ledger(load_config(resource("configs", "demo_lcm.json")))
+    names = [x.name for x in lcm]
+    assert "LCM target (EMA of the student)" in names
+    assert not [n for n in names if n.startswith("fake score") or n == "GAN head"]
+    student = next(x for x in lcm if x.name.startswith("student"))
+    target = next(x for x in lcm if x.name.startswith("LCM target"))
+    # fp32 weights + grads + 2 AdamW states = 16 bytes per parameter; the target 2 x 4 bytes
+    assert target.gib == pytest.approx(student.gib / 2)
+    act = {x.name: x for x in dmad}["activations"], {x.name: x for x in lcm}["activations"]
+    assert act[1].gib == pytest.approx(act[0].gib / 2) and "1 transformer graph," in act[1].assumption
+    assert ledger_total(lcm) < ledger_total(dmad)
