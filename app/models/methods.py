@@ -27,7 +27,8 @@ WHAT = {DMD2: "distribution matching + adversarial (DMD2): a fake score and a GA
 _CRITIC = (("identity", "fake_score"), ("optimization", "critic_lr"),
            ("distillation", "critic_updates_per_generator_update"), ("distillation", "generator_gan_weight"),
            ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
-           ("distillation", "min_timestep"), ("distillation", "max_timestep"))
+           ("distillation", "min_timestep"), ("distillation", "max_timestep"),
+           ("resources", "share_frozen_base"))  # LCM's LoRA student is its own copy (no fake score to share with)
 _LCM_ONLY = (("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_huber_c"),
              ("distillation", "lcm_target_ema_decay"))
 UNUSED: dict[str, tuple[tuple[str, ...], ...]] = {DMD2: _LCM_ONLY, LCM: _CRITIC}

@@ -35,7 +35,8 @@ from tests.app.test_runs_panel import write_run as write_listed_run
 WAIT_MS = 30_000  # generous: the machine is shared; nothing here is a timing test
 METHOD = ("distillation", "method")
 # what LCM does not read, and what only LCM reads (the brief the engine change came with)
-UNUSED_WITH_LCM = [("identity", "fake_score"), ("optimization", "critic_lr"),
+# (in the form's order; share_frozen_base: LCM's LoRA student is its own copy)
+UNUSED_WITH_LCM = [("identity", "fake_score"), ("resources", "share_frozen_base"), ("optimization", "critic_lr"),
                    ("distillation", "critic_updates_per_generator_update"), ("distillation", "generator_gan_weight"),
                    ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
                    ("distillation", "min_timestep"), ("distillation", "max_timestep")]
@@ -139,7 +140,7 @@ def test_the_demo_descriptions_quote_their_configs():
     assert f"CFG {cfg.distillation.real_guidance_scale:g}" in lcm.description
     assert f"c {cfg.distillation.lcm_huber_c:g}" in lcm.description
     assert f"decay {cfg.distillation.lcm_target_ema_decay:g}" in lcm.description
-    assert "lr " + f"{cfg.optimization.generator_lr:.0e}".replace("e-0", "e-") in lcm.description  # 1e-4
+    assert "lr " + f"{cfg.optimization.generator_lr:.0e}".replace("e-0", "e-") in lcm.description  # 3e-5
     assert "dmad bench distill --methods dmad,lcm" in lcm.description
 
 
