@@ -138,3 +138,21 @@ def test_the_memory_ledger_of_an_lcm_run_has_no_critic_and_counts_the_target():
     act = {x.name: x for x in dmad}["activations"], {x.name: x for x in lcm}["activations"]
     assert act[1].gib == pytest.approx(act[0].gib / 2) and "1 transformer graph," in act[1].assumption
     assert ledger_total(lcm) < ledger_total(dmad)
+
+
+def test_an_lcm_config_refuses_a_dmad_checkpoint_in_one_line(tmp_path):
+    import json
+
+    from dmad.errors import CheckpointUnusable
+    from dmad.models.checkpoint import FORMAT_VERSION, verify_checkpoint
+
+    ckpt = tmp_path / "iter_2"
+    ckpt.mkdir()
+    (ckpt / "training_state.json").write_text(json.dumps({
+        "format_version": FORMAT_VERSION, "iter": 2, "generator_steps": 1, "batches_used": 2,
+        "student_timesteps": [999, 759, 499, 259], "prediction_type": "epsilon", "config_fingerprint": "x",
+        "lr_generator": {}, "lr_critic": {}}))
+    (ckpt / "gan_head.safetensors").write_bytes(b"")  # what only a DMAD checkpoint has
+    with pytest.raises(CheckpointUnusable, match=r"is from a DMAD run \(distillation.method dmd2\); this config is "
+                                                 r"method lcm$"):
+        verify_checkpoint(ckpt, "full", None)
