@@ -1,10 +1,10 @@
 """Distillation quality on the built-in demo: `dmad bench distill`, writing its table and JSON.
 
-    python bench/distill.py [--quick] [--out DIR]
+    python bench/distill.py [--quick] [--methods dmad,lcm] [--out DIR]
 
 Writes DIR/bench_distill.json and DIR/bench_distill.md (default DIR: bench/results/) and prints the
-table. The full run takes ~35 min on 2 CPU cores (of which the distillation itself is timed
-separately); --quick ~4 min. Paste the markdown into docs/benchmarks.md with the commit.
+table. The full run takes ~25-30 min on 2 CPU cores (of which the distillation itself is timed
+separately), ~50 with --methods dmad,lcm (LCM gets DMAD's wall clock); --quick ~4 min. Paste the markdown into docs/benchmarks.md with the commit.
 """
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from pathlib import Path
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--methods", default="dmad", help="dmad, or dmad,lcm to put LCM beside DMAD")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "dmad", "bench", "distill", "--json", str(out / "bench_distill.json")]
+    cmd = [sys.executable, "-m", "dmad", "bench", "distill", "--json", str(out / "bench_distill.json"),
+           "--methods", args.methods]
     if args.quick:
         cmd.append("--quick")
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
