@@ -29,6 +29,7 @@ from dmad.contract.config import load_config
 from dmad.contract.events import make_event
 from dmad.contract.runs import RunFolder, atomic_write_json
 from dmad.errors import UserInputError
+from tests.app.test_plots import board  # noqa: F401 - the shown PlotBoard fixture
 from tests.app.test_runs_panel import _config, cell, open_panel
 from tests.app.test_runs_panel import write_run as write_listed_run
 
@@ -182,16 +183,6 @@ def lcm_metric(it: int) -> dict:
     data.update(loss_lcm=0.2 / it, grad_norm_g=0.9, step_time_s=0.4, data_time_s=0.01, mem_peak_alloc_gb=None,
                 mem_device_used_gb=0.8, lr_generator=1e-4, lr_critic=None)
     return data
-
-
-@pytest.fixture
-def board(qtbot):
-    b = PlotBoard()
-    qtbot.addWidget(b)
-    b.resize(1280, 700)
-    b.show()
-    qtbot.waitExposed(b)
-    return b
 
 
 def shown(board: PlotBoard) -> list[str]:
