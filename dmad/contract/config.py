@@ -189,7 +189,7 @@ class Distillation(_Group):
                 grid = set(lcm_grid(self.lcm_ddim_timesteps))
                 off = [t for t in ts if t not in grid]
                 if off:
-                    near = [min(grid, key=lambda g: abs(g - t)) for t in off]
+                    near = [min(sorted(grid), key=lambda g: abs(g - t)) for t in off]  # a tie: the lower
                     raise ValueError(f"with method lcm, student_timesteps must lie on the solver's grid of "
                                      f"{self.lcm_ddim_timesteps} timesteps (k * {1000 // self.lcm_ddim_timesteps} - 1); "
                                      f"{off} are not (nearest {near})")
