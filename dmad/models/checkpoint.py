@@ -263,39 +263,27 @@ def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str]) -
     the weights load (load_checkpoint). `fake_mode` None: an LCM run's checkpoint (student, EMA
     target, generator optimizer only). Raises CheckpointUnusable naming the first problem."""
     state = read_training_state(ckpt)
-    if fake_mode is None:
-        return _verify_lcm(ckpt, student_mode, state)
-    if (ckpt / LCM_TARGET).exists() and not (ckpt / "gan_head.safetensors").exists():
+    lcm = fake_mode is None
+    has_head, has_target = (ckpt / "gan_head.safetensors").exists(), (ckpt / LCM_TARGET).exists()
+    if lcm and has_head and not has_target:
+        raise CheckpointUnusable(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
+                                 f"is method lcm")
+    if not lcm and has_target and not has_head:
         raise CheckpointUnusable(f"checkpoint {ckpt} is from an LCM run (distillation.method lcm); this config "
                                  f"is method dmd2")
-    for name, mode in (("student", student_mode), ("fake_score", fake_mode)):
+    networks = (("student", student_mode),) if lcm else (("student", student_mode), ("fake_score", fake_mode))
+    for name, mode in networks:
         files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
         if not files:
             raise CheckpointUnusable(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
         for f in files:
             _check_safetensors(f, ckpt)
-    for name in ("gan_head.safetensors", "rng.safetensors"):
+    for name in (LCM_TARGET if lcm else "gan_head.safetensors", "rng.safetensors"):
         _check_safetensors(ckpt / name, ckpt)
     if (ckpt / "ema.safetensors").exists():
         _check_safetensors(ckpt / "ema.safetensors", ckpt)
-    for name in ("generator", "critic"):
+    for name in ("generator",) if lcm else ("generator", "critic"):
         _optimizer_state(ckpt, name, header_only=True)
-    return state
-
-
-def _verify_lcm(ckpt: Path, student_mode: str, state: TrainingState) -> TrainingState:
-    if (ckpt / "gan_head.safetensors").exists() and not (ckpt / LCM_TARGET).exists():
-        raise CheckpointUnusable(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
-                                 f"is method lcm")
-    files = sorted((ckpt / "student").glob("*.safetensors")) if student_mode == "full" \
-        else [ckpt / "student_lora.safetensors"]
-    if not files:
-        raise CheckpointUnusable(f"checkpoint {ckpt} has no student weights (expected {ckpt / 'student'}/*.safetensors)")
-    for f in files + [ckpt / LCM_TARGET, ckpt / "rng.safetensors"]:
-        _check_safetensors(f, ckpt)
-    if (ckpt / "ema.safetensors").exists():
-        _check_safetensors(ckpt / "ema.safetensors", ckpt)
-    _optimizer_state(ckpt, "generator", header_only=True)
     return state
 
 

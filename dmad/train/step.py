@@ -268,13 +268,12 @@ def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -
         phase.set("first-forward" if first else phase.name)
         with torch.no_grad(), acc.autocast():
             x_prev = ddim_step(x_t, nets.real.x0(schedule, x_t, t, emb), t, t_prev, schedule).to(x_t.dtype)
-        items.append([x_t, t, x_prev, t_prev, emb, None])
+        items.append((x_t, t, x_prev, t_prev, emb))
     params = s.generator_params()
     with nets.target.swapped_in(params), torch.no_grad(), acc.autocast():
-        for item in items:
-            x_prev, t_prev, emb = item[2], item[3], item[4]
-            item[5] = consistency_output(x_prev, family.x0(nets.student_bare, x_prev, t_prev, emb, schedule), t_prev)
-    for m, (x_t, t, _, _, emb, target) in enumerate(items):
+        targets = [consistency_output(x_prev, family.x0(nets.student_bare, x_prev, t_prev, emb, schedule), t_prev)
+                   for _, _, x_prev, t_prev, emb in items]
+    for m, ((x_t, t, _, _, emb), target) in enumerate(zip(items, targets)):
         sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
         with sync, acc.autocast():
             pred = consistency_output(x_t, family.x0(nets.student, x_t, t, emb, schedule), t)
