@@ -104,8 +104,6 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     `dmad export`, the demo bench): a copy of the teacher's denoiser (dmad.models.teacher.Teacher), full or LoRA as identity.student
     says, with the checkpoint's weights, then its EMA weights when it has them. Eval mode, no
     grads. Returns (student, whether EMA weights were used)."""
-    from safetensors import safe_open
-
     from dmad.models.networks import make_trainable_copy, trainable_parameters
 
     student = make_trainable_copy(teacher.denoiser, identity.student, identity.lora_rank, identity.lora_alpha, False,
@@ -114,11 +112,9 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     ema = ckpt / "ema.safetensors"
     if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)
         params = trainable_parameters(student)
-        with safe_open(str(ema), framework="pt") as f, torch.no_grad():
-            if set(f.keys()) != {f"shadow.{i}" for i in range(len(params))}:
-                raise CheckpointUnusable(f"{ema}: {len(list(f.keys()))} EMA tensors for {len(params)} student parameters")
-            for i, p in enumerate(params):
-                p.copy_(f.get_tensor(f"shadow.{i}"))
+        found = _copy_shadow(ema, params)
+        if found is not None:
+            raise CheckpointUnusable(f"{ema}: {found} EMA tensors for {len(params)} student parameters")
     student.requires_grad_(False).eval()
     return student, ema.is_file()
 
@@ -287,15 +283,26 @@ def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str]) -
     return state
 
 
-def _load_target(target, ckpt: Path) -> None:
+def _copy_shadow(path: Path, tensors: list[torch.Tensor]) -> Optional[int]:
+    """Copy the file's shadow.<i> tensors into `tensors` (an EMA of the student's trainable
+    parameters, in their order: ema.safetensors, lcm_target.safetensors). When the file holds
+    another set of names nothing is copied and its tensor count is returned."""
     from safetensors import safe_open
 
-    with safe_open(str(ckpt / LCM_TARGET), framework="pt") as f, torch.no_grad():
-        if set(f.keys()) != {f"shadow.{i}" for i in range(len(target.shadow))}:
-            raise CheckpointUnusable(f"checkpoint {ckpt}: {LCM_TARGET} has {len(list(f.keys()))} tensors for "
-                                     f"{len(target.shadow)} student parameters")
-        for i, t in enumerate(target.shadow):
+    with safe_open(str(path), framework="pt") as f, torch.no_grad():
+        keys = set(f.keys())
+        if keys != {f"shadow.{i}" for i in range(len(tensors))}:
+            return len(keys)
+        for i, t in enumerate(tensors):
             t.copy_(f.get_tensor(f"shadow.{i}"))
+    return None
+
+
+def _load_target(target, ckpt: Path) -> None:
+    found = _copy_shadow(ckpt / LCM_TARGET, target.shadow)
+    if found is not None:
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {LCM_TARGET} has {found} tensors for "
+                                 f"{len(target.shadow)} student parameters")
 
 
 def _format(ckpt: Path) -> int:
