@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -284,14 +284,29 @@ def teacher_passes(cfg, state) -> int:
     return steps * cfg.effective_batch()
 
 
+def student_label(k: int, prefix: str = "", suffix: str = "") -> str:
+    """"student 1 step", "LCM student 4 steps @ iter 400", ...: a student row's label."""
+    return f"{prefix}student {k} step{'s' if k > 1 else ''}{suffix}"
+
+
+def earlier_checkpoints(run_dir: Path, teacher, final_iter: int):
+    """(iteration, student, training state) of each checkpoint of a run before its final one,
+    oldest first: the learning curve's points."""
+    from dmad.contract.runs import RunFolder
+
+    for it, ckpt in RunFolder(run_dir).list_checkpoints():
+        if it != final_iter:
+            yield (it, *load_student(run_dir, teacher, ckpt)[:2])
+
+
 def run_lcm(out: Path, s: BenchSettings, lcm_config: Optional[Path], dmad_cfg, dmad_state, dmad_dist: dict,
-            result: BenchResult, teacher, captions, noise, ref_stats, add, timed, log) -> None:
+            result: BenchResult, teacher, score: Callable, log: Callable[[str], None]) -> None:
     """The peer method: LCM on DMAD's wall-clock budget (stopped when DMAD's wall time has passed),
     with a checkpoint at the iteration where its teacher passes equal DMAD's; both evaluated at
-    1, 2 and 4 steps, and the other checkpoints at 4 steps (its learning curve)."""
+    1, 2 and 4 steps, and the other checkpoints at 4 steps (its learning curve). `score(student,
+    state, label_of_k, steps, note)` adds a student's rows (run_bench's)."""
     from dmad.contract.config import load_config
     from dmad.contract.paths import resource
-    from dmad.contract.runs import RunFolder
 
     path = Path(lcm_config) if lcm_config else resource("configs", "demo_lcm.json")
     lcm_cfg = load_config(path, list(s.train_overrides))
@@ -304,38 +319,30 @@ def run_lcm(out: Path, s: BenchSettings, lcm_config: Optional[Path], dmad_cfg, d
              f"observation.validation_steps={every}")
     budget = dmad_dist["wall_time_s"] if s.lcm_budget_s is None else s.lcm_budget_s
     dist = run_distillation(out, s, path, log, name="run_lcm", extra=extra, stop_after_s=budget)
-    student, state, iteration = load_student(Path(dist["run_dir"]), teacher)
+    run_dir = Path(dist["run_dir"])
+    student, state, iteration = load_student(run_dir, teacher)
     dist.update(iterations=iteration, student_timesteps=state.student_timesteps, config=str(path),
                 teacher_passes=teacher_passes(lcm_cfg, state), dmad_teacher_passes=passes,
                 equal_teacher_passes_iter=equal)
     result.distill_lcm = dist
     log(f"LCM: {iteration} iterations in {dist['wall_time_s']:.0f} s (DMAD: {dmad_dist['wall_time_s']:.0f} s); "
         f"equal teacher passes ({passes}) at iteration {equal}")
-    res = lcm_cfg.resources.resolution
-
-    def rows(net, st, suffix: str, note: str, steps) -> None:
-        for k in steps:
-            ts = student_timesteps_for(list(st.student_timesteps), k)
-            images, sec = timed(lambda ts=ts: sample_student_images(net, teacher, captions, noise, ts, s.batch_size, res))
-            add("student", f"LCM student {k} step{'s' if k > 1 else ''}{suffix}", k, k, images, sec, ref_stats,
-                f"timesteps {ts}; {note}")
-
-    rows(student, state, "", f"{iteration} iterations, DMAD's wall clock", s.student_steps)
-    top = max(s.student_steps)
-    for it, ckpt in RunFolder(dist["run_dir"]).list_checkpoints():
-        if it == iteration:
-            continue
-        early, st, _ = load_student(Path(dist["run_dir"]), teacher, ckpt)
-        if it == equal:
-            rows(early, st, " @ equal teacher passes", f"iteration {it}: {passes} teacher passes, as DMAD's",
-                 s.student_steps)
-        else:
-            rows(early, st, f" @ iter {it}", "earlier checkpoint", (top,))
-    if equal == iteration:
-        rows(student, state, " @ equal teacher passes", f"iteration {equal}: {passes} teacher passes, as DMAD's",
-             s.student_steps)
+    at_equal = " @ equal teacher passes"
+    equal_note = f"iteration {equal}: {passes} teacher passes, as DMAD's"
+    score(student, state, lambda k: student_label(k, "LCM "), s.student_steps, f"{iteration} iterations, DMAD's wall clock")
+    if equal == iteration:  # the same student: its rows again under the equal-budget label, not sampled twice
+        for k in s.student_steps:
+            row = result.row(student_label(k, "LCM "))
+            result.rows.append(replace(row, label=student_label(k, "LCM ", at_equal),
+                                       notes=row.notes.split("; ")[0] + f"; {equal_note}"))
     elif equal > iteration:
         log(f"LCM stopped at iteration {iteration}, before the equal-teacher-pass iteration {equal}")
+    for it, early, st in earlier_checkpoints(run_dir, teacher, iteration):
+        if it == equal:
+            score(early, st, lambda k: student_label(k, "LCM ", at_equal), s.student_steps, equal_note)
+        else:
+            score(early, st, lambda k, it=it: student_label(k, "LCM ", f" @ iter {it}"), (max(s.student_steps),),
+                  "earlier checkpoint")
 
 
 def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
@@ -351,7 +358,6 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     from dmad.models.teacher import load_teacher
     from dmad.contract.paths import resource
     from dmad.contract.prompts import load_prompt_set
-    from dmad.contract.runs import RunFolder
     from dmad.sample.render import latent_shape
 
     t_start = time.perf_counter()
@@ -436,25 +442,22 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None,
     dist.update(iterations=iteration, student_timesteps=state.student_timesteps)
     result.distill = dist
     log(f"distilled {iteration} iterations in {dist['wall_time_s']:.0f} s")
-    for k in s.student_steps:
-        ts = student_timesteps_for(list(state.student_timesteps), k)
-        images, sec = timed(lambda ts=ts: sample_student_images(student, teacher, captions, noise_a, ts, s.batch_size,
-                                                                 cfg.resources.resolution))
-        add("student", f"student {k} step{'s' if k > 1 else ''}", k, k, images, sec, ref_stats, f"timesteps {ts}")
+    def score(net, st, label_of: Callable[[int], str], steps, note: str = "") -> None:
+        """One student's rows at each of `steps`, on its own trained timesteps."""
+        for k in steps:
+            ts = student_timesteps_for(list(st.student_timesteps), k)
+            images, sec = timed(lambda ts=ts: sample_student_images(net, teacher, captions, noise_a, ts, s.batch_size,
+                                                                     cfg.resources.resolution))
+            add("student", label_of(k), k, k, images, sec, ref_stats, f"timesteps {ts}" + (f"; {note}" if note else ""))
 
+    score(student, state, student_label, s.student_steps)
     # the learning curve: every earlier checkpoint at the student's full step count
-    top = max(s.student_steps)
-    for it, ckpt in RunFolder(dist["run_dir"]).list_checkpoints():
-        if it == iteration:
-            continue
-        early, st, _ = load_student(Path(dist["run_dir"]), teacher, ckpt)
-        ts = student_timesteps_for(list(st.student_timesteps), top)
-        images, sec = timed(lambda: sample_student_images(early, teacher, captions, noise_a, ts, s.batch_size,
-                                                           cfg.resources.resolution))
-        add("student", f"student {top} steps @ iter {it}", top, top, images, sec, ref_stats, "earlier checkpoint")
+    for it, early, st in earlier_checkpoints(Path(dist["run_dir"]), teacher, iteration):
+        score(early, st, lambda k, it=it: student_label(k, suffix=f" @ iter {it}"), (max(s.student_steps),),
+              "earlier checkpoint")
 
     if "lcm" in s.methods:
-        run_lcm(out, s, lcm_config, cfg, state, dist, result, teacher, captions, noise_a, ref_stats, add, timed, log)
+        run_lcm(out, s, lcm_config, cfg, state, dist, result, teacher, score, log)
 
     result.targets = check_targets(result, s)
     write_grid(out / "grid.png", grid, captions[:: s.seeds_per_prompt][:GRID_PROMPTS])

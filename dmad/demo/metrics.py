@@ -101,7 +101,8 @@ def frechet_distance(feats_a, feats_b) -> float:
     return frechet_distance_from_stats(*feature_stats(feats_a), *feature_stats(feats_b))
 
 
-def fd_interval(feats, ref_mu, ref_cov, n_boot: int = 200, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def fd_interval(feats, ref_mu, ref_cov, n_boot: int = 200, seed: int = 0, level: float = 0.95,
+                chunk: int = 25) -> tuple[float, float]:
     """How much FD(feats, reference) moves with which N images happened to be drawn: the estimate
     plus and minus z standard deviations of the FDs of `n_boot` bootstrap resamples of the sample
     set (N, D) against fixed reference statistics (z = 1.96 for `level` 0.95), clipped at 0. Two
@@ -111,14 +112,30 @@ def fd_interval(feats, ref_mu, ref_cov, n_boot: int = 200, seed: int = 0, level:
     shrinks and a resample has only ~63% distinct images, so those FDs sit above the estimate
     (measured at N = 512: a whole percentile interval above it), and the pivotal correction
     (2F - quantiles) then collapsed to [0, 0] for a 3.9 noise-floor FD. The spread of the
-    resampled FDs is the part that stays trustworthy. Cost: n_boot FDs, ~5 ms each at D = 128."""
+    resampled FDs is the part that stays trustworthy.
+
+    Cost: the resamples' trace term tr sqrt(S_b S_ref) is the sum of the square roots of the
+    eigenvalues of R S_b R with R = S_ref^1/2 (similar matrices), so the reference's root is taken
+    once and each resample needs one eigvalsh, `chunk` resamples per batched call (1.7x faster
+    at N = 16, 2.6x at N = 512, D = 128, than an FD per resample; equal to round-off)."""
     from statistics import NormalDist
 
     a = _as_numpy(feats)
     fd = frechet_distance_from_stats(*feature_stats(a), ref_mu, ref_cov)
     rng = np.random.default_rng(seed)
-    fds = [frechet_distance_from_stats(*feature_stats(a[rng.integers(0, len(a), len(a))]), ref_mu, ref_cov)
-           for _ in range(n_boot)]
+    draws = [rng.integers(0, len(a), len(a)) for _ in range(n_boot)]  # the same resamples as one at a time
+    root, ref_trace = _sqrt_psd(ref_cov), float(np.trace(ref_cov))
+    fds: list[float] = []
+    for i in range(0, n_boot, chunk):
+        x = a[np.stack(draws[i:i + chunk])]                      # (B, N, D)
+        mu = x.mean(axis=1)
+        xc = x - mu[:, None, :]
+        cov = np.swapaxes(xc, 1, 2) @ xc / (x.shape[1] - 1)     # unbiased, as feature_stats
+        m = root @ cov @ root
+        cross = np.linalg.eigvalsh((m + np.swapaxes(m, 1, 2)) / 2)
+        f = (np.sum((mu - ref_mu) ** 2, axis=1) + np.trace(cov, axis1=1, axis2=2) + ref_trace
+             - 2 * np.sum(np.sqrt(np.clip(cross, 0, None)), axis=1))
+        fds.extend(np.maximum(f, 0.0).tolist())
     half = NormalDist().inv_cdf((1 + level) / 2) * float(np.std(fds, ddof=1))
     return max(0.0, float(fd - half)), float(fd + half)
 

@@ -112,6 +112,24 @@ def test_the_bootstrap_interval_brackets_the_fd_and_separates_a_real_gap():
     assert fd_interval(same, *ref, n_boot=100) == (lo, hi)  # seeded: the same interval every time
 
 
+def test_the_bootstrap_interval_is_the_spread_of_one_fd_per_resample():
+    """fd_interval's batched trace term (eigenvalues of R S_b R, R the reference's root) against the
+    plain definition: an FD per resample, the same seeded resamples, spread x 1.96 either side."""
+    from statistics import NormalDist
+
+    from dmad.demo.metrics import fd_interval
+
+    g = torch.Generator().manual_seed(5)
+    ref = feature_stats(torch.randn(300, 16, generator=g) * torch.linspace(0.2, 2.0, 16))  # an uneven reference
+    feats = (torch.randn(37, 16, generator=g) + 0.3).double().numpy()
+    rng = np.random.default_rng(3)
+    fds = [frechet_distance_from_stats(*feature_stats(feats[rng.integers(0, 37, 37)]), *ref) for _ in range(60)]
+    half = NormalDist().inv_cdf(0.975) * np.std(fds, ddof=1)
+    fd = frechet_distance_from_stats(*feature_stats(feats), *ref)
+    lo, hi = fd_interval(feats, *ref, n_boot=60, seed=3, chunk=7)  # a chunk that does not divide n_boot
+    assert (lo, hi) == pytest.approx((fd - half, fd + half), rel=1e-9)
+
+
 def test_frechet_distance_grows_with_a_mean_shift():
     a = torch.randn(300, 8, generator=torch.Generator().manual_seed(1))
     fds = [frechet_distance(a, a + shift) for shift in (0.0, 0.5, 1.0, 2.0)]
