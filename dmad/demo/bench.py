@@ -332,9 +332,9 @@ def run_lcm(out: Path, s: BenchSettings, lcm_config: Optional[Path], dmad_cfg, d
     score(student, state, lambda k: student_label(k, "LCM "), s.student_steps, f"{iteration} iterations, DMAD's wall clock")
     if equal == iteration:  # the same student: its rows again under the equal-budget label, not sampled twice
         for k in s.student_steps:
-            row = result.row(student_label(k, "LCM "))
-            result.rows.append(replace(row, label=student_label(k, "LCM ", at_equal),
-                                       notes=row.notes.split("; ")[0] + f"; {equal_note}"))
+            ts = student_timesteps_for(list(state.student_timesteps), k)
+            result.rows.append(replace(result.row(student_label(k, "LCM ")), label=student_label(k, "LCM ", at_equal),
+                                       notes=f"timesteps {ts}; {equal_note}"))
     elif equal > iteration:
         log(f"LCM stopped at iteration {iteration}, before the equal-teacher-pass iteration {equal}")
     for it, early, st in earlier_checkpoints(run_dir, teacher, iteration):
