@@ -211,12 +211,14 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
             student.to(device)
         t0 = time.perf_counter()
         if sweeps is None:
-            paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule)
+            paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule,
+                                         cfg.distillation.method)
             n = len(paths)
             event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
                                checkpoint=target.name, ema=ema)
         else:
-            dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule)
+            dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule,
+                                            cfg.distillation.method)
             n = len(grid_json["cells"])
             event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
                                checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
@@ -240,7 +242,8 @@ def _encoder(teacher, device):
     return lambda prompts: teacher.family.encode(teacher.modules, prompts, device)
 
 
-def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device, schedule) -> tuple[list[str], Path]:
+def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device, schedule,
+                   method: str) -> tuple[list[str], Path]:
     import torch
 
     from dmad.models.checkpoint import student_weight_files
@@ -254,12 +257,13 @@ def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device,
         dest, student=student, vae=teacher.vae, encode=_encoder(teacher, device), family=teacher.family,
         schedule=schedule, timesteps=target.timesteps, prompt_set=ps,
         iteration=_iter(target), device=device, dtype=torch.float32, versions=library_versions(),
-        checkpoint=target.name, weights_sha256=sha256_files(student_weight_files(target.checkpoint)), ema=ema)
+        checkpoint=target.name, weights_sha256=sha256_files(student_weight_files(target.checkpoint)), ema=ema,
+        method=method)
     return paths, dest
 
 
 def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, device,
-                  schedule) -> tuple[Path, dict]:
+                  schedule, method: str) -> tuple[Path, dict]:
     """Every combination of the sweep values for one prompt; a labelled grid PNG and its JSON."""
     from dmad.contract.prompts import item_seed
     from dmad.sample.render import (library_versions, make_scheduler, provenance, sampler_name, sd_pipeline,
@@ -296,7 +300,8 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
             images.append(png)
     dest = free_path(out, f"sweep_{target.name}_{item.id}", ".png")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"checkpoint": target.name, "model": _model(target), "prompt_set": ps.name, "prompt_set_version": ps.version,
+    doc = {"checkpoint": target.name, "model": _model(target),
+           "method": method if target.checkpoint is not None else None, "prompt_set": ps.name, "prompt_set_version": ps.version,
            "prompt_id": item.id, "prompt": item.prompt, "seed": seed, "resolution": [ps.width, ps.height],
            "rows": {"key": rows[0], "values": rows[1]},
            "columns": {"key": cols[0], "values": cols[1]} if cols[0] else None,

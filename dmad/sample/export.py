@@ -442,7 +442,7 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
         scheduler = {"class": "LCMScheduler", "original_inference_steps": sched.config.original_inference_steps,
                      "timestep_scaling": sched.config.timestep_scaling}
     doc = {"format": fmt, "run": str(src.run), "run_name": src.run.name, "checkpoint": src.checkpoint.name,
-           "iter": src.iter, "student": src.cfg.identity.student,
+           "iter": src.iter, "student": src.cfg.identity.student, "method": src.cfg.distillation.method,
            "weights": "ema" if (src.checkpoint / "ema.safetensors").is_file() else "trained",
            "teacher": teacher.info.path, "family": family.name, "pipeline_class": family.pipeline_class,
            "denoiser": family.denoiser_name, "flow": family.flow, "prediction_type": state.prediction_type,

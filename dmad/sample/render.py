@@ -114,10 +114,12 @@ def student_png(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[i
 def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: NoiseSchedule, timesteps: list[int],
                            prompt_set: PromptSet, iteration: int, device: torch.device,
                            dtype: torch.dtype, versions: dict, checkpoint: Optional[str] = None,
-                           weights_sha256: Optional[str] = None, ema: bool = False, family=None) -> list[str]:
+                           weights_sha256: Optional[str] = None, ema: bool = False, family=None,
+                           method: Optional[str] = None) -> list[str]:
     """Render every prompt with the student; returns the written PNG paths. `encode(list[str])`
     gives text embeddings (B, L, D). `checkpoint` / `weights_sha256`: the checkpoint folder name and
-    the hash of its weight files the student holds (None for a validation render between checkpoints)."""
+    the hash of its weight files the student holds (None for a validation render between checkpoints).
+    `method`: the distillation method that trained it (distillation.method), for meta.json."""
     t0 = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
     was_training = student.training
@@ -136,7 +138,7 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
     finally:
         student.train(was_training)
     atomic_write_json(out_dir / "meta.json", {
-        "source": f"iter_{iteration}", "iter": iteration, "model": "student", "ema": ema,
+        "source": f"iter_{iteration}", "iter": iteration, "model": "student", "method": method, "ema": ema,
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
         "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
         "resolution": [prompt_set.width, prompt_set.height], "items": items,

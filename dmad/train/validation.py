@@ -60,7 +60,7 @@ def _render(s, out: Path, prompt_set) -> list[str]:
             encode=lambda p: t.family.encode(t.modules, p, s.device),
             schedule=s.schedule, timesteps=s.timesteps, prompt_set=prompt_set, iteration=s.iter,
             device=s.device, dtype=torch.float32, versions=library_versions(),
-            checkpoint=ckpt.name if ckpt else None, ema=s.nets.ema is not None,
+            checkpoint=ckpt.name if ckpt else None, ema=s.nets.ema is not None, method=s.cfg.distillation.method,
             weights_sha256=sha256_files(student_weight_files(ckpt)) if ckpt else None)
 
 

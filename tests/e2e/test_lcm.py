@@ -64,7 +64,7 @@ def test_an_lcm_run_writes_the_run_folder_with_its_own_checkpoint(lcm_run):
     assert kinds.count("checkpoint") == 2 and kinds[-1] == "finished"
     for it in (2, 4):
         meta = json.loads((run / "samples" / f"iter_{it}" / "meta.json").read_text())
-        assert meta["checkpoint"] == f"iter_{it}" and meta["items"]
+        assert meta["checkpoint"] == f"iter_{it}" and meta["items"] and meta["method"] == "lcm"
     # the target is an EMA of the student (decay 0.95), not the student itself
     from safetensors.torch import load_file
 
@@ -150,6 +150,7 @@ def test_an_lcm_student_exports_to_a_pipeline_that_reproduces_its_samples(lcm_ru
     out = Path(stdout.strip().splitlines()[-1])
     doc = json.loads((out / "dmad_export.json").read_text())
     assert doc["student_timesteps"] == [999, 759, 499, 259] and doc["num_inference_steps_gives_timesteps"] is True
+    assert doc["method"] == "lcm"
     pipe = StableDiffusionPipeline.from_pretrained(str(out), local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     assert type(pipe.scheduler).__name__ == "LCMScheduler"
