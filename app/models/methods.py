@@ -2,7 +2,7 @@
 
 dmd2 is DMAD (distribution matching against the teacher's guided score and a trained fake score, plus
 a GAN head: a critic that steps every iteration); lcm is latent consistency distillation, the peer
-method (a Huber consistency loss against an EMA target after one guided DDIM step of the teacher: no
+method (a consistency loss, L2 or pseudo-Huber, against an EMA target after one guided DDIM step of the teacher: no
 fake score, no GAN head, no critic). Each method leaves some settings unused; the Config form greys
 them out, the runs table and the config diff say so. A test checks every key here against the schema.
 """
@@ -21,7 +21,7 @@ SHORT = {DMD2: "DMAD", LCM: "LCM"}                      # a suffix, a column
 LABELS = {DMD2: "DMAD (dmd2)", LCM: "LCM (lcm)"}        # the form's combo box: the name and the value
 WHAT = {DMD2: "distribution matching + adversarial (DMD2): a fake score and a GAN head, the critic, "
               "train beside the student",
-        LCM: "latent consistency distillation (LCM): a Huber consistency loss against an EMA target "
+        LCM: "latent consistency distillation (LCM): a consistency loss (L2 or pseudo-Huber) against an EMA target "
              "after one guided DDIM step of the teacher; no fake score, no GAN head, no critic"}
 
 _CRITIC = (("identity", "fake_score"), ("optimization", "critic_lr"),
@@ -29,8 +29,8 @@ _CRITIC = (("identity", "fake_score"), ("optimization", "critic_lr"),
            ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
            ("distillation", "min_timestep"), ("distillation", "max_timestep"),
            ("resources", "share_frozen_base"))  # LCM's LoRA student is its own copy (no fake score to share with)
-_LCM_ONLY = (("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_huber_c"),
-             ("distillation", "lcm_target_ema_decay"))
+_LCM_ONLY = (("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
+             ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay"))
 UNUSED: dict[str, tuple[tuple[str, ...], ...]] = {DMD2: _LCM_ONLY, LCM: _CRITIC}
 # metrics.csv columns (= metric event fields) a run of the method leaves empty
 EMPTY_COLUMNS = {DMD2: ("loss_lcm",),

@@ -102,13 +102,13 @@ STEP_TIME = PlotSpec(
 CONSISTENCY = PlotSpec(
     "lcm", "Consistency loss (LCM)", "loss",
     (CurveSpec("loss_lcm", "loss_lcm", SKY,
-               tip="pseudo-Huber consistency loss between the student at t_n+k and the EMA target at t_n after "
-                   "one guided DDIM step of the teacher"),),
-    tip="Latent consistency distillation: sqrt(d\u00b2 + c\u00b2) \u2212 c per latent element, averaged "
-        "(c = lcm_huber_c), between the student's output at t_n+k and the EMA target's at t_n, one guided DDIM "
-        "step of the teacher apart (k = 1000 / lcm_ddim_timesteps). The student steps every iteration; there is "
-        "no critic. The target follows the student (lcm_target_ema_decay), so this loss measures "
-        "self-consistency: read it with the samples.")
+               tip="consistency loss (lcm_loss_type: L2 or pseudo-Huber) between the student at t_n+k and the "
+                   "EMA target at t_n after one guided DDIM step of the teacher"),),
+    tip="Latent consistency distillation: d\u00b2 (lcm_loss_type l2) or sqrt(d\u00b2 + c\u00b2) \u2212 c "
+        "(huber, c = lcm_huber_c) per latent element, averaged, between the student's output at t_n+k and "
+        "the EMA target's at t_n, one guided DDIM step of the teacher apart (k = 1000 / lcm_ddim_timesteps). "
+        "The student steps every iteration; there is no critic. The target follows the student "
+        "(lcm_target_ema_decay), so this loss measures self-consistency: read it with the samples.")
 
 LOSS_PLOTS = (GENERATOR, CRITIC, CONSISTENCY)
 HEALTH_PLOTS = (ACCURACY, GRADIENTS, LEARNING_RATE)

@@ -149,7 +149,7 @@ class Distillation(_Group):
         "dmd2", description="Distillation method. dmd2: DMAD (distribution matching against the teacher's guided "
                             "score and a trained fake score, plus a GAN term). lcm: latent consistency distillation "
                             "(LCM paper, diffusers' train_lcm_distill scripts): a skipping-step DDIM solver with the "
-                            "guided teacher, a Huber consistency loss against an EMA target of the student; no fake "
+                            "guided teacher, a consistency loss (L2 or pseudo-Huber) against an EMA target of the student; no fake "
                             "score, no GAN, critic settings unused.")
     student_steps: int = Field(1, ge=1, le=4, description="Sampling steps of the student (1-4).")
     student_timesteps: Optional[list[Annotated[int, Field(ge=0, le=999)]]] = Field(
@@ -170,8 +170,11 @@ class Distillation(_Group):
     ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
     lcm_ddim_timesteps: int = Field(50, ge=2, le=1000, description="lcm: timesteps of the skipping-step DDIM solver "
                                                                    "(N; each solver step skips 1000 / N timesteps).")
+    lcm_loss_type: Literal["huber", "l2"] = Field(
+        "huber", description="lcm: the consistency loss (the scripts' --loss_type). l2: the squared error; huber: "
+                             "the pseudo-Huber sqrt(d^2 + c^2) - c with c = lcm_huber_c.")
     lcm_huber_c: float = Field(0.001, gt=0.0, le=10.0, description="lcm: c of the pseudo-Huber consistency loss "
-                                                                   "sqrt(d^2 + c^2) - c.")
+                                                                   "sqrt(d^2 + c^2) - c (lcm_loss_type huber).")
     lcm_target_ema_decay: float = Field(0.95, ge=0.0, lt=1.0, description="lcm: decay of the target network, an EMA "
                                                                           "of the student updated after each step.")
 

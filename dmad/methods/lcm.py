@@ -5,7 +5,8 @@ Follows diffusers' reference scripts (examples/consistency_distillation/train_lc
     x_{t_{n+k}} = add_noise(x0, eps, t_{n+k})              t_{n+k} on the solver's grid (19, 39, ..., 999)
     x^_{t_n}    = DDIM(x_{t_{n+k}}, guided teacher)         one skipping step with classifier-free guidance
     f(x, t)     = c_skip(t) x + c_out(t) x0_theta(x, t)     boundary conditions: f(x, 0) = x
-    loss        = mean( sqrt((f_theta(x_{t_{n+k}}, t_{n+k}) - f_target(x^_{t_n}, t_n))^2 + c^2) - c )
+    loss        = mean( d(f_theta(x_{t_{n+k}}, t_{n+k}), f_target(x^_{t_n}, t_n)) )
+                  d = squared error ("l2", the scripts' default) or pseudo-Huber sqrt(.^2 + c^2) - c
 
 with the target network an EMA of the student (theta^- <- mu theta^- + (1 - mu) theta after each
 student step). c_skip = s_d^2 / ((10 t)^2 + s_d^2), c_out = 10 t / sqrt((10 t)^2 + s_d^2), s_d = 0.5
@@ -77,10 +78,18 @@ def ddim_step(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_prev: torc
     return a_prev * x0 + s_prev * eps
 
 
-def loss_consistency(pred: torch.Tensor, target: torch.Tensor, huber_c: float) -> tuple[torch.Tensor, dict]:
-    """The pseudo-Huber consistency loss of the scripts: mean(sqrt((pred - target)^2 + c^2) - c),
-    elementwise, in float32. Logs: loss_lcm."""
-    loss = torch.mean(torch.sqrt((pred.float() - target.float()) ** 2 + huber_c ** 2) - huber_c)
+def loss_consistency(pred: torch.Tensor, target: torch.Tensor, huber_c: float,
+                     loss_type: str = "huber") -> tuple[torch.Tensor, dict]:
+    """The consistency loss of the scripts (--loss_type), elementwise in float32 and averaged:
+    "huber": the pseudo-Huber mean(sqrt((pred - target)^2 + c^2) - c); "l2": the squared error
+    mean((pred - target)^2) (F.mse_loss, the scripts' default). Logs: loss_lcm."""
+    d = pred.float() - target.float()
+    if loss_type == "l2":
+        loss = torch.mean(d ** 2)
+    elif loss_type == "huber":
+        loss = torch.mean(torch.sqrt(d ** 2 + huber_c ** 2) - huber_c)
+    else:
+        raise ValueError(f"unknown LCM loss type {loss_type!r} (huber or l2)")
     return loss, {"loss_lcm": loss.detach().item()}
 
 

@@ -183,7 +183,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
         nets.target.to(acc.device)
         method_nets = LcmNetworks(student=student, student_bare=nets.student, real=real, target=nets.target,
                                   family=family, schedule=schedule, num_ddim_timesteps=dist.lcm_ddim_timesteps,
-                                  huber_c=dist.lcm_huber_c)
+                                  huber_c=dist.lcm_huber_c, loss_type=dist.lcm_loss_type)
     else:
         opt_g, opt_c, sched_g, sched_c, method_nets = _dmad_networks(cfg, acc, nets, opt_g, real, teacher_net,
                                                                      family, schedule)

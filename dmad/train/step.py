@@ -240,6 +240,7 @@ class LcmNetworks:
     schedule: NoiseSchedule
     num_ddim_timesteps: int
     huber_c: float
+    loss_type: str
 
 
 def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -> LogSum:
@@ -249,7 +250,7 @@ def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -
     1. per micro-batch: encode, draw a solver step (t_{n+k}, t_n) on the skipping grid and the noise,
        x_{t_{n+k}} = add_noise(latents); the guided teacher's one DDIM step to x^_{t_n} (no grad);
     2. the target f_{theta^-}(x^_{t_n}, t_n): the student with its EMA weights swapped in (no grad);
-    3. per micro-batch: the student's f_theta(x_{t_{n+k}}, t_{n+k}), the pseudo-Huber loss,
+    3. per micro-batch: the student's f_theta(x_{t_{n+k}}, t_{n+k}), the consistency loss (L2 or pseudo-Huber),
        backward; then the optimizer step and the target's EMA update.
     Cost per micro-batch: 1 batched CFG teacher forward (2B), 1 target forward, 1 student forward
     and backward."""
@@ -277,7 +278,7 @@ def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -
         sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
         with sync, acc.autocast():
             pred = consistency_output(x_t, family.x0(nets.student, x_t, t, emb, schedule), t)
-            loss, lg = loss_consistency(pred, target, nets.huber_c)
+            loss, lg = loss_consistency(pred, target, nets.huber_c, nets.loss_type)
             phase.set("first-backward" if first else phase.name)
             acc.backward(loss / accum)
         logs.add(lg, s.iter + 1)

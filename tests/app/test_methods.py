@@ -41,10 +41,10 @@ UNUSED_WITH_LCM = [("identity", "fake_score"), ("resources", "share_frozen_base"
                    ("distillation", "critic_updates_per_generator_update"), ("distillation", "generator_gan_weight"),
                    ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
                    ("distillation", "min_timestep"), ("distillation", "max_timestep")]
-LCM_ONLY = [("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_huber_c"),
-            ("distillation", "lcm_target_ema_decay")]
-LCM_TIP = ("pseudo-Huber consistency loss between the student at t_n+k and the EMA target at t_n after one "
-           "guided DDIM step of the teacher")
+LCM_ONLY = [("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
+            ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay")]
+LCM_TIP = ("consistency loss (lcm_loss_type: L2 or pseudo-Huber) between the student at t_n+k and the EMA target "
+           "at t_n after one guided DDIM step of the teacher")
 TIP = Qt.ItemDataRole.ToolTipRole
 DMAD_COLUMNS = ("loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c", "dm_grad_norm",
                 "d_real_acc", "d_fake_acc", "grad_norm_c")
@@ -139,7 +139,7 @@ def test_the_demo_descriptions_quote_their_configs():
     assert ts == "999/759/499/259" and ts in lcm.description
     assert f"{cfg.distillation.lcm_ddim_timesteps} timesteps" in lcm.description
     assert f"CFG {cfg.distillation.real_guidance_scale:g}" in lcm.description
-    assert f"c {cfg.distillation.lcm_huber_c:g}" in lcm.description
+    assert cfg.distillation.lcm_loss_type == "l2" and "squared-error loss (L2" in lcm.description
     assert f"decay {cfg.distillation.lcm_target_ema_decay:g}" in lcm.description
     assert "lr " + f"{cfg.optimization.generator_lr:.0e}".replace("e-0", "e-") in lcm.description  # 3e-5
     assert "dmad bench distill --methods dmad,lcm" in lcm.description

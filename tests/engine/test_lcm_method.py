@@ -30,6 +30,19 @@ def test_the_consistency_loss_against_a_hand_computed_example():
     assert small.item() == pytest.approx(1e-10 / (2 * 0.001), rel=1e-2)  # float32 rounding
 
 
+def test_the_l2_consistency_loss_is_the_mean_squared_error():
+    pred = torch.tensor([[0.0, 0.003], [1.0, -2.0]])
+    target = torch.tensor([[0.004, 0.003], [0.0, -0.5]])
+    loss, logs = loss_consistency(pred, target, huber_c=0.001, loss_type="l2")
+    want = (0.004 ** 2 + 0.0 + 1.0 + 1.5 ** 2) / 4  # F.mse_loss, as the scripts' --loss_type l2
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert logs == {"loss_lcm": pytest.approx(want, rel=1e-6)}
+    huber, _ = loss_consistency(pred, target, huber_c=0.001)  # the default stays pseudo-Huber: nearly |d|
+    assert huber.item() == pytest.approx((0.004 + 1.0 + 1.5) / 4, abs=2e-3)
+    with pytest.raises(ValueError, match="unknown LCM loss type 'l1'"):
+        loss_consistency(pred, target, 0.001, "l1")
+
+
 def test_boundary_conditions_make_f_the_identity_at_t_0_and_the_x0_prediction_at_large_t():
     t = torch.tensor([0, 1, 999])
     c_skip, c_out = boundary_scalings(t, ndim=4)
