@@ -33,9 +33,10 @@ gives x0). set_timesteps(sigmas=...) shifts the sigmas it is given (shift, or Fl
 shift with the pipeline's mu), so the exported scheduler has shift=1.0 and
 use_dynamic_shifting=False: the sigmas the usage lines pass, the engine's s(t_k) (already
 shifted, FlowSchedule), are then used unchanged, and the timesteps are s * 1000 as the
-engine's. Both pipelines call scheduler.step without the generator: the re-noising draws come
-from torch's global CPU generator, so the usage lines hand it the item generator's state after
-the initial latents are drawn (torch.set_rng_state). Flux draws its re-noising in the packed
+engine's. Both pipelines call scheduler.step without the generator, so its re-noising would
+come from torch's global generator on the pipeline's device (CUDA's on a GPU: other numbers);
+the usage lines wrap scheduler.step to pass the item's CPU generator, whose next draws after the
+initial latents are the engine's (randn_tensor draws on the CPU and moves them to the device). Flux draws its re-noising in the packed
 (B, h/2 * w/2, 4C) layout, and so does the engine's sampler for Flux (Family.fresh_noise), so
 both flow families reproduce the student exactly on a CPU.
 """
@@ -363,8 +364,10 @@ def _call_lines(teacher, s: Sampling, ex: Example) -> list[str]:
     if family.name == "flux":
         lines.append(f"latents = {family.pipeline_class}._pack_latents(latents, 1, {c}, {h}, {w})  "
                      "# Flux's 2x2 packed layout")
-    lines += ["# the pipeline draws the re-noising from torch's global CPU generator: give it the item's",
-              "torch.set_rng_state(generator.get_state())",
+    lines += ["# the pipeline calls scheduler.step without a generator (re-noising from torch's global one,",
+              "# on the pipeline's device): hand it the item's, so the draws are the run's on any device",
+              "step = pipe.scheduler.step",
+              "pipe.scheduler.step = lambda *args, **kwargs: step(*args, **kwargs, generator=generator)",
               f"image = pipe({ex.prompt!r}, sigmas={list(s.sigmas)!r}, guidance_scale={s.guidance!r},",
               f"             width={ex.width}, height={ex.height}, latents=latents, generator=generator).images[0]"]
     return lines
@@ -408,7 +411,8 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
                 " The student is sampled without classifier-free guidance: keep guidance_scale=1.0.")
         exact = (f"This renders prompt `{ex.id}` of the run's prompt set with its seed: on a CPU, {same} as "
                  f"`samples/{doc['checkpoint']}/{ex.id}.png` and `dmad sample` (same latents, same re-noising "
-                 "draws, which the pipeline takes from torch's global generator).")
+                 "draws, which the wrapped scheduler.step takes from the item's CPU generator); on a GPU the "
+                 "same draws, within float round-off (one code value on an NVIDIA H200).")
     else:
         how = (f"The student samples in {len(doc['student_timesteps'])} step(s) at timesteps "
                f"{doc['student_timesteps']}: it predicts x0, then re-noises it with fresh noise to the next "
