@@ -36,9 +36,10 @@ shifted, FlowSchedule), are then used unchanged, and the timesteps are s * 1000 
 engine's. Both pipelines call scheduler.step without the generator, so its re-noising would
 come from torch's global generator on the pipeline's device (CUDA's on a GPU: other numbers);
 the usage lines wrap scheduler.step to pass the item's CPU generator, whose next draws after the
-initial latents are the engine's (randn_tensor draws on the CPU and moves them to the device). Flux draws its re-noising in the packed
-(B, h/2 * w/2, 4C) layout, and so does the engine's sampler for Flux (Family.fresh_noise), so
-both flow families reproduce the student exactly on a CPU.
+initial latents are the engine's (randn_tensor draws on the CPU and moves them to the device).
+Flux draws its re-noising in the packed (B, h/2 * w/2, 4C) layout, and so does the engine's
+sampler for Flux (Family.fresh_noise), so both flow families reproduce the student exactly on a
+CPU, and within float round-off on a GPU.
 """
 from __future__ import annotations
 
