@@ -159,7 +159,22 @@ def test_bench_distill_puts_lcm_beside_dmad_on_the_same_budgets(small_bench):
     assert {"DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence",
             "DMAD 4-step, same teacher passes, beats LCM's on FD_real and adherence",
             "DMAD 1-step beats LCM's by a wide margin (FD_real <= 0.5x LCM's, adherence higher)",
-            "LCM 4-step clearly beats the teacher's 4 steps + CFG (FD_real intervals apart)"} <= targets
+            "LCM 4-step clearly beats the teacher's 4 steps + CFG (paired 95% intervals: FD_real lower, adherence higher)",
+            "LCM 4-step beats the teacher's 4 steps + CFG with the rows' own FD_real intervals apart (stricter)"} <= targets
+    # the paired comparisons: every pair the targets read, each on the rows' own numbers
+    pairs = {(c["a"], c["b"]): c for c in doc["comparisons"]}
+    assert set(pairs) == {(f"student {k} step{'s' if k > 1 else ''}", f"LCM student {k} step{'s' if k > 1 else ''}{eq}")
+                          for k in (1, 4) for eq in ("", " @ equal teacher passes")} | {
+        ("student 4 steps", "teacher 6 steps + CFG"), ("student 4 steps", "teacher 4 steps + CFG"),
+        ("LCM student 4 steps", "teacher 4 steps + CFG")}
+    for (a, b), c in pairs.items():
+        assert (c["fd_a"], c["fd_b"]) == pytest.approx((rows[a]["fd_real"], rows[b]["fd_real"]))
+        assert (c["adherence_a"], c["adherence_b"]) == pytest.approx((rows[a]["adherence"], rows[b]["adherence"]))
+        assert c["diff"] == pytest.approx(c["fd_a"] - c["fd_b"]) and c["diff_ci"][0] <= c["diff"] <= c["diff_ci"][1]
+    # the equal-pass rows are the final student's: compared from the same samples, the same numbers
+    assert pairs[("student 1 step", "LCM student 1 step @ equal teacher passes")] == {
+        **pairs[("student 1 step", "LCM student 1 step")], "b": "LCM student 1 step @ equal teacher passes"}
+    assert "| LCM student 4 steps | teacher 4 steps + CFG |" in table  # the paired table is printed
     assert "| LCM student 4 steps @ equal teacher passes |" in table and "LCM (demo_lcm.json)" in table
     ckpts = sorted(p.name for p in (folder / "run_lcm" / "checkpoints").iterdir())
     assert {"iter_1", "iter_2"} <= set(ckpts)

@@ -130,6 +130,59 @@ def test_the_bootstrap_interval_is_the_spread_of_one_fd_per_resample():
     assert (lo, hi) == pytest.approx((fd - half, fd + half), rel=1e-9)
 
 
+def test_the_paired_difference_is_the_spread_of_one_fd_difference_per_shared_resample():
+    """fd_difference_interval against its definition: the same seeded item indices resample both
+    rows, the FD difference of each resample, its spread x 1.96 either side of the estimate; the
+    adherence difference from the same resamples."""
+    from statistics import NormalDist
+
+    from dmad.demo.metrics import fd_difference_interval
+
+    g = torch.Generator().manual_seed(7)
+    ref = feature_stats(torch.randn(300, 6, generator=g))
+    a = torch.randn(41, 6, generator=g).double().numpy()
+    b = a + 0.2 * torch.randn(41, 6, generator=g).double().numpy() + 0.3
+    ca, cb = [i % 3 != 0 for i in range(41)], [i % 2 == 0 for i in range(41)]
+    rng = np.random.default_rng(4)
+    draws = [rng.integers(0, 41, 41) for _ in range(50)]
+
+    def fd(x):
+        return frechet_distance_from_stats(*feature_stats(x), *ref)
+
+    diffs = [fd(a[i]) - fd(b[i]) for i in draws]
+    adh = [np.mean(np.array(ca, float)[i] - np.array(cb, float)[i]) for i in draws]
+    z = NormalDist().inv_cdf(0.975)
+    d = fd_difference_interval(a, b, *ref, ca, cb, n_boot=50, seed=4, chunk=9)
+    assert d["diff"] == pytest.approx(fd(a) - fd(b), rel=1e-9) and (d["fd_a"], d["fd_b"]) == pytest.approx((fd(a), fd(b)))
+    assert d["diff_ci"] == pytest.approx((d["diff"] - z * np.std(diffs, ddof=1), d["diff"] + z * np.std(diffs, ddof=1)), rel=1e-9)
+    mean = np.mean(ca) - np.mean(cb)
+    assert d["adherence_diff"] == pytest.approx(mean)
+    assert d["adherence_diff_ci"] == pytest.approx((mean - z * np.std(adh, ddof=1), mean + z * np.std(adh, ddof=1)))
+
+
+def test_pairing_tells_apart_rows_whose_own_intervals_overlap():
+    """Two rows of the same items that differ by a small shift on top of large shared item-to-item
+    variation: each row's own interval is wide (which items were drawn moves both FDs), their
+    intervals overlap, yet the paired difference is beyond chance; a row against itself differs by
+    exactly 0."""
+    from dmad.demo.metrics import fd_difference_interval, fd_interval
+
+    g = torch.Generator().manual_seed(11)
+    ref = feature_stats(torch.randn(4000, 8, generator=g))
+    shared = torch.randn(120, 8, generator=g).double().numpy() * 1.5     # hard and easy items, shared by both rows
+    a, b = shared + 0.1, shared + 0.3 + 0.05 * torch.randn(120, 8, generator=g).double().numpy()
+    (lo_a, hi_a), (lo_b, hi_b) = fd_interval(a, *ref), fd_interval(b, *ref)
+    assert lo_b < hi_a  # the rows' own intervals overlap
+    d = fd_difference_interval(a, b, *ref)
+    assert d["diff_ci"][1] < 0  # the paired difference excludes 0: A is closer to the reference
+    same = fd_difference_interval(a, a, *ref, [True] * 120, [True] * 120)
+    assert same["diff"] == 0 and same["diff_ci"] == (0, 0) and same["adherence_diff_ci"] == (0, 0)
+    with pytest.raises(ValueError, match="same items"):
+        fd_difference_interval(a, b[:100], *ref)
+    with pytest.raises(ValueError, match="120 values per row"):
+        fd_difference_interval(a, b, *ref, [True] * 119, [True] * 120)
+
+
 def test_frechet_distance_grows_with_a_mean_shift():
     a = torch.randn(300, 8, generator=torch.Generator().manual_seed(1))
     fds = [frechet_distance(a, a + shift) for shift in (0.0, 0.5, 1.0, 2.0)]
