@@ -587,9 +587,13 @@ def check_targets(r: BenchResult, s: BenchSettings) -> list[dict]:
     e4 = labels.get("LCM student 4 steps @ equal teacher passes")
 
     def beats(a: Row, b: Row, what: str) -> None:
-        target(f"DMAD {what} beats LCM's on FD_real and adherence", a.fd_real < b.fd_real and a.adherence > b.adherence,
+        # beyond chance too, where the rows were compared item by item: both paired intervals exclude 0
+        c = _comparison(r, a.label, b.label)
+        paired = c is None or (c["diff_ci"][1] < 0 and c["adherence_diff_ci"][0] > 0)
+        target(f"DMAD {what} beats LCM's on FD_real and adherence (paired 95% intervals)",
+               a.fd_real < b.fd_real and a.adherence > b.adherence and paired,
                f"FD_real {a.fd_real:.2f} vs {b.fd_real:.2f}; adherence {a.adherence:.1%} vs {b.adherence:.1%}"
-               + _paired_text(_comparison(r, a.label, b.label)))
+               + _paired_text(c))
 
     if s4 and l4:
         beats(s4, l4, "4-step, same wall clock,")

@@ -156,8 +156,8 @@ def test_bench_distill_puts_lcm_beside_dmad_on_the_same_budgets(small_bench):
         assert (equal["fd_real"], equal["adherence"]) == (final["fd_real"], final["adherence"])
     assert rows["LCM student 4 steps @ iter 1"]["notes"] == "timesteps [999, 759, 499, 259]; earlier checkpoint"
     targets = {t["target"] for t in doc["targets"]}
-    assert {"DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence",
-            "DMAD 4-step, same teacher passes, beats LCM's on FD_real and adherence",
+    assert {"DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence (paired 95% intervals)",
+            "DMAD 4-step, same teacher passes, beats LCM's on FD_real and adherence (paired 95% intervals)",
             "DMAD 1-step beats LCM's by a wide margin (FD_real <= 0.5x LCM's, adherence higher)",
             "LCM 4-step clearly beats the teacher's 4 steps + CFG (paired 95% intervals: FD_real lower, adherence higher)",
             "LCM 4-step beats the teacher's 4 steps + CFG with the rows' own FD_real intervals apart (stricter)"} <= targets
@@ -209,3 +209,35 @@ def test_the_few_step_flow_baseline_uses_every_step():
     default_two = sample_teacher(teacher, captions, noise, 2, 3.0, 2, trailing=False)
     assert (default_two - one).abs().mean() < 1e-3  # the pipeline's own spacing: the flaw this avoids
     assert (two - one).abs().mean() > 0.02
+
+
+def test_the_lcm_targets_read_the_paired_intervals_and_keep_the_stricter_reading_beside_them():
+    """"Clearly beats" and "beats": the point estimates and the paired intervals must all agree;
+    the rows' own intervals apart is reported beside it as the stricter reading."""
+    from dmad.demo.bench import BenchResult, BenchSettings, Row, check_targets
+
+    def row(label, fd, adh, ci):
+        return Row("student", label, 4, 4, fd, None, adh, {}, None, None, "", ci, None)
+
+    def pair(a, b, diff_ci, adh_ci):
+        return {"a": a, "b": b, "diff": sum(diff_ci) / 2, "diff_ci": diff_ci, "adherence_diff": sum(adh_ci) / 2,
+                "adherence_diff_ci": adh_ci}
+
+    def targets(lcm_vs_teacher, dmad_vs_lcm):
+        r = BenchResult(settings={}, machine={}, rows=[
+            row("teacher 4 steps + CFG", 39.1, 0.805, (29.3, 48.9)), row("LCM student 4 steps", 23.6, 0.906, (15.9, 31.3)),
+            row("student 4 steps", 19.5, 0.963, (12.9, 26.1))],
+            comparisons=[pair("LCM student 4 steps", "teacher 4 steps + CFG", *lcm_vs_teacher),
+                         pair("student 4 steps", "LCM student 4 steps", *dmad_vs_lcm)])
+        return {t["target"].split(" (")[0]: t for t in check_targets(r, BenchSettings())}
+
+    t = targets(((-20.7, -10.3), (0.065, 0.138)), ((-7.0, -1.3), (0.032, 0.081)))
+    assert t["LCM 4-step clearly beats the teacher's 4 steps + CFG"]["met"]
+    assert not t["LCM 4-step beats the teacher's 4 steps + CFG with the rows' own FD_real intervals apart"]["met"]
+    assert t["DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence"]["met"]
+    assert "paired A - B: FD_real -15.50 [-20.70, -10.30], adherence +10.2% [+6.5%, +13.8%]" in \
+        t["LCM 4-step clearly beats the teacher's 4 steps + CFG"]["measured"]
+    # better point estimates, but a paired interval that reaches 0: not beyond chance, not met
+    t = targets(((-20.7, 0.4), (0.065, 0.138)), ((-7.0, -1.3), (-0.01, 0.081)))
+    assert not t["LCM 4-step clearly beats the teacher's 4 steps + CFG"]["met"]
+    assert not t["DMAD 4-step, same wall clock, beats LCM's on FD_real and adherence"]["met"]
