@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDoubleSpinBox, QFileDialog, 
 from app.widgets.wheel_guard import guard_wheel
 
 from dmad.errors import UserInputError
+from dmad.contract.jsonfile import read_json_or_problem
 from dmad.contract.prompts import SAMPLERS, find_versions, save_new_version, save_prompt_set, validate_prompt_set
 
 ITEM_COLUMNS = ("id", "topic", "prompt", "negative_prompt", "seed")
@@ -143,10 +144,17 @@ class PromptSetEditor(QDialog):
     # ------------------------------------------------------------ content
 
     def load_file(self, path: Path) -> None:
-        """Show a prompt set file (its JSON, even when invalid: the message says what to fix)."""
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        """Show a prompt set file (its JSON, even when invalid: the message says what to fix).
+        ValueError with one line when it is not JSON at all (unreadable, too big, too deep)."""
+        raw, problem = read_json_or_problem(path)
+        if problem:
+            raise ValueError(problem)
+        self.show_raw(raw, Path(path).name)
+
+    def show_raw(self, raw, name: str) -> None:
+        """Show parsed prompt-set JSON read from the file `name` (a non-object shows as empty)."""
         self.set_raw(raw if isinstance(raw, dict) else {})
-        self.setWindowTitle(f"Prompt set - {Path(path).name}")
+        self.setWindowTitle(f"Prompt set - {name}")
 
     def set_raw(self, raw: dict) -> None:
         self._filling = True

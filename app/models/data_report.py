@@ -60,6 +60,8 @@ def load_report(path: Path) -> DataReport:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read the data check report {path}: {e}") from None
+    except RecursionError:
+        raise ValueError(f"cannot read the data check report {path}: nested too deeply") from None
     if not isinstance(raw, dict) or raw.get("report_version") != REPORT_VERSION:
         raise ValueError(f"{path} is not a check-data report of version {REPORT_VERSION}")
     try:

@@ -8,11 +8,11 @@ them out, the runs table and the config diff say so. A test checks every key her
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from dmad.contract.config import Distillation
+from dmad.contract.jsonfile import read_json_or_problem
 
 DMD2, LCM = "dmd2", "lcm"
 METHOD_KEY = ("distillation", "method")
@@ -70,10 +70,9 @@ def is_unused(method: Any, dotted: str) -> bool:
 
 def read_method(config_path: Path) -> Optional[str]:
     """The method of a config file (a run's config.json), None when it cannot be read. A few hundred
-    bytes: read on the GUI thread like status.json."""
-    try:
-        raw = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    bytes: read on the GUI thread like status.json, and as bounded (read_json_or_problem)."""
+    raw, problem = read_json_or_problem(config_path)
+    if problem:
         return None
     method = method_of(raw)
     return method if isinstance(method, str) else None

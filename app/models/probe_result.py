@@ -63,6 +63,8 @@ def parse_ledger(text: str) -> Ledger:
         d = json.loads(text)
     except ValueError as e:
         raise ValueError(f"the ledger is not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError("the ledger is not JSON (nested too deeply)") from None
     try:
         lines = [_line(x) for x in d["lines"]]
         family = d.get("family")
@@ -155,6 +157,8 @@ def load_probe(folder: Path) -> ProbeResult:
         raise ValueError(f"no {PROBE_FILE} in {path.parent}") from None
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read {path}: {e}") from None
+    except RecursionError:
+        raise ValueError(f"cannot read {path}: nested too deeply") from None
     if not isinstance(d, dict) or d.get("version") != 1 or not isinstance(d.get("points"), list):
         raise ValueError(f"{path} is not a probe result of version 1")
     try:

@@ -10,7 +10,6 @@ and a heartbeat can go stale without any file changing.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import socket
 import time
@@ -24,6 +23,7 @@ from app.models.methods import method_of
 from app.models.resume import CONTINUABLE
 from app.models.run_files import NOTE_NAME, read_note
 from dmad.contract.events import is_iteration_metric, parse_line
+from dmad.contract.jsonfile import read_json_or_problem
 from dmad.contract.runs import RunFolder, effective_state, list_runs, pid_alive
 
 STALE_AFTER_S = 60.0  # no heartbeat for this long = the engine is gone (it beats every few seconds)
@@ -116,14 +116,8 @@ class ScanCache:
 
 
 def _json_reader(path: Path) -> tuple[Any, str]:
-    """(parsed, "") or (None, one-line problem)."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f), ""
-    except json.JSONDecodeError as e:
-        return None, f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
-    except (OSError, UnicodeDecodeError) as e:
-        return None, f"{path.name} cannot be read: {e}"
+    """(parsed, "") or (None, one-line problem): a hostile file is that run's row, not the scan's end."""
+    return read_json_or_problem(path)
 
 
 def _complete_lines(data: bytes) -> list[str]:

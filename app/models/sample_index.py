@@ -9,7 +9,6 @@ mtime, so a re-rendered image (same name) is seen as new and its thumbnail is re
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from app.models.methods import label, read_method
+from dmad.contract.jsonfile import read_json_or_problem
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 TEACHER = "teacher"
@@ -77,12 +77,11 @@ def checkpoint_of(name: str) -> str:
 
 
 def _read_json(path: Path, what: str) -> tuple[dict, str]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         return {}, f"no {what}"
-    except (OSError, ValueError) as e:
-        return {}, f"{what} is unreadable ({type(e).__name__}: {e})"
+    value, problem = read_json_or_problem(path)
+    if problem:
+        return {}, f"{what} is unreadable ({problem})"
     if not isinstance(value, dict):
         return {}, f"{what} is not a JSON object"
     return value, ""

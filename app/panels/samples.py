@@ -11,7 +11,6 @@ checkpoint), A and B mark the current image, C compares A with B. Every message 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,6 +31,7 @@ from app.widgets.samples_grid import (CELL_PX, CELL_RANGE, NO_SAMPLES, GridListi
                                       SamplesModel, scan_grid)
 from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.events import Event
+from dmad.contract.jsonfile import read_json_or_problem
 
 RESCAN_MS = 3000
 SIDE_MIN_PX = 160  # the side column can be dragged down to this
@@ -351,14 +351,12 @@ class SamplesPanel(QWidget):
         """The editor on the run's prompt_set.json; its name + version counts as taken (the run used it)."""
         if self._run is None:
             return None
-        used = []
         source = self._run / "prompt_set.json"
-        try:
-            used.append(json.loads(source.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            source = None
-        editor = PromptSetEditor(self._prompt_set_dir, used, self)
-        if source is not None:
-            editor.load_file(source)
+        raw, problem = read_json_or_problem(source)
+        editor = PromptSetEditor(self._prompt_set_dir, [] if problem else [raw], self)
+        if not problem:
+            editor.show_raw(raw, source.name)
+        elif source.exists():  # the run's copy is broken (or planted): an empty editor that says so
+            editor.message.setText(f"The run's prompt set is not shown: {problem}")
         editor.show()
         return editor

@@ -114,6 +114,36 @@ def loads_json(text: str, where: str) -> Any:
     return value
 
 
+# A run folder's small files (status.json, config.json, prompt_set.json) are KBs; the app reads them
+# as it finds them, some on its GUI thread (status.json every poll), so a bigger one is not read.
+RUN_FILE_MAX_BYTES = 4 * 2**20
+
+
+def read_json_or_problem(path: str | Path, max_bytes: int = RUN_FILE_MAX_BYTES) -> tuple[Any, str]:
+    """(the parsed JSON of `path`, "") or (None, one line naming the file and what is wrong); never
+    raises. For files the app finds in a run folder, which a user (or an attacker) may have
+    written: missing or unreadable, larger than `max_bytes` (not read at all), not UTF-8, not
+    JSON, or nested deeper than the parser's stack each become a line, not a traceback."""
+    name = printable(Path(path).name)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        return None, f"{name} cannot be read: {printable(str(e))}"
+    if len(data) > max_bytes:
+        return None, f"{name} is larger than {max_bytes // 2**20} MiB, more than any the engine writes: not read"
+    try:
+        return json.loads(data.decode("utf-8")), ""
+    except UnicodeDecodeError:
+        return None, f"{name} is not UTF-8 text"
+    except json.JSONDecodeError as e:
+        return None, f"{name} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+    except RecursionError:
+        return None, f"{name} is nested too deeply to read"
+    except (ValueError, MemoryError) as e:  # an integer of more than 4300 digits
+        return None, f"{name} is not valid JSON: {printable(str(e))}"
+
+
 def path_problem(path: str) -> Optional[str]:
     """Why `path` cannot name a file on this system (checked before any OS call, which would raise
     ValueError or OSError ENAMETOOLONG); None when it can."""

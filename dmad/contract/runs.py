@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional, Union
 
 from dmad.errors import UserInputError
 from dmad.contract.events import parse_line
+from dmad.contract.jsonfile import read_json_or_problem
 # The log writers/readers live in dmad.contract.runlog and are re-exported: the app imports dmad.contract.runs.
 from dmad.contract.runlog import (CONTROL_COMMANDS, ControlReader, CsvAppender, _complete_text, _to_int,  # noqa: F401
                          _write_all, append_control, read_metrics)
@@ -308,11 +309,10 @@ class RunFolder:
                       updated=datetime.now().astimezone().isoformat(timespec="seconds"))
 
     def read_status(self) -> Optional[dict]:
-        try:
-            with open(self.status_json, "r", encoding="utf-8") as f:
-                status = json.load(f)
-        except (OSError, ValueError, RecursionError):
-            return None
+        """status.json as a dict; None when it is missing or not one the engine wrote (unreadable,
+        not a JSON object, too deep, or over jsonfile.RUN_FILE_MAX_BYTES, so a planted giant does not
+        stall the app, which polls this file on its GUI thread)."""
+        status, _ = read_json_or_problem(self.status_json)
         return status if isinstance(status, dict) else None
 
     # -------------------------------------------------------- checkpoints
