@@ -81,7 +81,7 @@ def _read_json(path: Path, what: str) -> tuple[dict, str]:
         return {}, f"no {what}"
     value, problem = read_json_or_problem(path)
     if problem:
-        return {}, f"{what} is unreadable ({problem})"
+        return {}, problem  # names the file: "meta.json is not valid JSON (line 1, column 3: ...)"
     if not isinstance(value, dict):
         return {}, f"{what} is not a JSON object"
     return value, ""

@@ -137,7 +137,7 @@ def test_missing_or_corrupt_meta_json_is_a_note_not_a_crash(qtbot, tmp_path, rec
     _open(qtbot, panel, recorded_run)
     panel.grid.set_current_cell(0, 1)
     text = panel.provenance_text()
-    assert "meta.json: samples/iter_60: meta.json is unreadable" in text and "provenance unknown" in text
+    assert "meta.json: samples/iter_60: meta.json is not valid JSON (line 1, column 3" in text and "provenance unknown" in text
     assert "(from the run's prompt_set.json)" in text
     panel.grid.set_current_cell(0, 0)
     assert "samples/teacher: no meta.json (a render that stopped" in panel.provenance_text()
