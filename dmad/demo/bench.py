@@ -534,7 +534,7 @@ def compare_rows(r: BenchResult, real_stats, s: BenchSettings) -> list[dict]:
     for a, b in comparison_pairs(s):
         if a in r.samples and b in r.samples:
             d = fd_difference_interval(r.samples[a][0], r.samples[b][0], *real_stats, r.samples[a][1], r.samples[b][1])
-            out.append({"a": a, "b": b, **{k: (tuple(v) if isinstance(v, tuple) else v) for k, v in d.items()}})
+            out.append({"a": a, "b": b, **d})
     return out
 
 

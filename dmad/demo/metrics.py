@@ -156,7 +156,7 @@ def fd_difference_interval(feats_a, feats_b, ref_mu, ref_cov, correct_a=None, co
         if ca.shape != (len(a),) or cb.shape != (len(a),):
             raise ValueError(f"per-item correctness needs {len(a)} values per row; got {ca.shape} and {cb.shape}")
         per_item = ca - cb
-        dd = np.array([per_item[i].mean() for i in draws])
+        dd = per_item[np.stack(draws)].mean(axis=1)
         half = _z(level) * float(np.std(dd, ddof=1))
         out.update(adherence_a=float(ca.mean()), adherence_b=float(cb.mean()), adherence_diff=float(per_item.mean()),
                    adherence_diff_ci=(float(per_item.mean() - half), float(per_item.mean() + half)))
