@@ -30,6 +30,12 @@ class CheckpointUnusable(UserInputError):
     none left it is exit 2."""
 
 
+class CheckpointMismatch(CheckpointUnusable):
+    """A whole checkpoint that this config cannot continue (another method, no EMA weights for an
+    EMA config, another LoRA rank or student timesteps): exit 2 before anything is touched, and no
+    fallback, since the run's older checkpoints were trained the same way."""
+
+
 class DiskFull(RunFailed):
     """The disk filled up while the run was writing: exit 1; nothing complete is lost, temp files are
     removed and the run continues with --resume latest once there is space."""

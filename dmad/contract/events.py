@@ -8,6 +8,7 @@ kill in the middle of a write) and lines that are not events (skipped, never fat
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -92,6 +93,7 @@ class EventWriter:
     def __init__(self, path: str | Path, stream: Optional[IO[str]] = None, echo: bool = True):
         self.path = Path(path)
         self._file = open(self.path, "a", encoding="utf-8")
+        self.start_offset = self._file.tell()  # where this writer's own lines begin
         self._stream = stream if stream is not None else sys.stdout
         self._echo = echo
         self._lock = threading.Lock()  # the memory sampler thread emits too: whole lines only
@@ -115,6 +117,17 @@ class EventWriter:
     def sync(self) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[int]:
+        """No event is written while the file is rewritten (a resume's cut-back, which replaces it):
+        yields where this writer's own lines begin; the file is reopened for appending after."""
+        with self._lock:
+            self._file.close()
+            try:
+                yield self.start_offset
+            finally:
+                self._file = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if not self._file.closed:

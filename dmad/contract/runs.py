@@ -431,15 +431,19 @@ class RunFolder:
 
     # -------------------------------------------------------- resume
 
-    def truncate_after(self, iter: int) -> None:
+    def truncate_after(self, iter: int, events_from: Optional[int] = None) -> None:
         """Forget what happened after checkpoint `iter`, so a resumed run's curves do not double back.
-        gpu_mem.csv is time-based and stays whole."""
+        gpu_mem.csv is time-based and stays whole. `events_from`: the byte offset in events.jsonl
+        where the resuming engine's own events begin; those are kept as they are."""
         if self.metrics_csv.exists():
             text = _complete_text(self.metrics_csv.read_bytes())
             atomic_write_text(self.metrics_csv, _metrics_upto(text, iter, self.metrics_csv))
         if self.events_jsonl.exists():
-            lines = _complete_text(self.events_jsonl.read_bytes()).splitlines(keepends=True)
-            atomic_write_text(self.events_jsonl, "".join(_events_upto(lines, iter)))
+            data = self.events_jsonl.read_bytes()
+            cut = len(data) if events_from is None else events_from
+            lines = _complete_text(data[:cut]).splitlines(keepends=True)
+            own = data[cut:].decode("utf-8", errors="replace") if events_from is not None else ""
+            atomic_write_text(self.events_jsonl, "".join(_events_upto(lines, iter)) + own)
 
 
 def _metrics_upto(text: str, iter: int, path: Path) -> str:
@@ -459,11 +463,12 @@ def _metrics_upto(text: str, iter: int, path: Path) -> str:
 
 def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
     """Events with iter <= N, and iter-less events (started, warnings) logged before the first
-    event past N; iter-less events after that belong to the abandoned stretch."""
+    event past N; iter-less events after that belong to the abandoned stretch. An `error` event
+    ended an earlier engine that the run has now continued past: it goes too (engine.log keeps it)."""
     past = False
     for line in lines:
         ev = parse_line(line)
-        if ev is None:
+        if ev is None or ev.kind == "error":
             continue
         if ev.iter is not None and ev.iter > iter:
             past = True
@@ -520,6 +525,14 @@ class RunLock:
             raise
         self._fd = fd
         return self
+
+    def rewrite(self, data: bytes) -> None:
+        """Put back the lock file's earlier content through the held descriptor (a refused start
+        leaves the folder as it found it, dmad.train.folder_undo), keeping the lock."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            _write_all(self._fd, data)
 
     def release(self) -> None:
         if self._fd is not None:

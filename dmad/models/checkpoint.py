@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dmad.errors import CheckpointUnusable
+from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
 
 LCM_TARGET = "lcm_target.safetensors"
@@ -252,22 +252,36 @@ def _load_plain(path: Path, ckpt: Path, mmap: bool = False) -> dict:
     return state
 
 
-def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str]) -> TrainingState:
+@dataclass(frozen=True)
+class Expected:
+    """What a config needs of a checkpoint it continues, beyond its files (check_fits)."""
+
+    ema: bool  # distillation.ema_decay is set
+    lora_rank: int  # identity.lora_rank, for the LoRA networks
+    timesteps: list[int]  # the config's student timesteps
+
+
+def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str],
+                      expected: Optional[Expected] = None) -> TrainingState:
     """Before a resume picks `ckpt`: every file load_checkpoint reads is present, inside the
     checkpoint and whole (safetensors headers and coverage; optimizer states memory-mapped, so
     their tensors are not read), and training_state.json is well typed. Shapes are checked when
     the weights load (load_checkpoint). `fake_mode` None: an LCM run's checkpoint (student, EMA
-    target, generator optimizer only). Raises CheckpointUnusable naming the first problem."""
+    target, generator optimizer only). Raises CheckpointUnusable naming the first problem, or
+    CheckpointMismatch when the checkpoint is whole but was trained in a way this config cannot
+    continue (the method, and with `expected` the rest of check_fits)."""
     state = read_training_state(ckpt)
     lcm = fake_mode is None
     has_head, has_target = (ckpt / "gan_head.safetensors").exists(), (ckpt / LCM_TARGET).exists()
     if lcm and has_head and not has_target:
-        raise CheckpointUnusable(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
+        raise CheckpointMismatch(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
                                  f"is method lcm")
     if not lcm and has_target and not has_head:
-        raise CheckpointUnusable(f"checkpoint {ckpt} is from an LCM run (distillation.method lcm); this config "
+        raise CheckpointMismatch(f"checkpoint {ckpt} is from an LCM run (distillation.method lcm); this config "
                                  f"is method dmd2")
     networks = (("student", student_mode),) if lcm else (("student", student_mode), ("fake_score", fake_mode))
+    if expected is not None:
+        _check_modes(ckpt, networks)
     for name, mode in networks:
         files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
         if not files:
@@ -280,7 +294,57 @@ def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str]) -
         _check_safetensors(ckpt / "ema.safetensors", ckpt)
     for name in ("generator",) if lcm else ("generator", "critic"):
         _optimizer_state(ckpt, name, header_only=True)
+    if expected is not None:
+        check_fits(ckpt, state, student_mode, fake_mode, expected)
     return state
+
+
+def check_fits(ckpt: Path, state: TrainingState, student_mode: str, fake_mode: Optional[str],
+               expected: Expected) -> None:
+    """CheckpointMismatch when the config cannot continue this checkpoint: a full network where it
+    has a LoRA (or the reverse), EMA asked for where it kept none, another LoRA rank, other
+    student timesteps. Reads safetensors headers only."""
+    networks = (("student", student_mode),) + ((("fake_score", fake_mode),) if fake_mode else ())
+    _check_modes(ckpt, networks)
+    for name, mode in networks:
+        lora = ckpt / f"{name}_lora.safetensors"
+        rank = _lora_rank(lora) if mode == "lora" and lora.exists() else None
+        if rank is not None and rank != expected.lora_rank:
+            raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA has rank {rank}; this config has "
+                                     f"identity.lora_rank {expected.lora_rank}")
+    if expected.ema and not (ckpt / "ema.safetensors").exists():
+        raise CheckpointMismatch(f"checkpoint {ckpt} has no EMA weights (it was trained without "
+                                 f"distillation.ema_decay); this config sets distillation.ema_decay")
+    if state.student_timesteps != list(expected.timesteps):
+        raise CheckpointMismatch(f"checkpoint {ckpt} was trained with student timesteps {state.student_timesteps}; "
+                                 f"this config asks for {list(expected.timesteps)} (distillation.student_steps / "
+                                 f"student_timesteps)")
+
+
+def _check_modes(ckpt: Path, networks) -> None:
+    """A full network folder where the config trains a LoRA, or the reverse (before the file
+    checks: the files are not missing, they are another kind)."""
+    for name, mode in networks:
+        full, lora = (ckpt / name).is_dir(), (ckpt / f"{name}_lora.safetensors").exists()
+        if mode == "full" and lora and not full:
+            raise CheckpointMismatch(f"checkpoint {ckpt} has a LoRA {name}; this config trains a full one "
+                                     f"(identity.{name}: full)")
+        if mode == "lora" and full and not lora:
+            raise CheckpointMismatch(f"checkpoint {ckpt} has a full {name}; this config trains a LoRA "
+                                     f"(identity.{name}: lora)")
+
+
+def _lora_rank(path: Path) -> Optional[int]:
+    """The rank of a LoRA adapter file: the first dimension of its first lora_A weight (peft's
+    [rank, in_features] layout); None when the file has none or cannot be read (verify says why)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            key = next((k for k in sorted(f.keys()) if ".lora_A." in k), None)
+            return f.get_slice(key).get_shape()[0] if key else None
+    except Exception:  # noqa: BLE001 - a damaged file: _check_safetensors names it
+        return None
 
 
 def _copy_shadow(path: Path, tensors: list[torch.Tensor]) -> Optional[int]:

@@ -29,9 +29,10 @@ def make_accelerator(mixed_precision: str):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
+    from dmad.train.preflight import check_precision_here
+
+    check_precision_here(mixed_precision)
     cuda = torch.cuda.is_available()
-    if mixed_precision == "fp16" and not cuda:
-        raise UserInputError("resources.mixed_precision: fp16 needs a CUDA GPU; use bf16 or no on a CPU")
     # Accumulation is done by the loop itself (explicit loss scaling, no_sync on inner
     # micro-steps), so accelerate's own counter stays at 1.
     # Rank 0 renders samples and writes checkpoints while the others wait in a collective: allow hours.
@@ -130,10 +131,13 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
 
 def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
                   log: logging.Logger, monitor: Monitor, acc=None, resume: Optional[str] = None,
-                  between_phases: Callable[[], None] = lambda: None) -> Session:
+                  between_phases: Callable[[], None] = lambda: None,
+                  loaded: Callable[[int], None] = lambda iteration: None) -> Session:
     """Everything the loop holds, in one go: data, teacher, networks, optimizers; restored from the
     checkpoint `resume` (exact resume), with the data stream starting at the batch it reached.
-    `between_phases()` runs after each long step (control commands: a stop ends the build there)."""
+    `between_phases()` runs after each long step (control commands: a stop ends the build there);
+    `loaded(iteration)` once everything has loaded, before the run's logs are opened for writing
+    (the run commits to continuing from there: dmad.train.run_open.OpenRun.commit)."""
     from accelerate.utils import set_seed
 
     from dmad.data.loading import open_dataset
@@ -192,6 +196,7 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     timesteps = dist.resolved_student_timesteps()
     between_phases()
     state = _load_checkpoint(cfg, resume, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps) if resume else None
+    loaded(state.iter if state else 0)
     if state is not None:
         events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))
     batches_used = state.batches_used if state else 0

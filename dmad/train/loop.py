@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 from dmad.contract.config import TrainConfig
 from dmad.contract.runlog import one_off_problem
 from dmad.contract.runs import ControlReader
-from dmad.errors import CheckpointUnusable
+from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.train.oom import Phase
 from dmad.train.ranks import any_rank, broadcast, mean_logs
 from dmad.train.run_files import StopFlag
@@ -30,7 +30,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     """`dmad train`: creates (or reopens, to resume or to start again) the run folder, trains,
     returns the exit code. A checkpoint that fails to load falls back to the next of `fallbacks`
     (older checkpoints, newest first), each passed over with a warning event; `skipped` are those
-    preflight already passed over."""
+    preflight already passed over. A refused attempt leaves the folder as it found it
+    (dmad.train.run_open), so the history it shows is never cut by a start that did not happen."""
     skipped, fallbacks = list(skipped), list(fallbacks)
     while True:
         try:
@@ -42,8 +43,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
                 run.exit_code = train_loop(s, run.stop, run.phase, run.control)
             return run.exit_code
         except CheckpointUnusable as e:
-            if not fallbacks and not skipped:
-                raise  # the only checkpoint there was, or the one the user named
+            if isinstance(e, CheckpointMismatch) or (not fallbacks and not skipped):
+                raise  # the only checkpoint there was, the one the user named, or one the config cannot continue
             skipped.append(str(e))
             if not fallbacks:
                 raise CheckpointUnusable(f"no usable checkpoint in {Path(resume).parent} ({len(skipped)} damaged; "

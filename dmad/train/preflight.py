@@ -88,9 +88,8 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
     check_run_dir_place(run_dir)
     if not launched:  # a rank's launcher checked, and rank 0 holds the lock by now
         check_not_in_use(run_dir)
-    ident = cfg.identity
-    fake_mode = None if cfg.distillation.method == "lcm" else ident.fake_score  # None: no fake score saved
-    target = find_resume_target(run_dir, resume, ident.student, fake_mode) if resume else None
+    check_precision_here(cfg.resources.mixed_precision)
+    target = find_resume_target(run_dir, resume, cfg) if resume else None
     restart = resume is not None and target is None
     if target is None and not restart and not launched:
         check_fresh_run_dir(run_dir)
@@ -157,16 +156,31 @@ def _run_dir_of_checkpoint(path: Path) -> Path:
     return path
 
 
-def find_resume_target(run_dir: Path, resume: str, student_mode: str = "full",
-                       fake_mode: str = "full") -> Optional[ResumeTarget]:
+def check_precision_here(mixed_precision: str) -> None:
+    """What this machine cannot run, found before a run folder is touched."""
+    if mixed_precision == "fp16":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserInputError("resources.mixed_precision: fp16 needs a CUDA GPU; use bf16 or no on a CPU")
+
+
+def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional[ResumeTarget]:
     """The checkpoint to resume from, verified (dmad.models.checkpoint.verify_checkpoint). 'latest' (or
     the run folder) takes the newest usable one, passing over damaged newer ones (named in
     `skipped`); None when the run has no checkpoint at all: it ended before its first one, and
     starts again from iteration 0 (diffusers' scripts do the same with a missing 'latest'). A
-    named checkpoint is used as it is or refused."""
-    from dmad.models.checkpoint import verify_checkpoint
-    from dmad.errors import CheckpointUnusable
+    named checkpoint is used as it is or refused. A whole checkpoint that this config cannot
+    continue (CheckpointMismatch: another method, EMA, LoRA rank or student timesteps) is refused
+    at once: the run's older checkpoints were trained the same way."""
+    from dmad.models.checkpoint import Expected, verify_checkpoint
+    from dmad.errors import CheckpointMismatch, CheckpointUnusable
 
+    ident, dist = cfg.identity, cfg.distillation
+    student_mode = ident.student
+    fake_mode = None if dist.method == "lcm" else ident.fake_score  # None: no fake score saved
+    expected = Expected(ema=dist.ema_decay is not None, lora_rank=ident.lora_rank,
+                        timesteps=dist.resolved_student_timesteps())
     run = RunFolder(run_dir)
     if not run_dir.is_dir():
         raise UserInputError(f"--resume {resume}: run folder not found: {run_dir}")
@@ -180,7 +194,9 @@ def find_resume_target(run_dir: Path, resume: str, student_mode: str = "full",
             have = ", ".join(f"iter_{it}" for it, _ in found) or "none"
             raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
         try:
-            verify_checkpoint(path.resolve(), student_mode, fake_mode)
+            verify_checkpoint(path.resolve(), student_mode, fake_mode, expected)
+        except CheckpointMismatch as e:
+            raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
         except CheckpointUnusable as e:
             raise UserInputError(f"--resume {resume}: {e}") from None
         return ResumeTarget(iteration=match[0], checkpoint=path.resolve())
@@ -191,7 +207,9 @@ def find_resume_target(run_dir: Path, resume: str, student_mode: str = "full",
     skipped = []
     for k, (it, ckpt) in enumerate(order):
         try:
-            verify_checkpoint(ckpt, student_mode, fake_mode)
+            verify_checkpoint(ckpt, student_mode, fake_mode, expected)
+        except CheckpointMismatch as e:
+            raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
         except CheckpointUnusable as e:
             skipped.append(str(e))
             continue
@@ -199,6 +217,9 @@ def find_resume_target(run_dir: Path, resume: str, student_mode: str = "full",
                             skipped=tuple(skipped))
     raise UserInputError(f"--resume {resume}: no usable checkpoint in {run.checkpoints_dir} ({len(order)} damaged; "
                          f"newest: {skipped[0]})")
+
+
+_OWN_CONFIG = ": continue with the run's own config ({run}/config.json) or start a new run; nothing was changed"
 
 
 def check_run_dir_place(run_dir: Path) -> None:

@@ -19,7 +19,7 @@ from dmad.contract.events import EventWriter
 from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
 from dmad.contract.runs import RunFolder
 from dmad.errors import DiskFull, UserInputError
-from dmad.models.checkpoint import config_fingerprint, read_training_state
+from dmad.models.checkpoint import config_fingerprint
 
 LIBRARY_LOGGERS = ("diffusers", "transformers", "accelerate", "peft", "torch")
 
@@ -168,14 +168,6 @@ def is_oom(e: BaseException) -> bool:
 
 
 # --------------------------------------------------------------------------- run folder files
-
-def cut_back_to_checkpoint(folder: RunFolder, checkpoint: Path) -> None:
-    """Resume: drop leftover temp checkpoints and every metrics row / event after the checkpoint,
-    so each iteration appears exactly once."""
-    state = read_training_state(checkpoint)
-    folder.clean_temp()
-    folder.truncate_after(state.iter)
-
 
 def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], argv: list[str],
                    events: EventWriter, world: int = 1, reopened: bool = False) -> PromptSet:

@@ -17,13 +17,14 @@ from dmad.contract.config import TrainConfig
 from dmad.contract.events import EventWriter
 from dmad.contract.prompts import load_prompt_set
 from dmad.contract.runs import ControlReader, RunFolder, RunLock
-from dmad.errors import DmadError, StopRequested
+from dmad.errors import EXIT_INVALID_INPUT, DmadError, StopRequested
 from dmad.train.build import build_session, make_accelerator
+from dmad.train.folder_undo import FolderSnapshot
 from dmad.train.launch import world_rank
 from dmad.train.monitor import Monitor
 from dmad.train.oom import Phase, advice, classify
 from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, broadcast, record_failure
-from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, cut_back_to_checkpoint, disk_full,
+from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, disk_full,
                                   engine_started_at, is_disk_full, is_oom, prepare_folder, setup_logging)
 from dmad.train.session import Session
 from dmad.train.step import NonFiniteLoss
@@ -45,14 +46,28 @@ class OpenRun:
     control: ControlReader  # read from the engine's start: a Stop during loading counts
     accelerator: Any  # joined process group with several processes, else None (build_session makes one)
     resume: Optional[str]
+    restart: bool = False  # --resume latest of a run with no checkpoint: from iteration 0 in the same folder
     session: Optional[Session] = None
     exit_code: int = 0
+    committed: bool = False  # the run continues from a loaded state: a failure from here on is the run's
 
     def build(self) -> Session:
         self.phase.set("loading")
         self.session = build_session(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
-                                     self.accelerator, self.resume, between_phases=self.between_phases)
+                                     self.accelerator, self.resume, between_phases=self.between_phases,
+                                     loaded=self.commit)
         return self.session
+
+    def commit(self, iteration: int) -> None:
+        """Everything has loaded and the run continues from `iteration` (the checkpoint's; 0 for a
+        fresh start or a start again). Only now is what an earlier engine logged after that
+        iteration dropped (metrics rows, events, leftover temp checkpoints), so each iteration
+        appears once; a start refused before this point leaves the folder as it found it."""
+        if self.folder.is_writer and (self.resume or self.restart):
+            self.folder.clean_temp()
+            with self.events.paused() as own:
+                self.folder.truncate_after(iteration, events_from=own)
+        self.committed = True
 
     def between_phases(self, collective: bool = True) -> None:
         """Control commands at a boundary before training (data opened, teacher loaded, each teacher
@@ -99,26 +114,21 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     or a `dmad probe` point), and what a failure leaves there: an error event, a failed status,
     one line on stderr and the exit code (1, 3 out of memory, 130 interrupted) in `exit_code`.
     A DmadError (bad input) is recorded and re-raised for the CLI to print. Rank 0 holds the run
-    folder's lock (dmad.contract.runs.RunLock) from before its first write to after its last."""
+    folder's lock (dmad.contract.runs.RunLock) from before its first write to after its last. A start
+    refused with exit 2 before it commits (OpenRun.commit) leaves the folder byte for byte as it
+    was (dmad.train.folder_undo): the history of a run is cut back only once a checkpoint has loaded."""
     phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
     rank, world = world_rank()
     acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
     main = rank == 0
-    lock = None
+    lock = before = None
+    refused = False  # a start refused before it committed (exit 2): the folder goes back as it was
     if main:
         reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
+        before = FolderSnapshot.take(run_dir)  # before the first write, mkdir included
         folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
         folder.check_confined()  # nothing is written before: a link out of the folder is refused
         lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
-        try:
-            if resume:  # before any writer opens events.jsonl / metrics.csv (they are rewritten, not edited)
-                cut_back_to_checkpoint(folder, Path(resume))
-            elif restart:
-                folder.clean_temp()
-                folder.truncate_after(0)
-        except BaseException:
-            lock.release()
-            raise
     if acc is not None:
         acc.wait_for_everyone()  # rank 0 made the folder
     if not main:
@@ -131,7 +141,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
-    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume)
+    run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume, restart)
 
     def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
         it = run.session.iter if run.session is not None else None
@@ -158,7 +168,9 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
                               cause="non_finite_loss")
     except DmadError as e:
-        _fail(folder, events, run.session, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
+        refused = main and not run.committed and e.exit_code == EXIT_INVALID_INPUT
+        if not refused:
+            _fail(folder, events, run.session, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
         raise
     except BaseException as e:
         s = run.session
@@ -187,10 +199,14 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.monitor.stop()
         if run.session is not None:
             run.session.metrics.close()
-        _quietly(folder.update_status, control_offset=control.offset)  # the next engine starts after these
+        if not refused:
+            _quietly(folder.update_status, control_offset=control.offset)  # the next engine starts after these
         events.close()
         close_logging()
         sys.stdout, sys.stderr = real_stdout, real_stderr
+        if refused:
+            for problem in before.restore(write_lock=lock.rewrite):
+                print(f"dmad: warning: {problem}", file=sys.stderr, flush=True)
         if lock is not None:
             lock.release()
         if world == 1:
