@@ -160,6 +160,10 @@ class Distillation(_Group):
                                                                            "with lcm, the solver's fixed guidance scale.")
     critic_updates_per_generator_update: int = Field(
         5, ge=1, le=100, description="Two-time-scale rule: the critic steps every iteration, the student every K-th (DMD2: 5).")
+    dm_weight: float = Field(1.0, ge=0.0, le=100.0, description="Weight of the distribution-matching loss in the "
+                                                                "student loss; 0: the GAN alone trains the student "
+                                                                "(an ablation: the teacher then only shapes the critic's "
+                                                                "start).")
     generator_gan_weight: float = Field(1e-3, ge=0.0, le=100.0, description="Weight of the GAN loss in the student loss.")
     critic_gan_weight: float = Field(1e-2, ge=0.0, le=100.0, description="Weight of the GAN loss in the critic loss.")
     gan_head_placement: Literal["fake_score_bottleneck", "teacher_bottleneck"] = Field(
@@ -182,6 +186,8 @@ class Distillation(_Group):
     def _consistent(self) -> "Distillation":
         if self.min_timestep >= self.max_timestep:
             raise ValueError(f"min_timestep ({self.min_timestep}) must be below max_timestep ({self.max_timestep})")
+        if self.method == "dmd2" and self.dm_weight == 0 and self.generator_gan_weight == 0:
+            raise ValueError("dm_weight and generator_gan_weight are both 0: nothing would train the student")
         ts = self.student_timesteps
         if ts is not None:
             if len(ts) != self.student_steps:

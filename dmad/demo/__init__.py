@@ -48,7 +48,7 @@ def demo_words() -> list[str]:
     words = set(shapes.SHAPES) | set(shapes.COLOURS) | set(shapes.BACKGROUNDS) | set(shapes.SIZES)
     for position in shapes.POSITIONS:
         words.update(position.split())
-    words.update("a at the in on background".split())
+    words.update("a at the in on background shape".split())  # "shape": a caption that leaves the shape out
     return sorted(words)
 
 

@@ -8,6 +8,11 @@ accuracy, Fréchet distance on its penultimate features and per-prompt diversity
 
 Data never overlaps: the shipped dataset (resources/demo/shapes) is shapes seed 0; the evaluator
 trains on seed TRAIN_DATA_SEED and is scored on seed HELDOUT_DATA_SEED, both reserved for it. `seed` (init, batch order, augmentation) is separate from the data seeds.
+Nor do the pixels: the evaluator trains only on renders of lattice parity TRAIN_PARITY (the parity
+of the shape centre's x + y, dmad.demo.shapes.lattice_parity), and everything it is scored on or
+compared against (its held-out set, the bench's real references: real_attrs_for_captions) has the
+other parity, so no reference image is pixel-identical to a training image. (Before, 73% of the
+references were: 64 px renders repeat, a large shape has about one pixel of play.)
 
     python -m dmad.demo.evaluator train --out resources/demo/evaluator [--seed 0]
 
@@ -46,6 +51,10 @@ FORMAT_VERSION = 1
 IMAGE_SIZE = 64
 TRAIN_DATA_SEED = 1_000_001  # shapes seeds reserved for the evaluator: never the shipped dataset's 0
 HELDOUT_DATA_SEED = 1_000_002
+# Lattice halves: what the evaluator learns from, and what it is scored and compared on. A large
+# shape has about one pixel of play, so 72% of large renders are centred on even (x + y): the
+# references keep that typical half; the evaluator learns from the shifted one.
+TRAIN_PARITY, REFERENCE_PARITY = 1, 0
 WIDTHS = (32, 64, 96, 64)  # 64 -> 32 -> 16 -> 8 -> 4 px; the last width keeps the flatten at 1024
 FEATURE_DIM = 128
 
@@ -75,10 +84,25 @@ def render_real(indices, seed: int, size: int = IMAGE_SIZE) -> tuple[torch.Tenso
     return render_real_attrs(attrs, size), attrs
 
 
-def real_attrs_for_captions(captions: list[str], per_caption: int, seed: int, first: int = 0) -> list[dict]:
-    """Attributes of `per_caption` real renders of each caption (caption-major): the caption's
-    attributes with the shape's offset in its slot drawn as the dataset draws it, seeded by
-    (seed, caption index, k) for k in [first, first + per_caption), so disjoint k give other images.
+def indices_of_parity(n: int, seed: int, parity: int, start: int = 0) -> list[int]:
+    """The first `n` indices from `start` of shapes seed `seed` whose image has lattice parity
+    `parity` (about every other index; attributes only, nothing rendered)."""
+    out, i = [], start
+    while len(out) < n:
+        if shapes.lattice_parity(shapes.attributes_for(i, seed)) == parity:
+            out.append(i)
+        i += 1
+    return out
+
+
+def real_attrs_for_captions(captions: list[str], per_caption: int, seed: int, first: int = 0,
+                            parity: Optional[int] = REFERENCE_PARITY) -> list[dict]:
+    """Attributes of `per_caption` real renders of each caption (caption-major), drawn from the
+    data's distribution given what the caption states (dmad.demo.shapes.sample_given: the
+    attributes it leaves out, and the shape's offset in its slot), seeded by (seed, caption index,
+    k) for k in [first, first + per_caption), so disjoint k give other images. Only renders of
+    lattice `parity` are kept (the reference half: never pixel-identical to the evaluator's
+    training renders); None keeps every draw.
 
     The real reference of a conditional FD must share the samples' captions: renders of the bench's
     64 captions sit at FD 124 from renders of random captions, against 1.0 from other renders of
@@ -87,10 +111,14 @@ def real_attrs_for_captions(captions: list[str], per_caption: int, seed: int, fi
 
     out = []
     for i, cap in enumerate(captions):
-        attrs = parse_caption(cap)
+        stated = parse_caption(cap)
         for k in range(first, first + per_caption):
             rng = random.Random(f"{shapes.GENERATOR}/real-for-caption/{seed}/{i}/{k}")
-            out.append({**attrs, "offset": [round(rng.uniform(-1, 1), 2), round(rng.uniform(-1, 1), 2)]})
+            while True:  # about two draws: half the offsets of a caption land on each parity
+                attrs = shapes.sample_given(stated, rng)
+                if parity is None or shapes.lattice_parity(attrs) == parity:
+                    break
+            out.append(attrs)
     return out
 
 
@@ -234,10 +262,12 @@ def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 @torch.no_grad()
 def evaluate_heldout(model: ShapesClassifier, n: int, seed: int = HELDOUT_DATA_SEED,
                      batch_size: int = 500) -> dict:
-    """Accuracy on `n` clean real renders of shapes seed `seed` (indices 0..n-1)."""
+    """Accuracy on `n` clean real renders of shapes seed `seed` of the reference lattice half (the
+    first n such indices): pixel configurations the evaluator never trained on."""
     preds, targets = [], []
+    indices = indices_of_parity(n, seed, REFERENCE_PARITY)
     for start in range(0, n, batch_size):
-        images, attrs = render_real(range(start, min(n, start + batch_size)), seed)
+        images, attrs = render_real(indices[start:start + batch_size], seed)
         preds += model.predict(to_unit(images))
         targets += attrs
     report = adherence(preds, targets)
@@ -253,9 +283,10 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
     """Train the evaluator from scratch and write evaluator.safetensors, config.json,
     training_log.jsonl and report.json into out_dir (each atomically; report.json last).
 
-    Training images are indices 0..n_train-1 of TRAIN_DATA_SEED, visited in a seeded random order
-    and rendered as needed (no pool in memory); the held-out set is n_val clean renders of
-    HELDOUT_DATA_SEED. Deterministic on the CPU for a given seed and thread count."""
+    Training images are those of indices 0..n_train-1 of TRAIN_DATA_SEED whose lattice parity is
+    TRAIN_PARITY (about half), visited in a seeded random order and rendered as needed (no pool in
+    memory); the held-out set is n_val clean renders of HELDOUT_DATA_SEED of the other parity.
+    Deterministic on the CPU for a given seed and thread count."""
     t0 = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -265,11 +296,13 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
         torch.manual_seed(seed)  # parameter init only; the caller's global RNG is left as it was
         model = ShapesClassifier(vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    order, cursor, records = torch.randperm(n_train, generator=gen), 0, []
+    pool = torch.tensor([i for i in range(n_train)
+                         if shapes.lattice_parity(shapes.attributes_for(i, TRAIN_DATA_SEED)) == TRAIN_PARITY])
+    order, cursor, records = pool[torch.randperm(len(pool), generator=gen)], 0, []
     model.train()
     for step in range(steps):
-        if cursor + batch_size > n_train:  # next epoch: a fresh permutation
-            order, cursor = torch.randperm(n_train, generator=gen), 0
+        if cursor + batch_size > len(pool):  # next epoch: a fresh permutation
+            order, cursor = pool[torch.randperm(len(pool), generator=gen)], 0
         images, attrs = render_real(order[cursor:cursor + batch_size].tolist(), TRAIN_DATA_SEED)
         cursor += batch_size
         x, y = augment(to_unit(images), gen), label_tensor(attrs, vocab)
@@ -294,7 +327,8 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
     settings = {"seed": seed, "n_train": n_train, "n_val": n_val, "steps": steps, "batch_size": batch_size,
                 "optimizer": "AdamW", "lr": lr, "weight_decay": weight_decay, "warmup": warmup,
                 "schedule": "linear warmup, cosine to 0", "augment": AUGMENT, "train_data_seed": TRAIN_DATA_SEED,
-                "heldout_data_seed": HELDOUT_DATA_SEED, "generator": shapes.GENERATOR}
+                "heldout_data_seed": HELDOUT_DATA_SEED, "generator": shapes.GENERATOR,
+                "train_parity": TRAIN_PARITY, "reference_parity": REFERENCE_PARITY}
     report = {"n": n_val, "seed": seed, "heldout_data_seed": HELDOUT_DATA_SEED,
               "per_attribute": held["per_attribute"], "all_attributes": held["all"], "errors": held["errors"],
               "train_time_s": round(train_s, 1), "wall_time_s": round(time.time() - t0, 1),
@@ -349,8 +383,9 @@ CORRUPTIONS = {
 def corruption_check(model: ShapesClassifier, n: int = 1000, seed: int = HELDOUT_DATA_SEED) -> dict:
     """Adherence and FD of corrupted real renders, FD as a multiple of the floor (FD between two
     disjoint clean sets of n): how much of each kind of damage the metrics notice. ~20 s at n=1000."""
-    images, attrs = render_real(range(n), seed)
-    reference = model.features(to_unit(render_real(range(n, 2 * n), seed)[0]))
+    indices = indices_of_parity(2 * n, seed, REFERENCE_PARITY)
+    images, attrs = render_real(indices[:n], seed)
+    reference = model.features(to_unit(render_real(indices[n:], seed)[0]))
     captions, gen = [shapes.caption(a) for a in attrs], torch.Generator().manual_seed(0)
     floor = frechet_distance(model.features(to_unit(images)), reference)
     rows = {}

@@ -70,6 +70,7 @@ class TeacherTraining:
     lr_floor: float = 0.1
     ema_decay: float = 0.999
     caption_dropout: float = 0.1
+    under_specified_share: float = 0.5  # captions that leave attributes out (shapes.training_caption)
     logit_mean: float = 1.5  # median sigma 0.82: the caption decides the layout at high noise
     logit_std: float = 1.0
     warmup_steps: int = 300
@@ -77,6 +78,8 @@ class TeacherTraining:
     layers: int = 6
     eval_every: int = 1000
     eval_prompts: int = 64
+    coverage_captions: int = 8  # under-specified captions of each check (teacher_stages.quick_coverage)
+    coverage_seeds: int = 16    # samples of each
     swap_images: int = 64
     save_every: int = 1000
     final_eval_prompts: int = 128
@@ -86,8 +89,8 @@ class TeacherTraining:
 
 # Options that count something that must exist; the other integers may be 0 (eval_every 0: never).
 _AT_LEAST_ONE = ("vae_steps", "vae_batch", "vae_check_images", "pool_size", "steps", "batch", "image_size", "layers",
-                 "final_steps")
-_FRACTIONS = ("vae_mosaic_fraction", "lr_floor", "ema_decay", "caption_dropout")
+                 "final_steps", "coverage_captions", "coverage_seeds")
+_FRACTIONS = ("vae_mosaic_fraction", "lr_floor", "ema_decay", "caption_dropout", "under_specified_share")
 # The VAE halves the image, the transformer takes 4x4 latent patches, and its position embedding
 # (sized in build_teacher) covers up to twice the teacher's 64 px.
 _SIZE_STEP, _MAX_SIZE = 2 * TEACHER_PATCH, 2 * TEACHER_IMAGE_SIZE
@@ -140,20 +143,32 @@ def train_vae(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict) 
 
 
 def latent_pool(vae, cfg: TeacherTraining, log: LogFn):
-    """(pool_size, 4, 32, 32) scaled latents and their captions."""
+    """(pool_size, 4, 32, 32) scaled latents and their images' attributes."""
     import torch
 
     from dmad.demo.teacher_stages import channels_last, encode_latents, render_batch
 
     t0 = time.time()
-    lat, caps = [], []
+    lat, attrs = [], []
     with channels_last(vae):
         for a in range(0, cfg.pool_size, 1024):
-            x, c = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size)
+            x, at = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size, attributes=True)
             lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
-            caps += c
+            attrs += at
     log({"stage": "pool", "images": cfg.pool_size, "elapsed_s": round(time.time() - t0, 1)})
-    return torch.cat(lat), caps
+    return torch.cat(lat), attrs
+
+
+def step_captions(attrs: list[dict], idx: list[int], cfg: TeacherTraining, step: int) -> list[str]:
+    """The captions of one training step's images: full, or leaving attributes out with
+    probability under_specified_share; a pure function of (seed, step), so a resumed run draws
+    the same ones."""
+    import random
+
+    from dmad.demo.shapes import GENERATOR, training_caption
+
+    rng = random.Random(f"{GENERATOR}/teacher-captions/{cfg.seed}/{step}")
+    return [training_caption(attrs[i], rng, cfg.under_specified_share) for i in idx]
 
 
 def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict):
@@ -182,8 +197,7 @@ def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume
         cpu_before, wall_before = resume["meta"]["cpu_s"], resume["meta"]["wall_s"]
         log({"stage": "resume", "step": start})
     if start < cfg.steps:
-        pool, caps = latent_pool(vae, cfg, log)
-        ids = text.ids(caps)
+        pool, attrs = latent_pool(vae, cfg, log)
         empty = text.ids([""])[0]
     tr.train()
     t0, c0 = time.time(), time.process_time()
@@ -196,7 +210,8 @@ def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume
             g["lr"] = lr * ts.lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
         idx = torch.randint(0, len(pool), (cfg.batch,), generator=gen)
         drop = torch.rand(cfg.batch, generator=gen) < cfg.caption_dropout
-        batch_ids = torch.where(drop[:, None], empty[None], ids[idx])
+        ids = text.cached_ids(step_captions(attrs, idx.tolist(), cfg, step))
+        batch_ids = torch.where(drop[:, None], empty[None], ids)
         sigma = ts.logit_normal_sigmas(cfg.batch, gen, cfg.logit_mean, cfg.logit_std)
         noise = torch.randn(pool[idx].shape, generator=gen)
         emb, pooled = text.encode_ids(batch_ids)
@@ -240,10 +255,12 @@ def diagnostics(transformer, text, pipe, cfg: TeacherTraining) -> dict:
         swap = ts.word_swap_rise(transformer, text, pipe.vae, cfg.swap_images, cfg.image_size)
         adh = ts.quick_adherence(transformer, text, pipe.vae, pipe.scheduler.config, cfg.eval_prompts, 20,
                                  cfg.guidance_scale)
+        cov = ts.quick_coverage(transformer, text, pipe.vae, pipe.scheduler.config, 20, cfg.guidance_scale,
+                                cfg.coverage_captions, cfg.coverage_seeds)
     finally:
         for m, was in zip((transformer, text.te1, text.te2), modes):
             m.train(was)
-    return {"adherence": adh, "swap_rise": swap}
+    return {"adherence": adh, "swap_rise": swap, "under_specified": cov}
 
 
 def measure_pipeline_adherence(pipe, n: int, steps: int, guidance: float, size: int, seed: int = 1) -> dict:
@@ -298,17 +315,23 @@ def make_teacher(out_dir: Path, work: Path, cfg: TeacherTraining, log: LogFn, re
 
 def learning_curve_markdown(rows: list[dict], sigma: str = "0.95") -> str:
     """The transformer's learning curve from training_log.jsonl rows, as the table in the teacher's
-    README: per check, the quick-sample adherence (all and per attribute) and the word-swap loss
-    rise per attribute at noise level `sigma`."""
+    README: per check, the quick-sample adherence (all and per attribute), the word-swap loss
+    rise per attribute at noise level `sigma`, and (when logged) the under-specified captions'
+    stated accuracy, total-variation distance and coverage (teacher_stages.quick_coverage)."""
     from dmad.demo.metrics import ATTRIBUTES
 
     checks = [r for r in rows if r.get("stage") == "transformer" and "check" in r]
+    under = any("under_specified" in r for r in checks)  # teachers since 2026-12: captions that leave attributes out
     head = ["step", "all", *ATTRIBUTES, *(f"rise {a[:3]}" for a in ATTRIBUTES)]
+    head += ["under-spec. stated", "TV", "covered"] if under else []
     out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in checks:
         adh, rise = r["adherence"], r["swap_rise"]
         cells = [str(r["step"]), *(f"{adh[k]:.0%}" for k in ("all", *ATTRIBUTES)),
                  *(f"{rise[a][sigma]:+.3f}" for a in ATTRIBUTES)]
+        if under:
+            u = r.get("under_specified") or {}
+            cells += [f"{u['stated_accuracy']:.0%}", f"{u['tv']:.3f}", f"{u['coverage']:.0%}"] if u else ["-"] * 3
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -28,7 +28,7 @@ import torch
 
 from dmad.demo import shapes
 
-ATTRIBUTES = ("shape", "colour", "size", "position", "background")
+ATTRIBUTES = shapes.ATTRIBUTES
 
 
 def _alternatives(values) -> str:
@@ -36,32 +36,39 @@ def _alternatives(values) -> str:
 
 
 _CAPTION = re.compile(
-    rf"a (?P<size>{_alternatives(shapes.SIZES)}) (?P<colour>{_alternatives(shapes.COLOURS)}) "
-    rf"(?P<shape>{_alternatives(shapes.SHAPES)}) "
-    rf"(?:at the (?P<position>{_alternatives(p for p in shapes.POSITIONS if p != 'center')})|in the center) "
-    rf"on a (?P<background>{_alternatives(shapes.BACKGROUNDS)}) background")
+    rf"a (?:(?P<size>{_alternatives(shapes.SIZES)}) )?(?:(?P<colour>{_alternatives(shapes.COLOURS)}) )?"
+    rf"(?:(?P<shape>{_alternatives(shapes.SHAPES)})|shape)"
+    rf"(?: at the (?P<position>{_alternatives(p for p in shapes.POSITIONS if p != 'center')})|(?P<center> in the center))?"
+    rf"(?: on a (?P<background>{_alternatives(shapes.BACKGROUNDS)}) background)?")
 
 
 def parse_caption(caption: str) -> dict:
-    """The attributes a shapes caption states: the inverse of dmad.demo.shapes.caption.
+    """The attributes a shapes caption states (the inverse of dmad.demo.shapes.caption): all five
+    for a full caption, fewer for one that leaves some out ("a red shape" -> {"colour": "red"}).
     Surrounding whitespace (a .txt file's newline) is ignored; anything else raises ValueError."""
     m = _CAPTION.fullmatch(caption.strip()) if isinstance(caption, str) else None
     if m is None:
-        raise ValueError(f"not a shapes caption: {caption!r}; expected 'a <size> <colour> <shape> "
-                         f"at the <position>|in the center on a <background> background'")
-    attrs = m.groupdict()
-    attrs["position"] = attrs["position"] or "center"
-    return {k: attrs[k] for k in ATTRIBUTES}
+        raise ValueError(f"not a shapes caption: {caption!r}; expected 'a [<size>] [<colour>] <shape>|shape "
+                         f"[at the <position>|in the center] [on a <background> background]'")
+    found = m.groupdict()
+    if found.pop("center"):
+        found["position"] = "center"
+    return {k: found[k] for k in ATTRIBUTES if found.get(k)}
 
 
 def adherence(pred_attrs: Sequence[dict], target_attrs: Sequence[dict]) -> dict:
-    """{"n", "all": fraction with every attribute right, "per_attribute": {attribute: accuracy}}."""
+    """{"n", "all": fraction with every stated attribute right, "per_attribute": {attribute:
+    accuracy over the targets that state it}}. A target states the attributes it has (a full
+    caption all five; parse_caption of an under-specified one fewer); an attribute no target
+    states is left out of per_attribute."""
     if len(pred_attrs) != len(target_attrs) or not target_attrs:
         raise ValueError(f"need equally many predictions and targets, at least one; got "
                          f"{len(pred_attrs)} and {len(target_attrs)}")
-    hits = np.array([[p.get(k) == t[k] for k in ATTRIBUTES] for p, t in zip(pred_attrs, target_attrs)])
-    return {"n": len(target_attrs), "all": float(hits.all(axis=1).mean()),
-            "per_attribute": {k: float(hits[:, j].mean()) for j, k in enumerate(ATTRIBUTES)}}
+    stated = np.array([[k in t for k in ATTRIBUTES] for t in target_attrs])
+    hits = np.array([[p.get(k) == t.get(k) for k in ATTRIBUTES] for p, t in zip(pred_attrs, target_attrs)])
+    right = hits | ~stated
+    per = {k: float(hits[stated[:, j], j].mean()) for j, k in enumerate(ATTRIBUTES) if stated[:, j].any()}
+    return {"n": len(target_attrs), "all": float(right.all(axis=1).mean()), "per_attribute": per}
 
 
 def _as_numpy(feats) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The built-in demo dataset: flat coloured shapes with captions that state every attribute.
+"""The built-in demo dataset: flat coloured shapes, and captions that state what they show.
 
 "a small red circle at the top left on a black background": shape, colour, size, position and
 background are each easy to see in a 64 px image and to check by eye in a sample grid, which is
@@ -6,6 +6,16 @@ what a CPU demo of distillation needs. Everything is a pure function of (index, 
 per-image RNG is seeded from a string, which Python hashes with SHA-512, so it does not depend
 on PYTHONHASHSEED or the platform — and resources/demo/shapes/ is exactly
 write_dataset(out, n=256, size=64, seed=0). Pillow only; no torch.
+
+A caption may also leave attributes out ("a red shape", "a large circle", "a shape on a white
+background": caption(attrs, stated)). It then means the generator's conditional distribution of
+the attributes it leaves out given those it states, which `conditional` gives in closed form: a
+distribution to match, where a full caption has essentially one right image.
+
+Shapes sit on whole pixels (shape_box rounds the centre), so an image's `lattice_parity`, the
+parity of its centre's x + y, splits every caption's renders into two disjoint halves that never
+share a pixel-identical image: the evaluator trains on one, the bench's real references come from
+the other (dmad.demo.evaluator).
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ POSITIONS = {  # shape centre as fractions of the side; corners are quadrant cen
     "bottom right": (0.75, 0.75), "center": (0.5, 0.5),
 }
 MIN_CONTRAST = 100.0  # Euclidean RGB distance between a shape colour and its background
+ATTRIBUTES = ("shape", "colour", "size", "position", "background")
 
 
 def contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
@@ -61,18 +72,113 @@ def attributes_for(index: int, seed: int) -> dict:
     }
 
 
-def caption(attrs: dict) -> str:
-    where = "in the center" if attrs["position"] == "center" else f"at the {attrs['position']}"
-    return f"a {attrs['size']} {attrs['colour']} {attrs['shape']} {where} on a {attrs['background']} background"
+def caption(attrs: dict, stated=ATTRIBUTES) -> str:
+    """The caption of `attrs` stating the attributes in `stated` (default: all of them), in one
+    fixed order: "a [size] [colour] <shape or 'shape'> [at the <position> | in the center] [on a
+    <background> background]". The full caption is the dataset's."""
+    words = ["a"] + [attrs[k] for k in ("size", "colour") if k in stated]
+    words.append(attrs["shape"] if "shape" in stated else "shape")
+    if "position" in stated:
+        words.append("in the center" if attrs["position"] == "center" else f"at the {attrs['position']}")
+    if "background" in stated:
+        words.append(f"on a {attrs['background']} background")
+    return " ".join(words)
 
 
 def shape_box(attrs: dict, size: int) -> tuple[float, float, float]:
-    """(cx, cy, r) in pixels: the shape's centre and half its extent."""
+    """(cx, cy, r) in pixels: the shape's centre, on a whole pixel, and half its extent."""
     r = SIZES[attrs["size"]] * size / 2
     slack = max(0.0, size / 4 - r - 1)  # room left in a quadrant slot, 1 px margin
     fx, fy = POSITIONS[attrs["position"]]
     ox, oy = attrs.get("offset", (0.0, 0.0))
-    return fx * size + ox * slack, fy * size + oy * slack, r
+    return float(round(fx * size + ox * slack)), float(round(fy * size + oy * slack)), r
+
+
+def lattice_parity(attrs: dict, size: int = 64) -> int:
+    """0 or 1: the parity of the shape centre's x + y in pixels. Two renders of other parities
+    differ at least by a one-pixel shift of the shape, so they are never pixel-identical."""
+    cx, cy, _ = shape_box(attrs, size)
+    return int(cx + cy) % 2
+
+
+# ------------------------------------------------------------------ what a caption means
+
+def _colour_background() -> dict[tuple[str, str], float]:
+    """The generator's joint P(background, colour): background uniform, then colour uniform over
+    the colours allowed on it (colours_on)."""
+    return {(bg, c): 1 / len(BACKGROUNDS) / len(colours_on(bg)) for bg in BACKGROUNDS for c in colours_on(bg)}
+
+
+def conditional(stated: dict) -> dict[str, dict[str, float]]:
+    """The data's distribution of each attribute a caption leaves out, given those it states
+    (`stated`: attribute -> value): {attribute: {value: probability}}, exact. Shape, size and
+    position are uniform and independent of everything; background and colour are tied by the
+    contrast rule (a white shape is never on a white background). Raises ValueError for a
+    statement the generator never makes (a value that does not exist, or a colour not allowed on
+    the stated background)."""
+    for k, v in stated.items():
+        if k not in ATTRIBUTES or v not in _values(k):
+            raise ValueError(f"not a shapes attribute: {k}={v!r}")
+    joint = {(bg, c): p for (bg, c), p in _colour_background().items()
+             if stated.get("background", bg) == bg and stated.get("colour", c) == c}
+    if not joint:
+        raise ValueError(f"no shapes image is {stated['colour']} on a {stated['background']} background")
+    total = sum(joint.values())
+    out: dict[str, dict[str, float]] = {}
+    for k in ATTRIBUTES:
+        if k in stated:
+            continue
+        if k in ("background", "colour"):
+            marginal: dict[str, float] = {}
+            for (bg, c), p in joint.items():
+                key = bg if k == "background" else c
+                marginal[key] = marginal.get(key, 0.0) + p / total
+            out[k] = marginal
+        else:
+            out[k] = {v: 1 / len(_values(k)) for v in _values(k)}
+    return out
+
+
+def _values(attribute: str) -> list[str]:
+    return {"shape": list(SHAPES), "colour": list(COLOURS), "size": list(SIZES), "position": list(POSITIONS),
+            "background": list(BACKGROUNDS)}[attribute]
+
+
+def sample_given(stated: dict, rng: random.Random) -> dict:
+    """One image's attributes drawn from the data's distribution given `stated`: the left-out ones
+    from `conditional` (background and colour jointly), the offset as the generator draws it."""
+    joint = [(bg_c, p) for bg_c, p in _colour_background().items()
+             if stated.get("background", bg_c[0]) == bg_c[0] and stated.get("colour", bg_c[1]) == bg_c[1]]
+    bg, colour = rng.choices([bc for bc, _ in joint], weights=[p for _, p in joint])[0]
+    out = {"background": bg, "colour": colour}
+    for k in ("shape", "size", "position"):
+        out[k] = stated[k] if k in stated else rng.choice(_values(k))
+    out["offset"] = [round(rng.uniform(-1, 1), 2), round(rng.uniform(-1, 1), 2)]
+    return out
+
+
+def fewer_than_all(rng: random.Random) -> tuple[str, ...]:
+    """Attributes to state, each left out with probability 1/2, drawn again until at least one is
+    left out (all five stated is a full caption): every strict subset equally likely."""
+    while True:
+        stated = tuple(k for k in ATTRIBUTES if rng.random() < 0.5)
+        if len(stated) < len(ATTRIBUTES):
+            return stated
+
+
+def under_specified(index: int, seed: int) -> tuple[dict, tuple[str, ...]]:
+    """An under-specified caption of the generator's own: image `index`'s attributes and a subset
+    of them to state (fewer_than_all). Returns (attributes, stated names)."""
+    return attributes_for(index, seed), fewer_than_all(random.Random(f"{GENERATOR}/stated/{seed}/{index}"))
+
+
+def training_caption(attrs: dict, rng: random.Random, under_specified_share: float) -> str:
+    """What a model trains on for an image with `attrs`: its full caption, or with probability
+    `under_specified_share` a caption that leaves some attributes out (fewer_than_all), so the
+    model learns what each word fixes and, for a caption without it, the data's conditional."""
+    if rng.random() < under_specified_share:
+        return caption(attrs, fewer_than_all(rng))
+    return caption(attrs)
 
 
 def render(attrs: dict, size: int = 64) -> Image.Image:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -149,6 +149,7 @@ class TrainingState:
     config_fingerprint: str
     lr_generator: dict
     lr_critic: dict
+    network_passes: dict = field(default_factory=dict)  # dmad.train.passes.PassCounter.state(); {} before 2026-12
 
 
 def save_checkpoint(out: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
@@ -183,6 +184,7 @@ def _jsonable(d: dict) -> dict:
 
 _STATE_TYPES = {"iter": int, "generator_steps": int, "batches_used": int, "student_timesteps": list,
                 "prediction_type": str, "config_fingerprint": str, "lr_generator": dict, "lr_critic": dict}
+_OPTIONAL_STATE = {"network_passes": dict}  # absent in checkpoints written before it was counted
 
 
 def read_training_state(ckpt: Path) -> TrainingState:
@@ -197,8 +199,12 @@ def read_training_state(ckpt: Path) -> TrainingState:
     if doc.get("format_version") not in READABLE_FORMATS:
         raise CheckpointUnusable(f"checkpoint {ckpt}: format_version {doc.get('format_version')!r} is not supported")
     doc = {k: v for k, v in doc.items() if k != "format_version"}
-    if set(doc) != set(_STATE_TYPES):
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} has fields {sorted(doc)}, expected {sorted(_STATE_TYPES)}")
+    if not set(_STATE_TYPES) <= set(doc) <= set(_STATE_TYPES) | set(_OPTIONAL_STATE):
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} has fields {sorted(doc)}, expected {sorted(_STATE_TYPES)}"
+                                 f" (and optionally {sorted(_OPTIONAL_STATE)})")
+    for k, kind in _OPTIONAL_STATE.items():
+        if k in doc and not isinstance(doc[k], kind):
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name}: {k} must be a {kind.__name__}")
     for k, kind in _STATE_TYPES.items():
         v = doc[k]
         ok = isinstance(v, kind) and not isinstance(v, bool) and (kind is not int or v >= 0)

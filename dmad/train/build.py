@@ -17,6 +17,7 @@ from dmad.contract.events import EventWriter
 from dmad.train.monitor import Monitor
 from dmad.models.networks import build_networks, make_lr_scheduler, make_optimizer, trainable_parameters
 from dmad.contract.prompts import PromptSet
+from dmad.train.passes import PassCounter
 from dmad.train.ranks import NullCsv
 from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.models.teacher import DTYPES
@@ -203,10 +204,13 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     sampler = MixtureBatches(groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
                              consumed=batches_used)
     metrics = CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
+    passes = PassCounter({"teacher": teacher_net, "student": nets.student, "fake_score": nets.fake_score,
+                          "gan_head": nets.gan_head}, reference=teacher.denoiser,
+                         start=state.network_passes if state else None)
     s = Session(cfg=cfg, folder=folder, events=events, log=log, accelerator=acc, weight_dtype=wdtype, teacher=teacher,
                 nets=nets, dmad=method_nets, opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, timesteps=timesteps,
                 prompt_set=prompt_set, dataset=dataset, sampler=sampler, skip_log=skip_log, caches=caches,
-                metrics=metrics, iter=state.iter if state else 0,
+                metrics=metrics, passes=passes, iter=state.iter if state else 0,
                 generator_steps=state.generator_steps if state else 0, batches_used=batches_used)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
              ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,

@@ -75,7 +75,8 @@ def train_loop(s: Session, stop: "StopFlag", phase: Phase, control: Optional[Con
         batches = [next(s.data) for _ in range(cfg.resources.gradient_accumulation_steps)]
         s.batches_used += len(batches)
         window.data_time += time.perf_counter() - t_iter
-        logs = iteration(s, batches, first_batch, phase)
+        with s.passes.counting():
+            logs = iteration(s, batches, first_batch, phase)
         _check_finite(s, logs)
         s.iter += 1
         s.folder.note(iter=s.iter)  # the heartbeat writes it: status.json's iteration is never stale
@@ -108,7 +109,8 @@ def _cache_counts(s: Session) -> dict:
 
 def _finish(s: Session) -> int:
     s.folder.write_status("finished", iter=s.iter, **_cache_counts(s))
-    s.events.emit("finished", s.iter, elapsed_s=round(time.time() - s.t_start, 3))
+    s.events.emit("finished", s.iter, elapsed_s=round(time.time() - s.t_start, 3),
+                  network_passes=s.passes.equivalents())
     return 0
 
 
@@ -122,7 +124,8 @@ def _stop(s: Session, checkpoint: bool = True) -> int:
         s.render_samples()
     last = s.folder.latest_checkpoint() if s.is_main else None
     s.folder.write_status("stopped", iter=s.iter, **_cache_counts(s))
-    s.events.emit("stopped", s.iter, last_checkpoint=last[0] if last else None, checkpoint_saved=saved)
+    s.events.emit("stopped", s.iter, last_checkpoint=last[0] if last else None, checkpoint_saved=saved,
+                  network_passes=s.passes.equivalents())
     return 0
 
 
@@ -218,6 +221,6 @@ def _log_row(s: Session, w: _Window) -> None:
     s.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
     remaining = s.cfg.optimization.max_train_steps - s.iter
     s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"},
-                  max_train_steps=s.cfg.optimization.max_train_steps,
+                  max_train_steps=s.cfg.optimization.max_train_steps, network_passes=s.passes.equivalents()["total"],
                   eta_s=round(remaining * elapsed / w.iters, 1))
     w.reset()

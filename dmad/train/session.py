@@ -59,6 +59,7 @@ class Session:
     skip_log: Any  # dmad.data.scan.SkipLog: items the data skipped, as events and status counts
     caches: Any  # dmad.data.encode.Caches when resources.cache_latents, else None
     metrics: CsvAppender
+    passes: Any  # dmad.train.passes.PassCounter: network passes of training (not of samples)
     iter: int = 0  # completed iterations (the checkpoint's, when resuming)
     generator_steps: int = 0
     batches_used: int = 0
@@ -182,7 +183,7 @@ class Session:
         return TrainingState(iter=self.iter, generator_steps=self.generator_steps, batches_used=self.batches_used,
                              student_timesteps=self.timesteps, prediction_type=self.schedule.prediction_type,
                              config_fingerprint=config_fingerprint(self.cfg.model_dump(mode="json")),
-                             lr_generator={}, lr_critic={})
+                             lr_generator={}, lr_critic={}, network_passes=self.passes.state())
 
     def barrier(self) -> None:
         if self.world > 1:

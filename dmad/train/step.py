@@ -84,20 +84,24 @@ class DmadNetworks:
     trange: TimestepRange
 
 
-def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Cond, gen: SampleRNG, gan_weight: float
-                   ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Student loss on its sample x0 (with graph): DM + w_g * non-saturating GAN.
+def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Cond, gen: SampleRNG, gan_weight: float,
+                   dm_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Student loss on its sample x0 (with graph): w_dm * DM + w_g * non-saturating GAN.
 
     The critic's parameters must be frozen by the caller (requires_grad False) so the GAN term
-    only moves the student."""
+    only moves the student. dm_weight 0 (the GAN alone: an ablation) skips the teacher and
+    fake-score passes; the noise draws are the same either way."""
     family, schedule = nets.family, nets.schedule
     b = x0.shape[0]
     t = nets.trange.sample(b, x0.device, gen)
     x_t = schedule.add_noise(x0.detach(), _fresh_noise(x0, gen), t)
-    with torch.no_grad():
-        x0_real = nets.real.x0(schedule, x_t, t, emb)
-        x0_fake = family.x0(nets.fake_score_bare, x_t, t, emb, schedule, guidance=FAKE_GUIDANCE)
-    loss, logs = loss_distribution_matching(x0, x0_real, x0_fake)
+    loss, logs = x0.new_zeros((), dtype=torch.float32), {}
+    if dm_weight > 0:
+        with torch.no_grad():
+            x0_real = nets.real.x0(schedule, x_t, t, emb)
+            x0_fake = family.x0(nets.fake_score_bare, x_t, t, emb, schedule, guidance=FAKE_GUIDANCE)
+        loss_dm, logs = loss_distribution_matching(x0, x0_real, x0_fake)
+        loss = dm_weight * loss_dm
     if gan_weight > 0:
         t_g = nets.trange.sample(b, x0.device, gen)
         _, features = family.predict_with_features(nets.gan_net, nets.tap,
@@ -205,7 +209,7 @@ def dmad_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) 
             x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
             if gen_step:
                 with s.critic_frozen():  # backward too: checkpointed recomputation must see the same graph
-                    loss, lg = generator_loss(nets, x0, emb, rng, dist.generator_gan_weight)
+                    loss, lg = generator_loss(nets, x0, emb, rng, dist.generator_gan_weight, dist.dm_weight)
                     phase.set("first-backward" if first else phase.name)
                     acc.backward(loss / accum)
                 logs.add(lg, s.iter + 1)

@@ -73,13 +73,41 @@ def test_parse_caption_inverts_caption():
 
 
 @pytest.mark.parametrize("garbage", [
-    "", "a red circle", "a small red circle at the top left on a black", "a huge red circle in the center on a black background",
+    "", "a red", "red circle", "a shape shape", "a circle shape", "a red circle on black",
+    "a small red circle at the top left on a black", "a huge red circle in the center on a black background",
     "a small red circle at the center on a black background", "a small red cross in the center on a black background",
     "a small pink circle in the center on a black background",
     "A small red circle in the center on a black background", "a small red circle in the center on a black background!"])
 def test_parse_caption_rejects_garbage(garbage):
     with pytest.raises(ValueError, match="not a shapes caption"):
         parse_caption(garbage)
+
+
+@pytest.mark.parametrize("caption, stated", [
+    ("a red shape", {"colour": "red"}), ("a large circle", {"size": "large", "shape": "circle"}),
+    ("a shape on a white background", {"background": "white"}), ("a shape", {}),
+    ("a small blue triangle in the center", {"size": "small", "colour": "blue", "shape": "triangle", "position": "center"}),
+    ("a square at the top left", {"shape": "square", "position": "top left"})])
+def test_parse_caption_reads_what_an_under_specified_caption_states(caption, stated):
+    assert parse_caption(caption) == stated
+
+
+def test_every_stated_subset_round_trips():
+    from dmad.demo.shapes import ATTRIBUTES, attributes_for, caption
+    from itertools import combinations
+
+    attrs = attributes_for(3, 0)
+    for n in range(len(ATTRIBUTES) + 1):
+        for stated in combinations(ATTRIBUTES, n):
+            assert parse_caption(caption(attrs, stated)) == {k: attrs[k] for k in stated}
+
+
+def test_adherence_scores_only_what_a_caption_states():
+    from dmad.demo.metrics import adherence
+
+    pred = [{"shape": "circle", "colour": "red", "size": "small", "position": "center", "background": "black"}] * 2
+    res = adherence(pred, [{"colour": "red"}, {"colour": "blue", "shape": "circle"}])
+    assert res["all"] == 0.5 and res["per_attribute"] == {"shape": 1.0, "colour": 0.5}
 
 
 def test_frechet_distance_zero_for_identical_sets_and_symmetric():

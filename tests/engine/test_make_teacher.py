@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 TINY = ["--vae-steps", "2", "--vae-batch", "4", "--vae-check-images", "8", "--pool-size", "16", "--steps", "4", "--batch", "4",
         "--warmup-steps", "1", "--eval-every", "4", "--eval-prompts", "2", "--swap-images", "2",
-        "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2"]
+        "--final-eval-prompts", "2", "--final-steps", "2", "--layers", "1", "--save-every", "2",
+        "--coverage-captions", "2", "--coverage-seeds", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,8 @@ def test_a_short_run_writes_a_pipeline_plain_diffusers_runs(short_run):
     check = next(r for r in log if r.get("check"))
     assert set(check["swap_rise"]) == {"shape", "colour", "size", "position", "background"}
     assert all(set(v) == {"0.5", "0.8", "0.95"} for v in check["swap_rise"].values())
+    assert set(check["under_specified"]) == {"stated_accuracy", "tv", "coverage"}
+    assert 0 <= check["under_specified"]["tv"] <= 1
     assert "cpu_s" in next(r for r in log if r["stage"] == "transformer")
     from dmad.demo.make_teacher import learning_curve_markdown
 
