@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dmad.contract.config import load_config
     from dmad.contract.runs import RunFolder
-    from dmad.demo import bench as B
+    from dmad.demo.bench_rows import load_student
+    from dmad.demo.bench_sets import SETS, full_items, initial_noise
     from dmad.methods.lcm import solver_grid
     from dmad.models.teacher import load_teacher
     from dmad.sample.render import latent_shape
@@ -89,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                            dtype=torch.float32)
     fam, res, scale = teacher.family, cfgs[0].resources.resolution, cfgs[0].distillation.real_guidance_scale
     schedule = fam.schedule(teacher.scheduler, res)
-    items = B.bench_prompts(B.BenchSettings(prompts=a.prompts, seeds_per_prompt=a.seeds))
+    items = full_items(SETS["tuning"], a.prompts, a.seeds)  # a diagnostic: the tuning set's items
     caps = [c for c, _, _ in items]
-    noise = B.initial_noise(items, B.NOISE_SEED_A, latent_shape(teacher.vae, res, res)).float()
+    noise = initial_noise(items, SETS["tuning"].noise_a, latent_shape(teacher.vae, res, res)).float()
     cond, uncond = fam.encode(teacher.modules, caps, "cpu"), fam.uncond(teacher.modules, "cpu")
 
     timesteps: set[int] = set()
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reference: {len(caps)} images, {len(grid) - 1} guided steps; latent variance {end.var().item():.4f}; "
               f"{time.time() - t0:.0f} s", flush=True)
         for run, it, ck, ts in runs:
-            student, _, _ = B.load_student(run, teacher, ck)
+            student, _ = load_student(run, teacher, ck)
             preds = {}
             for t in ts:
                 tt = torch.full((noise.shape[0],), t, dtype=torch.long)

@@ -25,7 +25,8 @@ WHAT = {DMD2: "distribution matching + adversarial (DMD2): a fake score and a GA
              "after one guided DDIM step of the teacher; no fake score, no GAN head, no critic"}
 
 _CRITIC = (("identity", "fake_score"), ("optimization", "critic_lr"),
-           ("distillation", "critic_updates_per_generator_update"), ("distillation", "generator_gan_weight"),
+           ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
+           ("distillation", "generator_gan_weight"),
            ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
            ("distillation", "min_timestep"), ("distillation", "max_timestep"),
            ("resources", "share_frozen_base"))  # LCM's LoRA student is its own copy (no fake score to share with)

@@ -30,3 +30,9 @@ def cache_root() -> Path:
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "dmad"
+
+
+def engine_command() -> list[str]:
+    """How to start the engine's command line from this process: `python -m dmad`, or in the
+    PyInstaller bundle the bundle's own executable (its entry point routes engine commands)."""
+    return [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]

@@ -165,7 +165,7 @@ def load_prompt_set(path: str | Path) -> PromptSet:
 
 
 def default_prompt_set_path() -> Path:
-    return resource("prompt_sets", "demo_v2.json")
+    return resource("prompt_sets", "demo_v3.json")
 
 
 def item_seed(ps: PromptSet, item: PromptItem | str) -> int:

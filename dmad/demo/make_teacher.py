@@ -62,7 +62,7 @@ class TeacherTraining:
     vae_mosaic_fraction: float = 0.5
     vae_check_images: int = 512  # renders for the latents' scale and shift, and held-out ones for the reconstruction check
     pool_size: int = 16384
-    steps: int = 7000
+    steps: int = 10000
     batch: int = 32
     lr: float = 2e-3
     text_lr: float = 2e-3
@@ -70,13 +70,14 @@ class TeacherTraining:
     lr_floor: float = 0.1
     ema_decay: float = 0.999
     caption_dropout: float = 0.1
-    under_specified_share: float = 0.5  # captions that leave attributes out (shapes.training_caption)
+    under_specified_share: float = 0.5  # captions that leave attributes out (shapes.training_caption), at the end
+    under_specified_ramp: bool = True   # the share grows linearly from 0 over training (step_captions)
     logit_mean: float = 1.5  # median sigma 0.82: the caption decides the layout at high noise
     logit_std: float = 1.0
     warmup_steps: int = 300
     image_size: int = 64
     layers: int = 6
-    eval_every: int = 1000
+    eval_every: int = 2000
     eval_prompts: int = 64
     coverage_captions: int = 8  # under-specified captions of each check (teacher_stages.quick_coverage)
     coverage_seeds: int = 16    # samples of each
@@ -159,16 +160,29 @@ def latent_pool(vae, cfg: TeacherTraining, log: LogFn):
     return torch.cat(lat), attrs
 
 
+def under_specified_share_at(step: int, cfg: TeacherTraining) -> float:
+    """The share of captions that leave attributes out at `step`: constant, or (the recipe) growing
+    linearly from 0 to under_specified_share. Measured (2026-12-05): at a constant 0.5 the
+    full-caption curve ran at about half speed (14% adherence at step 4,000 against the
+    full-caption-only recipe's 67%, which it matched at step ~2,000): the model learned full
+    captions from the full captions it saw, so the ramp keeps 3/4 of them and brings the
+    under-specified ones in once the words mean something."""
+    if not cfg.under_specified_ramp:
+        return cfg.under_specified_share
+    return cfg.under_specified_share * step / max(1, cfg.steps)
+
+
 def step_captions(attrs: list[dict], idx: list[int], cfg: TeacherTraining, step: int) -> list[str]:
     """The captions of one training step's images: full, or leaving attributes out with
-    probability under_specified_share; a pure function of (seed, step), so a resumed run draws
-    the same ones."""
+    probability under_specified_share_at(step); a pure function of (seed, step), so a resumed run
+    draws the same ones."""
     import random
 
     from dmad.demo.shapes import GENERATOR, training_caption
 
     rng = random.Random(f"{GENERATOR}/teacher-captions/{cfg.seed}/{step}")
-    return [training_caption(attrs[i], rng, cfg.under_specified_share) for i in idx]
+    share = under_specified_share_at(step, cfg)
+    return [training_caption(attrs[i], rng, share) for i in idx]
 
 
 def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume: dict):
@@ -338,10 +352,19 @@ def learning_curve_markdown(rows: list[dict], sigma: str = "0.95") -> str:
 
 # ------------------------------------------------------------------------------------- command line
 
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     for f in fields(TeacherTraining):
         default = f.default
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default,
+        kind = _boolean if isinstance(default, bool) else type(default)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default,
                        metavar=type(default).__name__.upper(), help=f"(default {default})")
 
 

@@ -92,7 +92,9 @@ def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution:
 
 
 def _engine() -> list[str]:
-    return [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]
+    from dmad.contract.paths import engine_command
+
+    return engine_command()
 
 
 def fits(p: dict) -> bool:

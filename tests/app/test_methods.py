@@ -38,8 +38,8 @@ METHOD = ("distillation", "method")
 # what LCM does not read, and what only LCM reads (the brief the engine change came with)
 # (in the form's order; share_frozen_base: LCM's LoRA student is its own copy)
 UNUSED_WITH_LCM = [("identity", "fake_score"), ("resources", "share_frozen_base"), ("optimization", "critic_lr"),
-                   ("distillation", "critic_updates_per_generator_update"), ("distillation", "generator_gan_weight"),
-                   ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
+                   ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
+                   ("distillation", "generator_gan_weight"), ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
                    ("distillation", "min_timestep"), ("distillation", "max_timestep")]
 LCM_ONLY = [("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
             ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay")]

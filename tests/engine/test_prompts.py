@@ -106,15 +106,16 @@ def test_safe_names_are_accepted(name):
 
 def test_shipped_prompt_sets_load():
     demo = load_prompt_set(default_prompt_set_path())
-    assert default_prompt_set_path() == resource("prompt_sets", "demo_v2.json")
-    assert (demo.name, demo.version, demo.resolution, demo.sampler) == ("demo", "v2", [64, 64], "ddim")
+    assert default_prompt_set_path() == resource("prompt_sets", "demo_v3.json")
+    assert (demo.name, demo.version, demo.resolution, demo.sampler) == ("demo", "v3", [64, 64], "ddim")
     assert len(demo.items) >= 8 and {"single-shape", "colour", "position"} <= {it.topic for it in demo.items}
     # every demo prompt states attributes of the current shapes domain: the evaluator reads them all
     from dmad.demo.metrics import parse_caption
     assert all(parse_caption(it.prompt) for it in demo.items)
     # an earlier version stays as it was, for the runs that name it (prompt sets are immutable)
     v1 = load_prompt_set(resource("prompt_sets", "demo_v1.json"))
-    assert v1.version == "v1" and [it.id for it in v1.items] == [it.id for it in demo.items]
+    assert v1.version == "v1" and [it.id for it in v1.items] == [it.id for it in demo.items][:len(v1.items)]
+    assert {it.topic for it in demo.items[len(v1.items):]} == {"under-specified"}  # what v3 added
     template = load_prompt_set(resource("prompt_sets", "template_v1.json"))
     assert template.resolution == [512, 512] and (template.steps, template.cfg) == (30, 7.5)
     assert len(template.items) >= 8 and any(it.negative_prompt for it in template.items)

@@ -1,0 +1,250 @@
+"""What `dmad bench distill` concludes from its rows: means and spreads over training seeds, the
+"beats" tests, the targets, and the tables.
+
+A comparison of two methods is made per training seed on the same items (same captions, same
+initial noise), d_s = metric(A, seed s) - metric(B, seed s), and its interval is Student's t over
+those differences: mean +- t(0.975, n - 1) * sd / sqrt(n). Each d_s carries both the evaluation
+noise of its rows and the run-to-run variance of training, so an interval that excludes 0 says the
+gap survives another training run, not only another draw of images. With 3 seeds t is 4.30: only
+a gap several times the seed spread passes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Optional
+
+import numpy as np
+
+from dmad.demo.bench_rows import Row
+
+SUMMARY_METRICS = ("fd_real", "adherence", "tv", "coverage", "stated_accuracy", "precision", "recall", "diversity",
+                   "under_diversity", "network_passes", "iteration")
+# two-sided 95% quantiles of Student's t, by degrees of freedom (no scipy here)
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with `df` degrees of freedom (between table entries, the
+    next smaller df's: a slightly wider interval); 1.96 beyond 30."""
+    if df < 1:
+        raise ValueError("a t interval needs at least 2 values")
+    if df > 30:
+        return 1.96
+    return _T975[max(k for k in _T975 if k <= df)]
+
+
+def _group_key(r: Row) -> tuple:
+    return r.method, r.steps, r.budget
+
+
+def group_name(method: str, steps: int, budget: str) -> str:
+    from dmad.demo.bench import METHODS, steps_label
+
+    name = METHODS[method].name if method in METHODS else method
+    return f"{name} {steps_label(steps)}" + ("" if budget == "final" else f" @ {budget}")
+
+
+def summarize(rows: list[Row]) -> list[dict]:
+    """Students grouped by (method, steps, checkpoint rule) across training seeds: each metric's
+    mean, standard deviation (n - 1) and per-seed values; and whether every seed covered every
+    needed value."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.model == "student":
+            groups.setdefault(_group_key(r), []).append(r)
+    out = []
+    for (method, steps, budget), rs in groups.items():
+        entry = {"name": group_name(method, steps, budget), "method": method, "steps": steps, "budget": budget,
+                 "seeds": [r.seed for r in rs], "all_covered": all(bool(r.all_covered) for r in rs)}
+        for m in SUMMARY_METRICS:
+            vals = [getattr(r, m) for r in rs if getattr(r, m) is not None]
+            if vals:
+                entry[m] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+                            "values": vals}
+        out.append(entry)
+    return out
+
+
+def comparison_pairs(methods, steps) -> list[tuple[tuple, tuple, str]]:
+    """(A group, B group, what it asks), A expected better: DMAD against LCM at both budgets, and
+    against each of its parts alone, at the most and the fewest student steps."""
+    out = []
+    for k in sorted({min(steps), max(steps)}, reverse=True):
+        a = ("dmad", k, "final")
+        if "lcm" in methods:
+            out += [(a, ("lcm", k, "same wall clock"), "same wall clock"),
+                    (a, ("lcm", k, "equal compute"), "equal training compute")]
+        for part, what in (("gan_only", "the GAN alone"), ("dm_only", "distribution matching alone")):
+            if part in methods:
+                out.append((a, (part, k, "final"), f"against {what}"))
+    return out
+
+
+def seed_difference(a: list[Row], b: list[Row], metric: str) -> Optional[dict]:
+    """A - B per training seed present in both, its mean and t interval (None below 2 seeds)."""
+    by_a = {r.seed: getattr(r, metric) for r in a if getattr(r, metric) is not None}
+    by_b = {r.seed: getattr(r, metric) for r in b if getattr(r, metric) is not None}
+    seeds = sorted(set(by_a) & set(by_b))
+    if not seeds:
+        return None
+    d = np.array([by_a[s] - by_b[s] for s in seeds], dtype=float)
+    mean = float(d.mean())
+    ci = None
+    if len(d) >= 2:
+        half = t975(len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+        ci = (mean - half, mean + half)
+    return {"seeds": seeds, "per_seed": d.tolist(), "mean": mean, "ci": ci}
+
+
+def compare_seeds(rows: list[Row], s) -> list[dict]:
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.model == "student":
+            groups.setdefault(_group_key(r), []).append(r)
+    out = []
+    for a, b, what in comparison_pairs(s.methods, s.student_steps):
+        if a in groups and b in groups:
+            out.append({"a": group_name(*a), "b": group_name(*b), "what": what,
+                        **{m: seed_difference(groups[a], groups[b], m)
+                           for m in ("fd_real", "tv", "adherence", "coverage")}})
+    return out
+
+
+# ------------------------------------------------------------------------------- targets
+
+def _mean(summary: list[dict], name: str, metric: str) -> Optional[float]:
+    e = next((x for x in summary if x["name"] == name), None)
+    return None if e is None or metric not in e else e[metric]["mean"]
+
+
+def check_targets(r, s) -> list[dict]:
+    """The issue's targets on this bench's set, each with its measured numbers; a target whose rows
+    are absent is left out. Students are read as means over their training seeds."""
+    from dmad.demo.bench import steps_label
+
+    rows = {x.label: x for x in r.rows}
+    teacher, real = rows.get(f"teacher {s.teacher_steps} steps + CFG"), rows.get("real renders (floor)")
+    out: list[dict] = []
+
+    def target(name: str, ok: bool, measured: str) -> None:
+        out.append({"target": name, "met": bool(ok), "measured": measured})
+
+    if teacher:
+        target("teacher full-caption adherence >= 95%", teacher.adherence >= 0.95, f"{teacher.adherence:.1%}")
+        if teacher.tv is not None and real is not None:
+            target("teacher stated-attribute accuracy >= 95% (under-specified captions)",
+                   teacher.stated_accuracy >= 0.95, f"{teacher.stated_accuracy:.1%}")
+            target("teacher mean TV <= its sampling floor + 0.05", teacher.tv <= real.tv + 0.05,
+                   f"{teacher.tv:.3f} (floor {real.tv:.3f})")
+    floor = f"; floor {real.tv:.3f}" if real is not None and real.tv is not None else ""
+    kmax, kmin = max(s.student_steps), min(s.student_steps)
+    d4, d1 = f"DMAD {steps_label(kmax)}", f"DMAD {steps_label(kmin)}"
+    tv4, tv1 = _mean(r.summary, d4, "tv"), _mean(r.summary, d1, "tv")
+    if teacher and tv4 is not None and teacher.tv is not None:
+        target(f"{d4}: mean TV <= teacher's + 0.05", tv4 <= teacher.tv + 0.05, f"{tv4:.3f} vs {teacher.tv:.3f}{floor}")
+        entry = next(x for x in r.summary if x["name"] == d4)
+        missing = sorted({f"{a}={v}" for x in r.rows if x.label.startswith(d4 + ",")
+                          for m in x.missing.values() for a, vs in m.items() for v in vs})
+        target(f"{d4}: every value with data probability >= 5% appears (every seed)", entry["all_covered"],
+               "all appear" if entry["all_covered"] else f"missing: {', '.join(missing[:8])}")
+    adh4, fd4 = _mean(r.summary, d4, "adherence"), _mean(r.summary, d4, "fd_real")
+    if teacher and adh4 is not None:
+        target(f"{d4}: full-caption adherence >= teacher's - 2 points", adh4 >= teacher.adherence - 0.02,
+               f"{adh4:.1%} vs {teacher.adherence:.1%}")
+        target(f"{d4}: FD_real <= 1.1x teacher's", fd4 <= 1.1 * teacher.fd_real,
+               f"{fd4:.2f} vs {teacher.fd_real:.2f} ({fd4 / max(teacher.fd_real, 1e-12):.2f}x)")
+    if teacher and tv1 is not None and teacher.tv is not None and kmin != kmax:
+        target(f"{d1}: mean TV <= teacher's + 0.10", tv1 <= teacher.tv + 0.10, f"{tv1:.3f} vs {teacher.tv:.3f}{floor}")
+    for c in r.comparisons:
+        if not c["b"].startswith("LCM"):
+            continue
+        for metric in ("fd_real", "tv"):
+            d = c.get(metric)
+            if d is None:
+                continue
+            ok = d["ci"] is not None and d["ci"][1] < 0
+            ci = "n/a (one seed)" if d["ci"] is None else f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+            target(f"{c['a']} beats {c['b']} on {metric} ({c['what']}; interval over training seeds excludes 0)", ok,
+                   f"A - B {d['mean']:+.3f} {ci}; per seed {', '.join(f'{x:+.3f}' for x in d['per_seed'])}")
+    for name, run in r.runs.items():
+        if name.startswith("dmad-"):
+            target(f"distillation within 20 minutes ({name})", run["wall_time_s"] <= 1200,
+                   f"{run['wall_time_s'] / 60:.1f} min")
+    return out
+
+
+# ------------------------------------------------------------------------------- tables
+
+def _f(v, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _ms(e: dict, metric: str, fmt: str) -> str:
+    if metric not in e:
+        return "-"
+    m = e[metric]
+    return format(m["mean"], fmt) + ("" if m["sd"] is None else f" ± {format(m['sd'], fmt)}")
+
+
+def format_tables(r) -> str:
+    s, m = r.settings, r.machine
+    seeds = s["seeds"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}, torch {m['torch']} "
+        f"({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), Python {m['python']}.",
+        f"Set: {s['set']} (captions seed {seeds['captions']}, under-specified {seeds['under']}, noise "
+        f"{seeds['noise_a']}, real renders {seeds['real']}). Full captions: {s['prompts']} x {s['seeds_per_prompt']} "
+        f"seeds = {s['prompts'] * s['seeds_per_prompt']} images a row, FD against {s['prompts'] * s['real_per_prompt']} "
+        f"real renders of the same captions, interval: bootstrap of seeds within each caption. Under-specified: "
+        f"{s['under_captions']} x {s['under_seeds']} seeds. Teacher CFG {s['cfg']}. Training seeds "
+        f"{', '.join(map(str, s['training_seeds']))}; checkpoint rule: {s['checkpoint_rule']}.",
+        "", "| row | NFE | FD_real [95%] | adherence | TV | stated | covered | precision / recall | diversity | "
+            "compute | notes |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for x in r.rows:
+        ci = "" if x.fd_real_ci is None else f" [{x.fd_real_ci[0]:.2f}, {x.fd_real_ci[1]:.2f}]"
+        pr = "-" if x.precision is None else f"{x.precision:.2f} / {x.recall:.2f}"
+        cov = "-" if x.coverage is None else f"{x.coverage:.0%}" + ("" if x.all_covered else " (gaps)")
+        lines.append(f"| {x.label} | {_f(x.nfe, 'd')} | {x.fd_real:.2f}{ci} | {x.adherence:.1%} | {_f(x.tv, '.3f')} | "
+                     f"{_f(x.stated_accuracy, '.1%')} | {cov} | {pr} | {_f(x.diversity, '.3f')} / "
+                     f"{_f(x.under_diversity, '.3f')} | {_f(x.network_passes, '.3g')} | {x.notes} |")
+    if r.summary:
+        lines += ["", "Students over training seeds (mean ± SD):", "",
+                  "| student | seeds | FD_real | adherence | TV | covered | stated | precision | recall | compute |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for e in r.summary:
+            lines.append(f"| {e['name']} | {len(e['seeds'])} | {_ms(e, 'fd_real', '.2f')} | {_ms(e, 'adherence', '.1%')} | "
+                         f"{_ms(e, 'tv', '.3f')} | {_ms(e, 'coverage', '.0%')}{'' if e['all_covered'] else ' (gaps)'} | "
+                         f"{_ms(e, 'stated_accuracy', '.1%')} | {_ms(e, 'precision', '.2f')} | {_ms(e, 'recall', '.2f')} | "
+                         f"{_ms(e, 'network_passes', '.3g')} |")
+    if r.runs:
+        lines += ["", "| run | iterations | wall s | CPU s | compute (teacher-denoiser image-passes) | stopped by |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for name, run in r.runs.items():
+            lines.append(f"| {name} | {run['iterations']} | {run['wall_time_s']:.0f} | {run.get('cpu_time_s', 0):.0f} | "
+                         f"{_f(run.get('network_passes'), '.4g')} | "
+                         f"{'wall clock at ' + str(run['stop_sent_at_s']) + ' s' if run.get('stop_sent_at_s') else 'its step count'} |")
+    if r.comparisons:
+        lines += ["", "A - B per training seed on the same items; 95% t interval over seeds:", "",
+                  "| A | B | budget | FD_real | TV | adherence |", "|---|---|---|---:|---:|---:|"]
+        for c in r.comparisons:
+            lines.append(f"| {c['a']} | {c['b']} | {c['what']} | {_diff(c['fd_real'], '.2f')} | {_diff(c['tv'], '.3f')} | "
+                         f"{_diff(c['adherence'], '+.1%')} |")
+    if r.targets:
+        lines += ["", "| target | met | measured |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {'yes' if t['met'] else 'NO'} | {t['measured']} |" for t in r.targets]
+    return "\n".join(lines)
+
+
+def _diff(d: Optional[dict], fmt: str) -> str:
+    if d is None:
+        return "-"
+    f = fmt if fmt.startswith("+") else "+" + fmt
+    ci = "" if d["ci"] is None else f" [{format(d['ci'][0], f)}, {format(d['ci'][1], f)}]"
+    return format(d["mean"], f) + ci
+
+
+def to_json(r) -> dict:
+    return {"settings": r.settings, "machine": r.machine, "rows": [asdict(x) for x in r.rows], "runs": r.runs,
+            "summary": r.summary, "comparisons": r.comparisons, "targets": r.targets, "wall_time_s": r.wall_time_s}
