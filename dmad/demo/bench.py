@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from dmad.demo.bench_rows import Row, RowStore, evaluate, load_student, passes_total, sample_student, \
-    sample_teacher, student_timesteps_for, timed
+from dmad.demo.bench_rows import Row, RowStore, evaluate, load_student, passes_total, prompt_captions, \
+    sample_student, sample_teacher, student_timesteps_for, timed
 from dmad.errors import RunFailed, UserInputError
 
 
@@ -251,8 +251,8 @@ def _real_row(b: _Bench, sset) -> None:
     from dmad.demo.bench_sets import real_images
 
     s = b.s
-    full_caps = list(dict.fromkeys(c for c, _, _ in b.refs.full_items))
-    under_caps = list(dict.fromkeys(c for c, _, _ in b.refs.under_items))
+    full_caps = prompt_captions(b.refs.full_items)
+    under_caps = prompt_captions(b.refs.under_items)
     b.add(Row("real renders (floor)", "real",
               notes=f"other real renders of the same captions: {s.seeds_per_prompt} and {s.under_seeds} a caption"),
           lambda: (real_images(full_caps, s.seeds_per_prompt, sset.real, first=s.real_per_prompt)[0],

@@ -101,16 +101,21 @@ class References:
     under_real: np.ndarray  # (len(under_items), D) features of real renders, one per item
 
 
+def prompt_captions(items: list) -> list[str]:
+    """The caption of each prompt of `items` (its first seed's), repeats kept: two prompts may draw
+    the same caption (the held-out set's 64 full captions hold 59 distinct ones)."""
+    return [c for c, _, j in items if j == 0]
+
+
 def make_references(classifier, full_items: list, under_items: list, real_per_prompt: int, seed: int) -> References:
     from dmad.demo.bench_sets import groups_of, real_images
     from dmad.demo.metrics import feature_stats
 
-    caps = list(dict.fromkeys(c for c, _, _ in full_items))
+    caps = prompt_captions(full_items)  # one entry per prompt: a caption drawn twice weighs twice, as in the items
     images, _ = real_images(caps, real_per_prompt, seed)
     mu, cov = feature_stats(_features(classifier, images))
-    ucaps = list(dict.fromkeys(c for c, _, _ in under_items))
-    per = len(under_items) // len(ucaps)
-    uimages, _ = real_images(ucaps, per, seed, first=10_000)
+    ucaps = prompt_captions(under_items)
+    uimages, _ = real_images(ucaps, len(under_items) // len(ucaps), seed, first=10_000)
     return References(full_items, under_items, mu, cov, groups_of(full_items), _features(classifier, uimages))
 
 
