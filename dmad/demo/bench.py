@@ -167,7 +167,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     from dmad.contract.paths import resource
     from dmad.contract.prompts import load_prompt_set
     from dmad.demo.bench_report import check_targets, compare_seeds, summarize
-    from dmad.demo.bench_rows import make_references
+    from dmad.demo.bench_rows import make_references, references_digest
     from dmad.demo.bench_sets import SETS, full_items, initial_noise, under_items
     from dmad.demo.evaluator import load_evaluator
     from dmad.models.teacher import load_teacher
@@ -191,8 +191,14 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     result = BenchResult(settings={**asdict(s), "config": str(config), "teacher": cfg.identity.pretrained_model_name_or_path,
                                    "cfg": cfg_scale, "seeds": asdict(sset), "checkpoint_rule": "final"},
                          machine=machine_info())
-    b = _Bench(s, out, log, teacher, classifier, make_references(classifier, full, under, s.real_per_prompt, sset.real),
-               noise, RowStore(out / "rows"), result, cfg_scale, cfg.resources.resolution)
+    refs = make_references(classifier, full, under, s.real_per_prompt, sset.real)
+    protocol = {"set": s.set, "seeds": asdict(sset), "teacher": cfg.identity.pretrained_model_name_or_path,
+                "cfg": cfg_scale, "teacher_steps": s.teacher_steps, "config": str(config),
+                "lcm_config": None if lcm_config is None else str(lcm_config),
+                "train_overrides": list(s.train_overrides), "lcm_step_cap": s.lcm_step_cap,
+                "references": references_digest(refs)}
+    b = _Bench(s, out, log, teacher, classifier, refs, noise, RowStore(out / "rows", protocol), result, cfg_scale,
+               cfg.resources.resolution)
     _teacher_rows(b)
     _real_row(b, sset)
     for seed in s.training_seeds:

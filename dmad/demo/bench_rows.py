@@ -58,11 +58,31 @@ def slug(label: str) -> str:
 
 
 class RowStore:
-    """<folder>/<slug>.json + .npz per row; `get` reads a finished row back or makes it."""
+    """<folder>/<slug>.json + .npz per row; `get` reads a finished row back or makes it. The folder
+    keeps the protocol its rows were scored under (protocol.json: set, sizes, a digest of the real
+    references); a folder from another protocol is refused, never mixed into this one's tables."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, protocol: Optional[dict] = None):
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
+        if protocol is not None:
+            self._check_protocol(protocol)
+
+    def _check_protocol(self, protocol: dict) -> None:
+        from dmad.contract.runs import atomic_write_json
+
+        path = self.folder / "protocol.json"
+        if path.is_file():
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            changed = sorted(k for k in set(kept) | set(protocol) if kept.get(k) != protocol.get(k))
+            if changed:
+                raise UserInputError(f"{self.folder}: its rows were scored under another protocol "
+                                     f"({', '.join(changed)} differ); give a new --out or delete that folder")
+        elif any(self.folder.glob("*.json")):
+            raise UserInputError(f"{self.folder}: its rows do not say which protocol scored them; "
+                                 "give a new --out or delete that folder")
+        else:
+            atomic_write_json(path, protocol)
 
     def get(self, label: str, make: Callable[[], tuple[Row, dict]]) -> tuple[Row, dict]:
         path = self.folder / f"{slug(label)}.json"
@@ -99,6 +119,18 @@ class References:
     full_cov: np.ndarray
     full_groups: list
     under_real: np.ndarray  # (len(under_items), D) features of real renders, one per item
+
+
+def references_digest(refs: "References") -> str:
+    """A short digest of the real references every row is scored against (rounded, so that the
+    last bits of a CPU's float sums do not count)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (refs.full_mu, refs.full_cov, refs.under_real):
+        h.update(np.round(np.asarray(a, dtype=np.float64), 3).tobytes())
+    h.update(json.dumps([refs.full_items, refs.under_items], default=str).encode())
+    return h.hexdigest()[:16]
 
 
 def prompt_captions(items: list) -> list[str]:

@@ -183,3 +183,25 @@ def test_lcms_two_budgets_checkpoint_at_the_wall_clock_and_stop_after_equal_comp
     earlier = two_budgets(10.0, 50)  # equal compute was passed before the wall clock ran out
     assert earlier(9.0, 45) == [] and earlier(10.5, 60) == ["stop"] and earlier(11.0, 61) == []
     assert earlier.wall_iteration() == 60
+
+
+def test_a_rows_folder_from_another_protocol_is_refused_not_mixed(tmp_path):
+    from dmad.demo.bench_rows import Row, RowStore
+    from dmad.errors import UserInputError
+
+    made = []
+
+    def make():
+        made.append(1)
+        return Row("teacher", "teacher", fd_real=1.5, adherence=0.9), {"full_features": np.zeros((2, 3))}
+
+    store = RowStore(tmp_path / "rows", {"set": "tuning", "references": "abc"})
+    assert store.get("teacher", make)[0].fd_real == 1.5
+    again = RowStore(tmp_path / "rows", {"set": "tuning", "references": "abc"})
+    assert again.get("teacher", make)[0].fd_real == 1.5 and len(made) == 1  # read back, not made again
+    with pytest.raises(UserInputError, match=r"rows.*another protocol \(references, set differ\)"):
+        RowStore(tmp_path / "rows", {"set": "heldout", "references": "abd"})
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "teacher.json").write_text("{}")
+    with pytest.raises(UserInputError, match="do not say which protocol"):
+        RowStore(tmp_path / "old", {"set": "tuning"})
