@@ -167,7 +167,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     from dmad.contract.paths import resource
     from dmad.contract.prompts import load_prompt_set
     from dmad.demo.bench_report import check_targets, compare_seeds, summarize
-    from dmad.demo.bench_rows import make_references, references_digest
+    from dmad.demo.bench_rows import make_references, references_digest, training_digest
     from dmad.demo.bench_sets import SETS, full_items, initial_noise, under_items
     from dmad.demo.evaluator import load_evaluator
     from dmad.models.teacher import load_teacher
@@ -196,7 +196,9 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
                 "cfg": cfg_scale, "teacher_steps": s.teacher_steps, "config": str(config),
                 "lcm_config": None if lcm_config is None else str(lcm_config),
                 "train_overrides": list(s.train_overrides), "lcm_step_cap": s.lcm_step_cap,
-                "references": references_digest(refs)}
+                "references": references_digest(refs),
+                "training": training_digest([config, lcm_config or resource("configs", METHODS["lcm"].config)],
+                                            list(s.train_overrides))}
     b = _Bench(s, out, log, teacher, classifier, refs, noise, RowStore(out / "rows", protocol), result, cfg_scale,
                cfg.resources.resolution)
     _teacher_rows(b)
@@ -508,8 +510,10 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
 
 
 def _check_out(out: Path, s: BenchSettings, config: Optional[str], lcm_config: Optional[str]) -> None:
-    """--out: a new folder, or the folder of an interrupted bench with the same settings (it goes on
-    from there). Anything else is refused before the work starts."""
+    """--out: a new folder, or the folder of an earlier bench with the same settings (it goes on from
+    there; its finished rows are read back). The methods and training seeds may grow or change: each
+    row and run is kept under its own name, so more seeds or methods only add rows. Anything else is
+    refused before the work starts, naming what differs."""
     from dmad.contract.runs import atomic_write_json
 
     manifest = out / "bench.json"
@@ -520,8 +524,15 @@ def _check_out(out: Path, s: BenchSettings, config: Optional[str], lcm_config: O
             found = json.loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             raise UserInputError(f"--out {out}: folder exists, is not empty and is not a bench's") from None
+        growable = {"methods", "training_seeds"}
+        have, want = found.get("settings", {}), wanted["settings"]
+        differ = sorted(k for k in set(have) | set(want) if k not in growable and have.get(k) != want.get(k))
+        differ += [k for k in ("config", "lcm_config") if found.get(k) != wanted.get(k)]
+        if differ:
+            raise UserInputError(f"--out {out}: holds a bench with other settings ({', '.join(differ)}); "
+                                 "choose a new folder")
         if found != wanted:
-            raise UserInputError(f"--out {out}: holds a bench with other settings; choose a new folder")
+            atomic_write_json(manifest, wanted)
         return
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(manifest, wanted)

@@ -133,6 +133,24 @@ def references_digest(refs: "References") -> str:
     return h.hexdigest()[:16]
 
 
+def training_digest(config_paths: list, overrides: list[str]) -> str:
+    """A short digest of what the bench's distillations train on: each config as it loads (every
+    field, paths resolved) and the caption files and dataset.json of its data folder, so a rows
+    folder is never scored against students of other settings or other data."""
+    import hashlib
+
+    from dmad.contract.config import load_config
+
+    h = hashlib.sha256()
+    for path in config_paths:
+        cfg = load_config(path, list(overrides))
+        h.update(cfg.model_dump_json().encode())
+        data = Path(cfg.identity.train_data_dir)
+        for f in sorted(data.glob("*.txt")) + sorted(data.glob("dataset.json")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def prompt_captions(items: list) -> list[str]:
     """The caption of each prompt of `items` (its first seed's), repeats kept: two prompts may draw
     the same caption (the held-out set's 64 full captions hold 59 distinct ones)."""
