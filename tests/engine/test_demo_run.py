@@ -16,8 +16,18 @@ def test_the_shipped_dataset_is_complete():
     assert demo_run.dataset_complete(resource("demo", "shapes"))
 
 
-def test_an_incomplete_dataset_is_regenerated_in_place(tmp_path):
+def test_a_dataset_of_other_captions_is_not_the_demos(tmp_path):
+    """The demo's data holds under-specified captions; the same images with full captions only
+    (the dataset before 2026-12-06) are regenerated, not distilled on."""
     folder = write_dataset(tmp_path / "shapes", demo_run.DATASET_SIZE, 64, demo_run.DATASET_SEED)
+    assert not demo_run.dataset_complete(folder)
+    assert demo_run.ensure_dataset(folder) is None and demo_run.dataset_complete(folder)
+
+
+def test_an_incomplete_dataset_is_regenerated_in_place(tmp_path):
+    folder = write_dataset(tmp_path / "shapes", demo_run.DATASET_SIZE, 64, demo_run.DATASET_SEED,
+                           demo_run.DATASET_UNDER_SPECIFIED)
+    assert demo_run.dataset_complete(folder)
     (folder / "img_0007.png").unlink()
     assert not demo_run.dataset_complete(folder)
     assert demo_run.ensure_dataset(folder) is None
@@ -44,11 +54,11 @@ def test_an_unwritable_dataset_folder_falls_back_to_the_user_cache_even_as_root(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     original, tried = shapes.write_dataset, []
 
-    def write_or_refuse(out, n, size, seed):
+    def write_or_refuse(out, n, size, seed, share):
         tried.append(out)
         if out == tmp_path / "ro":
             raise PermissionError(f"{out}: read-only file system")
-        return original(out, n, size, seed)
+        return original(out, n, size, seed, share)
 
     monkeypatch.setattr(shapes, "write_dataset", write_or_refuse)
     got = demo_run.ensure_dataset(tmp_path / "ro")

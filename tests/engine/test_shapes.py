@@ -74,10 +74,10 @@ def test_rewriting_with_fewer_images_removes_the_rest(tmp_path):
     assert json.loads((tmp_path / "dataset.json").read_text())["count"] == 4
 
 
-def test_shipped_dataset_is_write_dataset_n256_seed0(tmp_path):
+def test_shipped_dataset_is_write_dataset_n512_seed0_half_under_specified(tmp_path):
     """PNG bytes depend on the zlib build inside Pillow, so images are compared pixel for pixel;
     captions and dataset.json byte for byte."""
-    fresh = write_dataset(tmp_path, 256, size=64, seed=0)
+    fresh = write_dataset(tmp_path, 512, size=64, seed=0, under_specified_share=0.5)
     shipped = files(SHIPPED)
     assert sorted(shipped) == sorted(files(fresh))
     for name, data in files(fresh).items():
@@ -89,7 +89,25 @@ def test_shipped_dataset_is_write_dataset_n256_seed0(tmp_path):
             assert shipped[name] == data, name
     meta = json.loads(shipped["dataset.json"])
     assert meta == {"id": "shapes", "type": "local", "instance_data_dir": ".", "caption_strategy": "textfile",
-                    "resolution": 64, "count": 256, "seed": 0, "generator": "dmad.demo.shapes"}
+                    "resolution": 64, "count": 512, "seed": 0, "under_specified_share": 0.5,
+                    "generator": "dmad.demo.shapes"}
+
+
+def test_dataset_captions_state_only_what_the_image_shows_and_leave_out_the_share_asked(tmp_path):
+    from dmad.demo.metrics import parse_caption
+
+    folder = write_dataset(tmp_path, 400, size=16, seed=3, under_specified_share=0.5)
+    under = 0
+    for i in range(400):
+        a = attributes_for(i, 3)
+        stated = parse_caption((folder / f"img_{i:04d}.txt").read_text(encoding="utf-8").strip())
+        assert all(a[k] == v for k, v in stated.items()), i  # "a shape" states nothing
+        under += len(stated) < 5
+    assert 160 <= under <= 240  # 200 expected; binomial SD 10
+    full = write_dataset(tmp_path / "full", 50, size=16, seed=3)
+    assert all(len(parse_caption(p.read_text(encoding="utf-8").strip())) == 5 for p in full.glob("*.txt"))
+    with pytest.raises(ValueError, match="under_specified_share"):
+        write_dataset(tmp_path / "bad", 4, under_specified_share=1.5)
 
 
 def test_demo_prompts_are_captions_the_dataset_can_produce():
