@@ -192,10 +192,9 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
                                    "cfg": cfg_scale, "seeds": asdict(sset), "checkpoint_rule": "final"},
                          machine=machine_info())
     refs = make_references(classifier, full, under, s.real_per_prompt, sset.real)
-    protocol = {"set": s.set, "seeds": asdict(sset), "teacher": cfg.identity.pretrained_model_name_or_path,
-                "cfg": cfg_scale, "teacher_steps": s.teacher_steps, "config": str(config),
-                "lcm_config": None if lcm_config is None else str(lcm_config),
-                "train_overrides": list(s.train_overrides), "lcm_step_cap": s.lcm_step_cap,
+    # what bench.json's settings cannot see (_check_out compares those before any work): the sets'
+    # seeds, the teacher and guidance as loaded, what the references and the students are made of
+    protocol = {"seeds": asdict(sset), "teacher": cfg.identity.pretrained_model_name_or_path, "cfg": cfg_scale,
                 "references": references_digest(refs),
                 "training": training_digest([config, lcm_config or resource("configs", METHODS["lcm"].config)],
                                             list(s.train_overrides))}

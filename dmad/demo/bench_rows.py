@@ -59,8 +59,9 @@ def slug(label: str) -> str:
 
 class RowStore:
     """<folder>/<slug>.json + .npz per row; `get` reads a finished row back or makes it. The folder
-    keeps the protocol its rows were scored under (protocol.json: set, sizes, a digest of the real
-    references); a folder from another protocol is refused, never mixed into this one's tables."""
+    keeps the protocol its rows were scored under (protocol.json: the sets' seeds, the teacher, digests
+    of the real references and of what the students train on); a folder from another protocol is
+    refused, never mixed into this one's tables."""
 
     def __init__(self, folder: Path, protocol: Optional[dict] = None):
         self.folder = folder

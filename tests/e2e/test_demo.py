@@ -191,31 +191,28 @@ def test_an_interrupted_bench_goes_on_from_its_rows_and_runs(small_bench, capsys
 
     table, doc, folder, small = small_bench
     before = {p: p.stat().st_mtime_ns for p in (folder / "rows").iterdir()}
-    stdout = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
-        mp.setattr(bench, "QUICK", small)
-        mp.setattr(bench, "run_distillation", lambda *a, **k: pytest.fail("trained again"))
-        assert bench.main_distill(quick=True, json_out=None, out_dir=str(folder), config=None, methods="dmad,lcm",
-                                  seeds="0,1") == 0
+
+    def again(**kw) -> str:
+        """The bench once more on `folder` (training refused); its stdout."""
+        stdout = io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
+            mp.setattr(bench, "QUICK", small)
+            mp.setattr(bench, "run_distillation", lambda *a, **k: pytest.fail("trained again"))
+            assert bench.main_distill(quick=True, json_out=None, out_dir=str(folder), config=None, **kw) == 0
+        return stdout.getvalue()
+
+    out = again(methods="dmad,lcm", seeds="0,1")
     assert {p: p.stat().st_mtime_ns for p in (folder / "rows").iterdir()} == before
     strip = lambda t: [x for x in t.splitlines() if not x.startswith("| distillation within")]  # noqa: E731
-    assert strip(stdout.getvalue()) == strip(table)
+    assert strip(out) == strip(table)
     from dmad.errors import UserInputError
 
     # fewer methods or seeds read the kept rows back: nothing is trained or scored again
-    stdout = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
-        mp.setattr(bench, "QUICK", small)
-        mp.setattr(bench, "run_distillation", lambda *a, **k: pytest.fail("trained again"))
-        assert bench.main_distill(quick=True, json_out=None, out_dir=str(folder), config=None, methods="dmad",
-                                  seeds="0") == 0
+    out = again(methods="dmad", seeds="0")
     assert {p: p.stat().st_mtime_ns for p in (folder / "rows").iterdir()} == before
-    assert "LCM" not in stdout.getvalue() and "seed 1" not in stdout.getvalue()
-    with pytest.MonkeyPatch.context() as mp, pytest.raises(UserInputError,
-                                                           match=r"holds a bench with other settings \(set\)"):
-        mp.setattr(bench, "QUICK", small)
-        bench.main_distill(quick=True, json_out=None, out_dir=str(folder), config=None, methods="dmad", seeds="0",
-                           set_name="tuning")
+    assert "LCM" not in out and "seed 1" not in out
+    with pytest.raises(UserInputError, match=r"holds a bench with other settings \(set\)"):
+        again(methods="dmad", seeds="0", set_name="tuning")
 
 
 def test_bench_methods_and_seeds_are_checked_before_any_work(tmp_path):
