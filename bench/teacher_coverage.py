@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     import torch
 
     from dmad.contract.paths import resource
-    from dmad.demo.bench_rows import sample_teacher
+    from dmad.demo.bench_sampling import sample_teacher
     from dmad.demo.bench_sets import SETS, initial_noise, real_images, under_items
     from dmad.demo.coverage import coverage_summary
     from dmad.demo.evaluator import load_evaluator

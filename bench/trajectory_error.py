@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dmad.contract.config import load_config
     from dmad.contract.runs import RunFolder
-    from dmad.demo.bench_rows import load_student
+    from dmad.demo.bench_sampling import load_student
     from dmad.demo.bench_sets import SETS, full_items, initial_noise
     from dmad.methods.lcm import solver_grid
     from dmad.models.teacher import load_teacher

@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,9 +35,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from dmad.demo.bench_rows import Row, RowStore, evaluate, load_student, passes_total, prompt_captions, \
-    sample_student, sample_teacher, student_timesteps_for, timed
-from dmad.errors import RunFailed, UserInputError
+from dmad.demo.bench_rows import Row, RowKey, RowStore, evaluate, prompt_captions
+from dmad.demo.bench_runs import METHODS, Method, lcm_readings, passes_total, plan_lcm, train
+from dmad.demo.bench_sampling import load_student, sample_student, sample_teacher, student_timesteps_for, timed
+from dmad.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -68,23 +67,6 @@ QUICK = BenchSettings(prompts=16, seeds_per_prompt=2, under_captions=4, under_se
                                        "observation.validation_steps=60", "observation.log_every_steps=10"))
 
 
-@dataclass(frozen=True)
-class Method:
-    key: str
-    name: str                        # in row labels
-    config: str                      # resources/configs/<file>
-    overrides: tuple[str, ...] = ()
-
-
-METHODS = {
-    "dmad": Method("dmad", "DMAD", "demo.json"),
-    "lcm": Method("lcm", "LCM", "demo_lcm.json"),
-    "gan_only": Method("gan_only", "DMAD GAN alone", "demo.json", ("distillation.dm_weight=0",)),
-    "dm_only": Method("dm_only", "DMAD DM alone", "demo.json",
-                      ("distillation.generator_gan_weight=0", "distillation.critic_gan_weight=0")),
-}
-
-
 @dataclass
 class BenchResult:
     settings: dict
@@ -96,8 +78,8 @@ class BenchResult:
     targets: list[dict] = field(default_factory=list)
     wall_time_s: float = 0.0
 
-    def row(self, label: str) -> Row:
-        return next(r for r in self.rows if r.label == label)
+    def row(self, key: RowKey) -> Row:
+        return next(r for r in self.rows if r.key == key)
 
 
 def machine_info() -> dict:
@@ -108,15 +90,6 @@ def machine_info() -> dict:
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def steps_label(k: int) -> str:
-    return f"{k} step{'s' if k > 1 else ''}"
-
-
-def student_label(method: Method, k: int, seed: int, budget: str = "") -> str:
-    """"DMAD 4 steps, seed 1", "LCM 1 step @ equal compute, seed 0", "DMAD 4 steps @ iter 400, seed 2"."""
-    return f"{method.name} {steps_label(k)}{f' @ {budget}' if budget else ''}, seed {seed}"
 
 
 # ------------------------------------------------------------------------------- the bench
@@ -139,8 +112,9 @@ class _Bench:
     teacher_stats: Optional[tuple] = None
     grid: list = field(default_factory=list)   # (label, first seed's image of the first GRID_PROMPTS prompts)
 
-    def add(self, row: Row, make_images: Optional[Callable] = None) -> Row:
-        """The row `row.label`, from the store or by sampling `make_images()` -> (full, under, seconds)."""
+    def add(self, key: RowKey, make_images: Callable, **facts) -> Row:
+        """The row of `key`, from the store or by sampling `make_images()` -> (full, under, seconds);
+        `facts`: the row's own (nfe, iteration, notes, ...)."""
         def make():
             (full, under), sec = timed(make_images)
             numbers, arrays = evaluate(self.classifier, self.refs, full, under, self.teacher_stats)
@@ -148,12 +122,12 @@ class _Bench:
 
             arrays["grid"] = full[:: self.s.seeds_per_prompt][:GRID_PROMPTS].numpy()  # the first seed of each
             n = len(full) + (0 if under is None else len(under))
-            return replace(row, **numbers, seconds_per_image=sec / n), arrays
+            return Row.at(key, **facts, **numbers, seconds_per_image=sec / n), arrays
 
-        made, arrays = self.store.get(row.label, make)
+        made, arrays = self.store.get(key, make)
         self.result.rows.append(made)
         if "grid" in arrays:
-            self.grid.append((made.label, arrays["grid"]))
+            self.grid.append((made.key, arrays["grid"]))
         self.log(f"  {made.label:<44} FD_real {made.fd_real:7.2f}  adherence {made.adherence:6.1%}"
                  + (f"  TV {made.tv:.3f}  covered {made.coverage:.0%}" if made.tv is not None else ""))
         return made
@@ -166,7 +140,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     from dmad.contract.config import load_config
     from dmad.contract.paths import resource
     from dmad.contract.prompts import load_prompt_set
-    from dmad.demo.bench_report import check_targets, compare_seeds, summarize
+    from dmad.demo.bench_report import compare_seeds, summarize
     from dmad.demo.bench_rows import make_references, references_digest, training_digest
     from dmad.demo.bench_sets import SETS, full_items, initial_noise, under_items
     from dmad.demo.evaluator import load_evaluator
@@ -212,18 +186,22 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
             _lcm(b, seed, dmad, lcm_config)
     result.summary = summarize(result.rows)
     result.comparisons = compare_seeds(result.rows, s)
+    from dmad.demo.bench_targets import check_targets
+
     result.targets = check_targets(result, s)
     from dmad.demo.bench_pictures import GRID_PROMPTS, write_grid, write_under_grid
 
     write_grid(out / "grid.png", b.grid, [c for c, _, _ in full][:: s.seeds_per_prompt][:GRID_PROMPTS],
-               s.training_seeds[0], {f"teacher {s.teacher_steps} steps + CFG",
-                                     f"teacher {steps_label(max(s.baseline_steps))} + CFG"})
+               s.training_seeds[0], (RowKey("teacher", s.teacher_steps), RowKey("teacher", max(s.baseline_steps))),
+               (min(s.student_steps), max(s.student_steps)))
     write_under_grid(b, out / "grid_under.png", sset)
     result.wall_time_s = round(time.perf_counter() - t_start, 1)
     return result
 
 
 def _teacher_rows(b: _Bench) -> None:
+    """The teacher's own sampler + CFG: at its steps on noise set A (every FD_teacher's reference) and
+    B (FD's noise floor), and at each baseline step count (the equal-cost baseline)."""
     s = b.s
     full_caps = [c for c, _, _ in b.refs.full_items]
     under_caps = [c for c, _, _ in b.refs.under_items]
@@ -233,23 +211,22 @@ def _teacher_rows(b: _Bench) -> None:
         return (sample_teacher(b.teacher, full_caps, nf, steps, b.cfg_scale, s.batch_size, trailing),
                 sample_teacher(b.teacher, under_caps, nu, steps, b.cfg_scale, s.batch_size, trailing) if under else None)
 
-    top = f"teacher {s.teacher_steps} steps + CFG"
-    ref = b.add(Row(top, "teacher", s.teacher_steps, 2 * s.teacher_steps, notes="reference (noise set A)"),
-                lambda: teacher_images("A", s.teacher_steps))
+    top = RowKey("teacher", s.teacher_steps)
+    ref = b.add(top, lambda: teacher_images("A", s.teacher_steps), nfe=2 * s.teacher_steps,
+                notes="reference (noise set A)")
     import numpy as np
 
     from dmad.demo.metrics import feature_stats
 
-    with np.load(b.store.folder / f"{_slug(top)}.npz") as z:
+    with np.load(b.store.path(top).with_suffix(".npz")) as z:
         b.teacher_stats = feature_stats(z["full_features"])
     b.result.rows[-1] = replace(ref, fd_teacher=0.0)
-    b.add(Row(f"{top}, other seeds", "teacher", s.teacher_steps, 2 * s.teacher_steps,
-              notes="FD's noise floor: the same model, noise set B (full captions only)"),
-          lambda: teacher_images("B", s.teacher_steps, under=False))
+    b.add(replace(top, noise="B"), lambda: teacher_images("B", s.teacher_steps, under=False), nfe=2 * s.teacher_steps,
+          notes="FD's noise floor: the same model, noise set B (full captions only)")
     spacing = "Euler, sigmas 1 .. 1/k" if b.teacher.family.flow else "DDIM, trailing"
     for k in s.baseline_steps:
-        b.add(Row(f"teacher {steps_label(k)} + CFG", "teacher", k, 2 * k, notes=f"equal-cost baseline ({spacing})"),
-              lambda k=k: teacher_images("A", k, trailing=True))
+        b.add(RowKey("teacher", k), lambda k=k: teacher_images("A", k, trailing=True), nfe=2 * k,
+              notes=f"equal-cost baseline ({spacing})")
 
 
 def _real_row(b: _Bench, sset) -> None:
@@ -260,22 +237,16 @@ def _real_row(b: _Bench, sset) -> None:
     s = b.s
     full_caps = prompt_captions(b.refs.full_items)
     under_caps = prompt_captions(b.refs.under_items)
-    b.add(Row("real renders (floor)", "real",
-              notes=f"other real renders of the same captions: {s.seeds_per_prompt} and {s.under_seeds} a caption"),
+    b.add(RowKey("real"),
           lambda: (real_images(full_caps, s.seeds_per_prompt, sset.real, first=s.real_per_prompt)[0],
-                   real_images(under_caps, s.under_seeds, sset.real, first=20_000)[0]))
-
-
-def _slug(label: str) -> str:
-    from dmad.demo.bench_rows import slug
-
-    return slug(label)
+                   real_images(under_caps, s.under_seeds, sset.real, first=20_000)[0]),
+          notes=f"other real renders of the same captions: {s.seeds_per_prompt} and {s.under_seeds} a caption")
 
 
 def _student_rows(b: _Bench, method: Method, seed: int, run: dict, curve: bool = False,
-                  checkpoint: Optional[Path] = None, budget: str = "", steps: Optional[tuple] = None) -> None:
-    """A distillation's final checkpoint (or `checkpoint`) at every student step count (or
-    `steps`), and with `curve` its earlier checkpoints at the most steps."""
+                  checkpoint: Optional[Path] = None, budget: str = "final", steps: Optional[tuple] = None) -> None:
+    """A distillation's final checkpoint (or `checkpoint`, read under `budget`) at every student step
+    count (or `steps`), and with `curve` its earlier checkpoints at the most steps."""
     from dmad.contract.runs import RunFolder
 
     run_dir = Path(run["run_dir"])
@@ -295,156 +266,40 @@ def _score(b: _Bench, method: Method, seed: int, student, state, steps, budget: 
     nf, nu = b.noise["A"]
     for k in steps:
         ts = student_timesteps_for(list(state.student_timesteps), k)
-        row = Row(student_label(method, k, seed, budget), "student", k, k, method=method.key, seed=seed,
-                  budget=budget or "final", iteration=state.iter, network_passes=passes_total(state),
-                  notes=f"timesteps {ts}")
-        b.add(row, lambda ts=ts: (sample_student(student, b.teacher, full_caps, nf, ts, s.batch_size, b.resolution),
-                                  sample_student(student, b.teacher, under_caps, nu, ts, s.batch_size, b.resolution)))
+        b.add(RowKey("student", k, method.key, seed, budget),
+              lambda ts=ts: (sample_student(student, b.teacher, full_caps, nf, ts, s.batch_size, b.resolution),
+                             sample_student(student, b.teacher, under_caps, nu, ts, s.batch_size, b.resolution)),
+              nfe=k, iteration=state.iter, network_passes=passes_total(state), notes=f"timesteps {ts}")
 
 
 # ------------------------------------------------------------------------------- distillations
 
-def _train(b: _Bench, method: Method, seed: int, config: Optional[Path], extra: tuple[str, ...] = (),
+def _train(b: _Bench, method: Method, seed: int, config: Path, extra: tuple[str, ...] = (),
            control: Optional[Callable] = None, facts_extra: Optional[dict] = None) -> dict:
-    """The distillation of `method` with training seed `seed`, once: its facts are kept in
-    <out>/runs/<method>-seed<k>.json; a run without them (interrupted) starts again from scratch,
-    so its wall clock is whole."""
-    from dmad.contract.paths import resource
-    from dmad.contract.runs import atomic_write_json
-
-    name = f"{method.key}-seed{seed}"
-    facts = b.out / "runs" / f"{name}.json"
-    if facts.is_file():
-        run = json.loads(facts.read_text(encoding="utf-8"))
-        b.result.runs[name] = run
-        return run
-    run_dir = b.out / "runs" / name
-    shutil.rmtree(run_dir, ignore_errors=True)
-    path = config or resource("configs", method.config)
-    overrides = (*b.s.train_overrides, *method.overrides, f"resources.seed={seed}", *extra)
-    run = run_distillation(run_dir, path, overrides, b.log, control=control)
-    from dmad.contract.config import load_config
-    from dmad.models.checkpoint import read_training_state
-
-    latest = _latest(run_dir)
-    state = read_training_state(latest)
-    run.update(method=method.key, seed=seed, config=str(path), overrides=list(overrides), iterations=state.iter,
-               network_passes=passes_total(state), student_timesteps=state.student_timesteps,
-               effective_batch=load_config(Path(run_dir) / "config.json").effective_batch(), **(facts_extra or {}))
-    atomic_write_json(facts, run)
-    b.result.runs[name] = run
-    b.log(f"{method.name}, seed {seed}: {state.iter} iterations in {run['wall_time_s']:.0f} s, "
-          f"{run['network_passes']} teacher-denoiser image-passes of training compute")
+    run = train(b.out, method, seed, config, b.log, b.s.train_overrides, extra, control, facts_extra)
+    b.result.runs[f"{method.key}-seed{seed}"] = run
     return run
 
 
-def _latest(run_dir: Path) -> Path:
-    from dmad.contract.runs import RunFolder
-
-    latest = RunFolder(run_dir).latest_checkpoint()
-    if latest is None:
-        raise RunFailed(f"the distillation run {run_dir} left no checkpoint")
-    return latest[1]
-
-
-def lcm_passes_per_iteration(effective_batch: int, cfg_teacher: bool = True) -> int:
-    """LCM's training compute per iteration in teacher-denoiser image-passes (dmad.train.passes):
-    the guided teacher (2 passes an image with CFG), the EMA target (1), the student forward (1)
-    and its backward (2), on the effective batch (a full student is the teacher's size)."""
-    return effective_batch * ((2 if cfg_teacher else 1) + 1 + 1 + 2)
-
-
 def _lcm(b: _Bench, seed: int, dmad: dict, lcm_config: Optional[Path]) -> None:
-    """LCM with two budgets in one run: DMAD's wall clock of the same seed (a checkpoint is taken when
-    that much time has passed) and DMAD's training compute (a checkpoint at the iteration where
-    LCM's counted network passes equal DMAD's). The run stops at whichever comes later; both
-    checkpoints are read at every step count, the others at the most steps (its learning curve)."""
-    from dmad.contract.config import load_config
+    """LCM with two budgets in one run (dmad.demo.bench_runs.plan_lcm): both budgets' checkpoints read
+    at every step count, the others at the most steps (its learning curve)."""
     from dmad.contract.paths import resource
-    from dmad.contract.runs import RunFolder
+    from dmad.demo.bench_runs import two_budgets
 
-    path = Path(lcm_config) if lcm_config else resource("configs", METHODS["lcm"].config)
-    lcm_cfg = load_config(path, list(b.s.train_overrides))
-    if lcm_cfg.distillation.method != "lcm":
-        raise UserInputError(f"--lcm-config {path}: distillation.method is {lcm_cfg.distillation.method!r}, not 'lcm'")
-    per = lcm_passes_per_iteration(lcm_cfg.effective_batch(), not b.teacher.family.guidance_embedded(b.teacher.denoiser))
-    equal = max(1, round(dmad["network_passes"] / per))
-    every = equal // 2 if equal % 2 == 0 else equal
-    extra = (f"optimization.max_train_steps={b.s.lcm_step_cap * equal}", f"observation.checkpointing_steps={every}",
-             f"observation.validation_steps={every}")
-    budget = dmad["wall_time_s"] if b.s.lcm_budget_s is None else b.s.lcm_budget_s
     method = METHODS["lcm"]
-    run = _train(b, method, seed, path, extra, control=two_budgets(budget, equal),
-                 facts_extra={"equal_compute_iter": equal, "dmad_network_passes": dmad["network_passes"],
-                              "wall_clock_budget_s": budget})
-    run_dir = Path(run["run_dir"])
-    found = dict(RunFolder(run_dir).list_checkpoints())
-    at = run.get("wall_clock_iter")  # where the budget ran out; None: the run ended before it
-    wall_iter = min((it for it in found if at is None or it >= at), default=None) if at is not None else max(found)
-    for budget_name, it in (("same wall clock", wall_iter), ("equal compute", equal)):
-        if it in found:
-            _student_rows(b, method, seed, run, checkpoint=found[it], budget=budget_name)
+    plan = plan_lcm(Path(lcm_config) if lcm_config else resource("configs", method.config), b.s.train_overrides,
+                    dmad, not b.teacher.family.guidance_embedded(b.teacher.denoiser), b.s.lcm_step_cap, b.s.lcm_budget_s)
+    run = _train(b, method, seed, plan.config, plan.overrides(), control=two_budgets(plan.budget_s, plan.equal),
+                 facts_extra=plan.facts(dmad))
+    budgets, others = lcm_readings(run, plan.equal)
+    for budget, it, ckpt in budgets:
+        if ckpt is not None:
+            _student_rows(b, method, seed, run, checkpoint=ckpt, budget=budget)
         else:
-            b.log(f"LCM, seed {seed}: no checkpoint at iteration {it} ({budget_name})")
-    for it, ckpt in found.items():
-        if it not in (wall_iter, equal):
-            _student_rows(b, method, seed, run, checkpoint=ckpt, budget=f"iter {it}", steps=(max(b.s.student_steps),))
-
-
-def two_budgets(wall_s: float, equal_iter: int) -> Callable[[float, int], list[str]]:
-    """The control commands of LCM's run as time and iterations pass: at `wall_s`, a checkpoint
-    (then stop, if the equal-compute iteration has been passed too); once both budgets are spent,
-    stop. The run checkpoints at `equal_iter` on its own (checkpointing_steps divides it)."""
-    state: dict = {"wall": None}
-
-    def commands(elapsed: float, iteration: int) -> list[str]:
-        if state["wall"] is None and elapsed >= wall_s:
-            state["wall"] = iteration
-            return ["stop"] if iteration >= equal_iter else ["checkpoint_now"]
-        if state["wall"] is not None and state["wall"] < equal_iter <= iteration:
-            state["wall"] = equal_iter  # sent once
-            return ["stop"]
-        return []
-
-    commands.wall_iteration = lambda: state["wall"]  # type: ignore[attr-defined]
-    return commands
-
-
-def run_distillation(run_dir: Path, config: Path, overrides: tuple[str, ...], log: Callable[[str], None],
-                     control: Optional[Callable[[float, int], list[str]]] = None) -> dict:
-    """`dmad train` in a subprocess, timed wall to wall (with its CPU time). `control(elapsed_s,
-    iteration)` is asked twice a second which control commands to send (two_budgets)."""
-    from dmad.contract.paths import engine_command
-    from dmad.contract.runlog import append_control
-    from dmad.contract.runs import RunFolder
-
-    argv = [*engine_command(), "train", "--config", str(config), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    log(f"distilling: {' '.join(argv[2:])}")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    stderr_path = run_dir.parent / f"{run_dir.name}.stderr.log"
-    t0, c0 = time.perf_counter(), os.times()
-    sent: list = []
-    with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if control is None or not (run_dir / "config.json").is_file():  # control.jsonl is read once the folder exists
-                continue
-            status = RunFolder(run_dir).read_status() or {}
-            it = status.get("iter") if isinstance(status.get("iter"), int) else 0
-            for cmd in control(time.perf_counter() - t0, it):
-                append_control(run_dir, cmd)
-                sent.append({"cmd": cmd, "at_s": round(time.perf_counter() - t0, 1), "iter": it})
-    wall, c1 = time.perf_counter() - t0, os.times()
-    if proc.returncode != 0:
-        tail = stderr_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise RunFailed(f"the distillation exited with {proc.returncode}: {tail[0]} (log: {stderr_path})")
-    wall_iter = control.wall_iteration() if control is not None and hasattr(control, "wall_iteration") else None
-    return {"wall_time_s": round(wall, 1), "cpu_time_s": round(c1.children_user + c1.children_system
-                                                                - c0.children_user - c0.children_system, 1),
-            "run_dir": str(run_dir), "command": " ".join(argv), "control": sent, "wall_clock_iter": wall_iter}
+            b.log(f"LCM, seed {seed}: no checkpoint at iteration {it} ({budget})")
+    for it, ckpt in others.items():
+        _student_rows(b, method, seed, run, checkpoint=ckpt, budget=f"iter {it}", steps=(max(b.s.student_steps),))
 
 
 # ------------------------------------------------------------------------------- command line

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dmad.demo.bench_rows import load_student, sample_student, sample_teacher, student_timesteps_for
+from dmad.demo.bench_sampling import load_student, sample_student, sample_teacher, student_timesteps_for
 
 
 GRID_PROMPTS = 8
@@ -41,30 +41,29 @@ def write_sheet(path: Path, tiles: list[list], column_labels: list[str], row_lab
     atomic_write_bytes(path, png_bytes(sheet))
 
 
-def write_grid(path: Path, rows: list, captions: list[str], seed: int, teachers: set[str]) -> None:
+def write_grid(path: Path, grid: list, captions: list[str], seed: int, teachers: tuple, steps: tuple) -> None:
     """The bench's picture: one row per prompt (its first noise seed), one column per model: the
-    `teachers` rows first, then each method's final student of training seed `seed` at 1 and 4
-    steps."""
-    keep = [(label, img) for label, img in rows if label in teachers or _in_grid(label, seed)]
+    `teachers` rows (RowKeys) first, then each method's final student (LCM's at DMAD's wall clock)
+    of training seed `seed` at each of `steps`. `grid`: [(RowKey, images)] in the bench's order."""
+    keep = [(key, img) for key, img in grid if key in teachers or _in_grid(key, seed, steps)]
     if keep:
         n = min(len(captions), *(len(img) for _, img in keep))
         tiles = [[img[r] for _, img in keep] for r in range(n)]
-        labels = [label.replace(" + CFG", "+CFG").replace(f", seed {seed}", "") for label, _ in keep]
+        labels = [key.group.replace(" + CFG", "+CFG") for key, _ in keep]
         write_sheet(path, tiles, labels, captions[:n])
 
 
-def _in_grid(label: str, seed: int) -> bool:
-    """A final student (LCM's at DMAD's wall clock) of training seed `seed`, at 1 or 4 steps."""
-    at = label.split(" @ ")[1].split(",")[0] if " @ " in label else None
-    return (label.endswith(f", seed {seed}") and at in (None, "same wall clock")
-            and (" 1 step" in label or " 4 steps" in label))
+def _in_grid(key, seed: int, steps: tuple) -> bool:
+    return (key.model == "student" and key.seed == seed and key.budget in ("final", "same wall clock")
+            and key.steps in steps)
 
 
 def write_under_grid(b, path: Path, sset) -> None:
     """"a red shape" at UNDER_GRID_SEEDS noise seeds (columns): the teacher, then each method's final
     student of the first training seed at the most and the fewest steps (rows). A distribution,
     where the full-caption grid shows one right image per caption."""
-    from dmad.demo.bench import METHODS, steps_label
+    from dmad.demo.bench_rows import steps_label
+    from dmad.demo.bench_runs import METHODS
     from dmad.demo.bench_sets import UNDER_INDEX, initial_noise
     from dmad.sample.render import latent_shape
 

@@ -1,5 +1,5 @@
 """What `dmad bench distill` concludes from its rows: means and spreads over training seeds, the
-"beats" tests, the targets, and the tables.
+"beats" tests, and the tables (the targets: dmad.demo.bench_targets).
 
 A comparison of two methods is made per training seed on the same items (same captions, same
 initial noise), d_s = metric(A, seed s) - metric(B, seed s), and its interval is Student's t over
@@ -11,12 +11,11 @@ a gap several times the seed spread passes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from typing import Optional
 
 import numpy as np
 
-from dmad.demo.bench_rows import Row
+from dmad.demo.bench_rows import Row, RowKey
 
 SUMMARY_METRICS = ("fd_real", "adherence", "tv", "coverage", "stated_accuracy", "precision", "recall", "diversity",
                    "under_diversity", "network_passes", "iteration")
@@ -40,10 +39,8 @@ def _group_key(r: Row) -> tuple:
 
 
 def group_name(method: str, steps: int, budget: str) -> str:
-    from dmad.demo.bench import METHODS, steps_label
-
-    name = METHODS[method].name if method in METHODS else method
-    return f"{name} {steps_label(steps)}" + ("" if budget == "final" else f" @ {budget}")
+    """"DMAD 4 steps", "LCM 1 step @ equal compute": a student group over training seeds."""
+    return RowKey("student", steps, method, budget=budget).group
 
 
 def summarize(rows: list[Row]) -> list[dict]:
@@ -112,69 +109,6 @@ def compare_seeds(rows: list[Row], s) -> list[dict]:
     return out
 
 
-# ------------------------------------------------------------------------------- targets
-
-def _mean(summary: list[dict], name: str, metric: str) -> Optional[float]:
-    e = next((x for x in summary if x["name"] == name), None)
-    return None if e is None or metric not in e else e[metric]["mean"]
-
-
-def check_targets(r, s) -> list[dict]:
-    """The issue's targets on this bench's set, each with its measured numbers; a target whose rows
-    are absent is left out. Students are read as means over their training seeds."""
-    from dmad.demo.bench import steps_label
-
-    rows = {x.label: x for x in r.rows}
-    teacher, real = rows.get(f"teacher {s.teacher_steps} steps + CFG"), rows.get("real renders (floor)")
-    out: list[dict] = []
-
-    def target(name: str, ok: bool, measured: str) -> None:
-        out.append({"target": name, "met": bool(ok), "measured": measured})
-
-    if teacher:
-        target("teacher full-caption adherence >= 95%", teacher.adherence >= 0.95, f"{teacher.adherence:.1%}")
-        if teacher.tv is not None and real is not None:
-            target("teacher stated-attribute accuracy >= 95% (under-specified captions)",
-                   teacher.stated_accuracy >= 0.95, f"{teacher.stated_accuracy:.1%}")
-            target("teacher mean TV <= its sampling floor + 0.05", teacher.tv <= real.tv + 0.05,
-                   f"{teacher.tv:.3f} (floor {real.tv:.3f})")
-    floor = f"; floor {real.tv:.3f}" if real is not None and real.tv is not None else ""
-    kmax, kmin = max(s.student_steps), min(s.student_steps)
-    d4, d1 = f"DMAD {steps_label(kmax)}", f"DMAD {steps_label(kmin)}"
-    tv4, tv1 = _mean(r.summary, d4, "tv"), _mean(r.summary, d1, "tv")
-    if teacher and tv4 is not None and teacher.tv is not None:
-        target(f"{d4}: mean TV <= teacher's + 0.05", tv4 <= teacher.tv + 0.05, f"{tv4:.3f} vs {teacher.tv:.3f}{floor}")
-        entry = next(x for x in r.summary if x["name"] == d4)
-        missing = sorted({f"{a}={v}" for x in r.rows if x.label.startswith(d4 + ",")
-                          for m in x.missing.values() for a, vs in m.items() for v in vs})
-        target(f"{d4}: every value with data probability >= 5% appears (every seed)", entry["all_covered"],
-               "all appear" if entry["all_covered"] else f"missing: {', '.join(missing[:8])}")
-    adh4, fd4 = _mean(r.summary, d4, "adherence"), _mean(r.summary, d4, "fd_real")
-    if teacher and adh4 is not None:
-        target(f"{d4}: full-caption adherence >= teacher's - 2 points", adh4 >= teacher.adherence - 0.02,
-               f"{adh4:.1%} vs {teacher.adherence:.1%}")
-        target(f"{d4}: FD_real <= 1.1x teacher's", fd4 <= 1.1 * teacher.fd_real,
-               f"{fd4:.2f} vs {teacher.fd_real:.2f} ({fd4 / max(teacher.fd_real, 1e-12):.2f}x)")
-    if teacher and tv1 is not None and teacher.tv is not None and kmin != kmax:
-        target(f"{d1}: mean TV <= teacher's + 0.10", tv1 <= teacher.tv + 0.10, f"{tv1:.3f} vs {teacher.tv:.3f}{floor}")
-    for c in r.comparisons:
-        if not c["b"].startswith("LCM"):
-            continue
-        for metric in ("fd_real", "tv"):
-            d = c.get(metric)
-            if d is None:
-                continue
-            ok = d["ci"] is not None and d["ci"][1] < 0
-            ci = "n/a (one seed)" if d["ci"] is None else f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
-            target(f"{c['a']} beats {c['b']} on {metric} ({c['what']}; interval over training seeds excludes 0)", ok,
-                   f"A - B {d['mean']:+.3f} {ci}; per seed {', '.join(f'{x:+.3f}' for x in d['per_seed'])}")
-    for name, run in r.runs.items():
-        if name.startswith("dmad-"):
-            target(f"distillation within 20 minutes ({name})", run["wall_time_s"] <= 1200,
-                   f"{run['wall_time_s'] / 60:.1f} min")
-    return out
-
-
 # ------------------------------------------------------------------------------- tables
 
 def _f(v, fmt: str = ".2f") -> str:
@@ -233,7 +167,9 @@ def format_tables(r) -> str:
                          f"{_diff(c['adherence'], '+.1%')} |")
     if r.targets:
         lines += ["", "| target | met | measured |", "|---|---|---|"]
-        lines += [f"| {t['target']} | {'yes' if t['met'] else 'NO'} | {t['measured']} |" for t in r.targets]
+        from dmad.demo.bench_targets import met_text
+
+        lines += [f"| {t['target']} | {met_text(t['met'])} | {t['measured']} |" for t in r.targets]
     return "\n".join(lines)
 
 
@@ -246,5 +182,5 @@ def _diff(d: Optional[dict], fmt: str) -> str:
 
 
 def to_json(r) -> dict:
-    return {"settings": r.settings, "machine": r.machine, "rows": [asdict(x) for x in r.rows], "runs": r.runs,
+    return {"settings": r.settings, "machine": r.machine, "rows": [x.to_dict() for x in r.rows], "runs": r.runs,
             "summary": r.summary, "comparisons": r.comparisons, "targets": r.targets, "wall_time_s": r.wall_time_s}

@@ -1,37 +1,78 @@
-"""The rows of `dmad bench distill`: how a model samples the bench's items, what the evaluator reads
-from those samples, and where each row is kept so an interrupted bench goes on where it stopped.
+"""The rows of `dmad bench distill`: which model a row reads (its key), what the evaluator reads from
+its samples, and where each row is kept so an interrupted bench goes on where it stopped.
 
 A row is one model at one step count (the teacher at 50 steps + CFG, a DMAD student of training
 seed 1 at 4 steps, ...) over both parts of a set (dmad.demo.bench_sets): full captions (FD to
 real renders with a seed-stratified interval, adherence, diversity) and under-specified captions
 (total-variation distance to the data's conditional, coverage, stated accuracy, precision and
-recall against real renders: dmad.demo.coverage). Rows are written as <rows>/<slug>.json (the
-numbers) and <slug>.npz (the features and per-item readings), each atomically; a row whose JSON
-exists is read back, not sampled again.
+recall against real renders: dmad.demo.coverage). A row is found by its RowKey (model, method,
+steps, checkpoint rule, training seed); its label is derived from the key. Rows are written as
+<rows>/<slug of the label>.json (the numbers) and .npz (the features and per-item readings),
+each atomically; a row whose JSON exists is read back, not sampled again.
 """
 from __future__ import annotations
 
 import json
 import re
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
-from dmad.errors import RunFailed, UserInputError
+from dmad.errors import UserInputError
+
+
+def steps_label(k: int) -> str:
+    return f"{k} step{'s' if k > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class RowKey:
+    """Which model a row reads. model: "teacher" (its own sampler + CFG; noise "B": the same model
+    on the other noise set, FD's floor), "real" (other real renders: every floor) or "student"
+    (a distillation `method` of training `seed`, at `steps`, at its checkpoint rule `budget`:
+    "final", LCM's "same wall clock" / "equal compute", or "iter <N>" on a learning curve)."""
+
+    model: str
+    steps: Optional[int] = None
+    method: Optional[str] = None
+    seed: Optional[int] = None
+    budget: str = ""
+    noise: str = "A"
+
+    @property
+    def group(self) -> str:
+        """The label without the training seed: "DMAD 4 steps", "LCM 1 step @ equal compute"."""
+        if self.model == "real":
+            return "real renders (floor)"
+        if self.model == "teacher":
+            return f"teacher {steps_label(self.steps)} + CFG" + (", other seeds" if self.noise == "B" else "")
+        from dmad.demo.bench_runs import METHODS
+
+        name = METHODS[self.method].name if self.method in METHODS else str(self.method)
+        return f"{name} {steps_label(self.steps)}" + ("" if self.budget in ("", "final") else f" @ {self.budget}")
+
+    @property
+    def label(self) -> str:
+        """"teacher 50 steps + CFG", "DMAD 4 steps, seed 1", "LCM 1 step @ equal compute, seed 0"."""
+        return self.group + ("" if self.model != "student" else f", seed {self.seed}")
+
+
+_KEY_FIELDS = tuple(f.name for f in fields(RowKey))
 
 
 @dataclass
 class Row:
-    label: str
+    """A row's key (RowKey's fields) and what the evaluator read."""
+
     model: str                      # "teacher" | "student" | "real"
     steps: Optional[int] = None
-    nfe: Optional[int] = None       # network evaluations per image
     method: Optional[str] = None    # a student's: "dmad", "lcm", "gan_only", "dm_only"
     seed: Optional[int] = None      # a student's training seed
-    budget: str = ""                # "final", "equal compute", "iter <N>" (a student's checkpoint rule)
+    budget: str = ""                # a student's checkpoint rule: "final", "equal compute", "iter <N>", ...
+    noise: str = "A"                # the initial-noise set ("B": the teacher's other seeds)
+    nfe: Optional[int] = None       # network evaluations per image
     iteration: Optional[int] = None
     network_passes: Optional[float] = None  # training compute up to the checkpoint (dmad.train.passes)
     fd_real: float = 0.0
@@ -51,6 +92,21 @@ class Row:
     under_diversity: Optional[float] = None
     seconds_per_image: Optional[float] = None
     notes: str = ""
+
+    @classmethod
+    def at(cls, key: RowKey, **facts) -> "Row":
+        return cls(**asdict(key), **facts)
+
+    @property
+    def key(self) -> RowKey:
+        return RowKey(**{k: getattr(self, k) for k in _KEY_FIELDS})
+
+    @property
+    def label(self) -> str:
+        return self.key.label
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, **asdict(self)}
 
 
 def slug(label: str) -> str:
@@ -85,21 +141,27 @@ class RowStore:
         else:
             atomic_write_json(path, protocol)
 
-    def get(self, label: str, make: Callable[[], tuple[Row, dict]]) -> tuple[Row, dict]:
-        path = self.folder / f"{slug(label)}.json"
+    def path(self, key: RowKey) -> Path:
+        return self.folder / f"{slug(key.label)}.json"
+
+    def get(self, key: RowKey, make: Callable[[], tuple[Row, dict]]) -> tuple[Row, dict]:
+        """The row of `key`: read back when its JSON is there, else `make()` -> (row, arrays), kept."""
+        path = self.path(key)
         if path.is_file():
             doc = json.loads(path.read_text(encoding="utf-8"))
-            with np.load(self.folder / f"{slug(label)}.npz") as z:
+            with np.load(path.with_suffix(".npz")) as z:
                 arrays = {k: z[k] for k in z.files}
-            return Row(**{**doc, "fd_real_ci": _tuple(doc.get("fd_real_ci"))}), arrays
+            known = {f.name for f in fields(Row)}
+            doc = {k: v for k, v in doc.items() if k in known}
+            return Row(**{**doc, **asdict(key), "fd_real_ci": _tuple(doc.get("fd_real_ci"))}), arrays
         row, arrays = make()
         from dmad.contract.runs import atomic_write_bytes, atomic_write_json
         import io
 
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        atomic_write_bytes(self.folder / f"{slug(label)}.npz", buf.getvalue())
-        atomic_write_json(path, asdict(row))  # last: a row is finished when its JSON is there
+        atomic_write_bytes(path.with_suffix(".npz"), buf.getvalue())
+        atomic_write_json(path, row.to_dict())  # last: a row is finished when its JSON is there
         return row, arrays
 
 
@@ -225,107 +287,3 @@ def _diversity(feats: np.ndarray, groups: list) -> Optional[float]:
     if all(len(g) < 2 for g in groups):
         return None
     return diversity({str(k): torch.from_numpy(feats[g]) for k, g in enumerate(groups) if len(g) >= 2})
-
-
-# ------------------------------------------------------------------------------- samplers
-
-def sample_teacher(teacher, captions: list[str], noise, steps: int, cfg: float, batch: int, trailing: bool = False):
-    """(N, 3, H, W) in [-1, 1], through the teacher family's own diffusers pipeline. `trailing`:
-    the few-step baseline's spacing (a flow teacher's Euler sampler gets sigmas 1, ..., 1/steps:
-    SD3's default spacing ends at 0.001, which makes 2 steps one step and a tiny one; DDIM gets
-    "trailing" timesteps, its best setting at so few steps)."""
-    import torch
-    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
-
-    from dmad.models.families import quiet_pipeline_logs
-    from dmad.sample.render import sd_pipeline
-
-    family, den = teacher.family, teacher.denoiser
-    few = {}
-    if family.flow:
-        sched = FlowMatchEulerDiscreteScheduler.from_config(teacher.scheduler.config)
-        if trailing:
-            few = {"sigmas": [1.0 - i / steps for i in range(steps)]}
-    else:
-        spacing = {"timestep_spacing": "trailing"} if trailing else {}
-        sched = DDIMScheduler.from_config(teacher.scheduler.config, **spacing)
-    pipe = sd_pipeline(teacher, sched)
-    h, w = noise.shape[-2:]
-    f = 2 ** (len(teacher.vae.config.block_out_channels) - 1)
-    out = []
-    with torch.no_grad(), quiet_pipeline_logs():
-        for a in range(0, len(captions), batch):
-            lat = family.pipe_latents(noise[a:a + batch]).to(next(den.parameters()).dtype)
-            kw = dict(latents=lat, num_inference_steps=steps, height=h * f, width=w * f, **few,
-                      **family.pipe_call_kwargs(cfg, den), **family.pipe_prompt_kwargs(teacher.modules, captions[a:a + batch]))
-            if family.decode_in_pipeline:
-                out.append(pipe(output_type="pt", **kw).images.float() * 2 - 1)
-            else:
-                lat = pipe(output_type="latent", **kw).images
-                out.append(family.decode(teacher.vae, family.unpack_pipe_latents(lat, h, w)))
-    return torch.cat(out)
-
-
-def student_timesteps_for(trained: list[int], steps: int) -> list[int]:
-    """A `steps`-step schedule taken from the student's trained timesteps: evenly spaced indices
-    from the first (999), e.g. 4 trained -> 1: [999], 2: [999, 499], 4: all."""
-    if steps > len(trained) or len(trained) % steps:
-        raise UserInputError(f"a {len(trained)}-step student cannot sample with {steps} steps "
-                             f"(pick a divisor of {len(trained)})")
-    return trained[:: len(trained) // steps]
-
-
-def sample_student(student, teacher, captions: list[str], noise, timesteps: list[int], batch: int, resolution: int):
-    """The student's own few-step sampler (dmad.methods.dmd2.sample_student), as the engine renders."""
-    import torch
-
-    from dmad.methods.dmd2 import sample_student as sample
-
-    family = teacher.family
-    schedule = family.schedule(teacher.scheduler, resolution)
-    out = []
-    with torch.no_grad():
-        for a in range(0, len(captions), batch):
-            cond = family.encode(teacher.modules, captions[a:a + batch], "cpu")
-            gen = torch.Generator().manual_seed(a)  # re-noising between steps; fixed per batch
-
-            def x0_fn(x_t, t, cond=cond):
-                return family.x0(student, x_t, t, cond, schedule).float()
-
-            x0 = sample(x0_fn, noise[a:a + batch].float(), timesteps, schedule, gen,
-                        noise_fn=lambda like, gen=gen: family.fresh_noise(like, gen))
-            out.append(family.decode(teacher.vae, x0))
-    return torch.cat(out)
-
-
-def load_student(run_dir: Path, teacher, checkpoint: Optional[Path] = None):
-    """(student, training state) of a checkpoint of the run (default: its latest), as it samples."""
-    from dmad.contract.config import load_config
-    from dmad.contract.runs import RunFolder
-    from dmad.models.checkpoint import load_student as load_checkpoint_student
-    from dmad.models.checkpoint import read_training_state
-
-    folder = RunFolder(run_dir)
-    if checkpoint is None:
-        latest = folder.latest_checkpoint()
-        if latest is None:
-            raise RunFailed(f"the distillation run {run_dir} left no checkpoint")
-        checkpoint = latest[1]
-    cfg = load_config(folder.config_json)
-    student, _ = load_checkpoint_student(teacher, cfg.identity, checkpoint)
-    return student, read_training_state(checkpoint)
-
-
-def passes_total(state) -> Optional[float]:
-    """A checkpoint's training compute in teacher-denoiser image-passes (dmad.train.passes), or None
-    for a checkpoint written before passes were counted."""
-    counts = state.network_passes or {}
-    if not counts:
-        return None
-    return round(sum((c["forward"] + 2 * c["backward"]) * c.get("weight", 1.0) for c in counts.values()), 1)
-
-
-def timed(fn: Callable):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

@@ -165,7 +165,7 @@ def test_bench_distill_summarises_seeds_and_compares_them_with_their_spread(smal
 def test_bench_distill_reads_lcm_at_dmads_training_compute(small_bench):
     """LCM's equal-compute checkpoint is where its engine-counted network passes reach DMAD's final
     count: the analytic per-iteration cost the bench plans with is what the engine counts."""
-    from dmad.demo.bench import lcm_passes_per_iteration
+    from dmad.demo.bench_runs import lcm_passes_per_iteration
 
     table, doc, folder, _ = small_bench
     for seed in (0, 1):
@@ -187,7 +187,7 @@ def test_an_interrupted_bench_goes_on_from_its_rows_and_runs(small_bench, capsys
     import contextlib
     import io
 
-    from dmad.demo import bench
+    from dmad.demo import bench, bench_runs
 
     table, doc, folder, small = small_bench
     before = {p: p.stat().st_mtime_ns for p in (folder / "rows").iterdir()}
@@ -197,7 +197,7 @@ def test_an_interrupted_bench_goes_on_from_its_rows_and_runs(small_bench, capsys
         stdout = io.StringIO()
         with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
             mp.setattr(bench, "QUICK", small)
-            mp.setattr(bench, "run_distillation", lambda *a, **k: pytest.fail("trained again"))
+            mp.setattr(bench_runs, "run_distillation", lambda *a, **k: pytest.fail("trained again"))
             assert bench.main_distill(quick=True, json_out=None, out_dir=str(folder), config=None, **kw) == 0
         return stdout.getvalue()
 
@@ -237,7 +237,7 @@ def test_the_few_step_flow_baseline_uses_every_step():
     """SD3's default Euler spacing ends at sigma 0.001, so its "2 steps" are one step and a tiny one
     (measured: 2 steps differed from 1 by 9e-5 per pixel); the bench's baseline spaces sigmas
     1, ..., 1/k instead (0.06 per pixel apart here)."""
-    from dmad.demo.bench_rows import sample_teacher
+    from dmad.demo.bench_sampling import sample_teacher
     from dmad.demo.bench_sets import initial_noise
     from dmad.models.teacher import load_teacher
     from dmad.sample.render import latent_shape

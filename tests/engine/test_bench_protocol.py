@@ -83,8 +83,8 @@ def test_the_seed_interval_is_students_t_over_per_seed_differences():
     from dmad.demo.bench_report import seed_difference, t975
     from dmad.demo.bench_rows import Row
 
-    a = [Row("a", "student", seed=k, tv=v) for k, v in enumerate((0.10, 0.12, 0.11))]
-    b = [Row("b", "student", seed=k, tv=v) for k, v in enumerate((0.20, 0.25, 0.18))]
+    a = [Row("student", 4, "dmad", seed=k, tv=v) for k, v in enumerate((0.10, 0.12, 0.11))]
+    b = [Row("student", 4, "lcm", seed=k, tv=v) for k, v in enumerate((0.20, 0.25, 0.18))]
     d = seed_difference(a, b, "tv")
     per = np.array([-0.10, -0.13, -0.07])
     half = 4.303 * per.std(ddof=1) / np.sqrt(3)
@@ -95,15 +95,16 @@ def test_the_seed_interval_is_students_t_over_per_seed_differences():
 
 def test_the_targets_read_the_seed_intervals_and_the_floor():
     from dmad.demo.bench import BenchResult, BenchSettings
-    from dmad.demo.bench_report import check_targets, compare_seeds, summarize
+    from dmad.demo.bench_report import compare_seeds, summarize
     from dmad.demo.bench_rows import Row
+    from dmad.demo.bench_targets import check_targets
 
     def student(method, k, seed, fd, tv, adh=0.96, covered=True, budget="final"):
-        return Row(f"{method} {k} seed {seed}", "student", k, k, method=method, seed=seed, budget=budget, fd_real=fd,
-                   tv=tv, adherence=adh, coverage=1.0 if covered else 0.75, all_covered=covered, stated_accuracy=0.97)
+        return Row("student", k, method, seed, budget, nfe=k, fd_real=fd, tv=tv, adherence=adh,
+                   coverage=1.0 if covered else 0.75, all_covered=covered, stated_accuracy=0.97)
 
-    rows = [Row("teacher 50 steps + CFG", "teacher", 50, 100, fd_real=18.0, adherence=0.96, tv=0.10, stated_accuracy=0.97),
-            Row("real renders (floor)", "real", fd_real=1.0, adherence=1.0, tv=0.08, stated_accuracy=1.0)]
+    rows = [Row("teacher", 50, nfe=100, fd_real=18.0, adherence=0.96, tv=0.10, stated_accuracy=0.97),
+            Row("real", fd_real=1.0, adherence=1.0, tv=0.08, stated_accuracy=1.0)]
     for seed, (d4, l4) in enumerate(((0.12, 0.20), (0.13, 0.22), (0.11, 0.19))):
         rows += [student("dmad", 4, seed, 19.0, d4), student("lcm", 4, seed, 24.0, l4, budget="same wall clock"),
                  student("dmad", 1, seed, 25.0, 0.15), student("lcm", 1, seed, 30.0, 0.14, budget="same wall clock")]
@@ -123,6 +124,35 @@ def test_the_targets_read_the_seed_intervals_and_the_floor():
     r.summary = summarize(rows)
     assert not {x["target"]: x for x in check_targets(r, s)}[
         "DMAD 4 steps: every value with data probability >= 5% appears (every seed)"]["met"]
+    # a bench without the rows a target reads says so, naming them, rather than leaving the target out
+    no_lcm = [x for x in rows if x.method != "lcm" and not (x.method == "dmad" and x.steps == 1)]
+    r = BenchResult(settings={}, machine={}, rows=no_lcm)
+    r.summary = summarize(no_lcm)
+    t = {x["target"]: x for x in check_targets(r, BenchSettings(methods=("dmad",), student_steps=(4,)))}
+    assert t["DMAD 1 step: mean TV <= teacher's + 0.10"]["met"] is None
+    assert t["DMAD 1 step: mean TV <= teacher's + 0.10"]["measured"] == "not measured (no DMAD 1 step rows)"
+    beats = t["DMAD 4 steps beats LCM 4 steps @ equal compute on fd_real (equal training compute; interval over "
+              "training seeds excludes 0)"]
+    assert beats["met"] is None and beats["needs"] == ["DMAD 4 steps", "LCM 4 steps @ equal compute"]
+    assert t["DMAD 4 steps: mean TV <= teacher's + 0.05"]["met"] is True  # what is there is still read
+
+
+def test_row_labels_are_derived_from_their_keys():
+    """A row is found by (model, steps, method, seed, budget, noise set); its label (and the file it
+    is kept in) follows from that key, as every bench's rows folder names them."""
+    from dmad.demo.bench_rows import Row, RowKey, slug
+
+    assert RowKey("teacher", 50).label == "teacher 50 steps + CFG"
+    assert RowKey("teacher", 50, noise="B").label == "teacher 50 steps + CFG, other seeds"
+    assert RowKey("teacher", 1).label == "teacher 1 step + CFG"
+    assert RowKey("real").label == "real renders (floor)"
+    assert RowKey("student", 4, "dmad", 1, "final").label == "DMAD 4 steps, seed 1"
+    assert RowKey("student", 1, "lcm", 0, "equal compute").label == "LCM 1 step @ equal compute, seed 0"
+    assert RowKey("student", 4, "gan_only", 2, "iter 400").label == "DMAD GAN alone 4 steps @ iter 400, seed 2"
+    assert RowKey("student", 4, "lcm", 0, "same wall clock").group == "LCM 4 steps @ same wall clock"
+    assert slug(RowKey("teacher", 50).label) == "teacher-50-steps-cfg"
+    row = Row.at(RowKey("student", 2, "dm_only", 0, "final"), nfe=2, fd_real=3.0)
+    assert row.key == RowKey("student", 2, "dm_only", 0, "final") and row.to_dict()["label"] == "DMAD DM alone 2 steps, seed 0"
 
 
 def test_the_pass_counter_counts_images_and_backward_passes():
@@ -175,7 +205,7 @@ def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path
 
 
 def test_lcms_two_budgets_checkpoint_at_the_wall_clock_and_stop_after_equal_compute():
-    from dmad.demo.bench import two_budgets
+    from dmad.demo.bench_runs import two_budgets
 
     later = two_budgets(10.0, 100)  # equal compute comes after DMAD's wall clock
     assert later(5.0, 50) == [] and later(10.0, 60) == ["checkpoint_now"] and later.wall_iteration() == 60
@@ -186,19 +216,22 @@ def test_lcms_two_budgets_checkpoint_at_the_wall_clock_and_stop_after_equal_comp
 
 
 def test_a_rows_folder_from_another_protocol_is_refused_not_mixed(tmp_path):
-    from dmad.demo.bench_rows import Row, RowStore
+    from dmad.demo.bench_rows import Row, RowKey, RowStore
     from dmad.errors import UserInputError
 
     made = []
+    key = RowKey("teacher", 50, noise="B")
 
     def make():
         made.append(1)
-        return Row("teacher", "teacher", fd_real=1.5, adherence=0.9), {"full_features": np.zeros((2, 3))}
+        return Row.at(key, fd_real=1.5, adherence=0.9), {"full_features": np.zeros((2, 3))}
 
     store = RowStore(tmp_path / "rows", {"set": "tuning", "references": "abc"})
-    assert store.get("teacher", make)[0].fd_real == 1.5
+    assert store.get(key, make)[0].fd_real == 1.5
+    assert (tmp_path / "rows" / "teacher-50-steps-cfg-other-seeds.json").is_file()
     again = RowStore(tmp_path / "rows", {"set": "tuning", "references": "abc"})
-    assert again.get("teacher", make)[0].fd_real == 1.5 and len(made) == 1  # read back, not made again
+    back = again.get(key, make)[0]
+    assert back.fd_real == 1.5 and back.key == key and len(made) == 1  # read back, not made again
     with pytest.raises(UserInputError, match=r"rows.*another protocol \(references, set differ\)"):
         RowStore(tmp_path / "rows", {"set": "heldout", "references": "abd"})
     (tmp_path / "old").mkdir()
