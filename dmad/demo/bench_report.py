@@ -67,13 +67,15 @@ def summarize(rows: list[Row]) -> list[dict]:
 def comparison_pairs(methods, steps) -> list[tuple[tuple, tuple, str]]:
     """(A group, B group, what it asks), A expected better: DMAD against LCM at both budgets, and
     against each of its parts alone, at the most and the fewest student steps."""
+    from dmad.demo.bench_runs import PARTS, PEER
+
     out = []
     for k in sorted({min(steps), max(steps)}, reverse=True):
         a = ("dmad", k, "final")
-        if "lcm" in methods:
-            out += [(a, ("lcm", k, "same wall clock"), "same wall clock"),
-                    (a, ("lcm", k, "equal compute"), "equal training compute")]
-        for part, what in (("gan_only", "the GAN alone"), ("dm_only", "distribution matching alone")):
+        if PEER in methods:
+            out += [(a, (PEER, k, "same wall clock"), "same wall clock"),
+                    (a, (PEER, k, "equal compute"), "equal training compute")]
+        for part, what in PARTS.items():
             if part in methods:
                 out.append((a, (part, k, "final"), f"against {what}"))
     return out

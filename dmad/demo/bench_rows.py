@@ -68,7 +68,7 @@ class Row:
 
     model: str                      # "teacher" | "student" | "real"
     steps: Optional[int] = None
-    method: Optional[str] = None    # a student's: "dmad", "lcm", "gan_only", "dm_only"
+    method: Optional[str] = None    # a student's: a key of dmad.demo.bench_runs.METHODS
     seed: Optional[int] = None      # a student's training seed
     budget: str = ""                # a student's checkpoint rule: "final", "equal compute", "iter <N>", ...
     noise: str = "A"                # the initial-noise set ("B": the teacher's other seeds)

@@ -31,6 +31,8 @@ METHODS = {
     "dm_only": Method("dm_only", "DMAD DM alone", "demo.json",
                       ("distillation.generator_gan_weight=0", "distillation.critic_gan_weight=0")),
 }
+PEER = "lcm"                        # the peer DMAD is compared with at two budgets
+PARTS = {"gan_only": "the GAN alone", "dm_only": "distribution matching alone"}  # DMAD's parts, alone
 
 
 def train(out: Path, method: Method, seed: int, config: Path, log: Callable[[str], None], base: tuple[str, ...] = (),

@@ -1,6 +1,6 @@
 """What `dmad bench distill` measures on: two disjoint sets of captions, seeds and real references.
 
-The protocol (docs/benchmarks.md): every default (demo.json, demo_lcm.json, learning rates,
+The protocol (docs/benchmarks.md): every default (the demo configs of each method, learning rates,
 ratios) is chosen on the *tuning* set; results are reported on the *held-out* set, whose captions,
 initial noise and real renders come from seeds nothing was ever tuned on. Each set has
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Union
 
 from dmad.demo.bench_rows import RowKey
+from dmad.demo.bench_runs import PEER
 
 FEW, MOST = 1, 4                 # the 1-step and the 4-step student of the targets
 DISTILL_MINUTES = 20
@@ -81,7 +82,7 @@ def check_targets(r, s) -> list[dict]:
     for k in (MOST, FEW):
         a = ("dmad", k, "final")
         for budget, what in (("same wall clock", "same wall clock"), ("equal compute", "equal training compute")):
-            b = ("lcm", k, budget)
+            b = (PEER, k, budget)
             for metric in ("fd_real", "tv"):
                 def beats(a=a, b=b, metric=metric) -> tuple[bool, str]:
                     d = seed_difference(seeds_of[a], seeds_of[b], metric)
