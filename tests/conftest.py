@@ -199,7 +199,7 @@ def _cmdline(p) -> list[str]:
 HEAVY_FIRST = ["tests/e2e/test_multiprocess.py", "tests/e2e/test_train.py", "tests/e2e/test_train_variants.py",
                "tests/e2e/test_demo.py", "tests/engine/test_memory.py", "tests/e2e/test_export.py",
                "tests/engine/test_probe.py", "tests/app/test_memory_panel.py", "tests/e2e/test_train_families.py",
-               "tests/e2e/test_sample.py", "tests/e2e/test_app_e2e.py", "tests/engine/test_bad_inputs.py"]
+               "tests/e2e/test_sample.py", "tests/e2e/test_app_e2e.py", "tests/engine/test_bad_input.py"]
 
 
 def pytest_collection_modifyitems(config, items):
