@@ -227,9 +227,6 @@ class PlotBoard(QWidget):
                 plot.set_smoothing(factor)
             self.display_changed.emit()
 
-    def x_mode(self) -> str:
-        return self.x_axis.currentData()
-
     def set_x_mode(self, mode: str) -> None:
         self.x_axis.setCurrentIndex(self.x_axis.findData(mode))
         for plot in self.plots():
@@ -271,9 +268,6 @@ class PlotBoard(QWidget):
             return
         self.status.setText(f"reading {run_dir.name} ...")
         self._reader.submit(lambda: read_overlay(run_dir))
-
-    def reading_overlay(self) -> bool:
-        return self._reader.busy()
 
     def _overlay_read(self, run: OverlayRun) -> None:
         if run.name in self._overlays:

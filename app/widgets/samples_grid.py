@@ -348,9 +348,6 @@ class SamplesGridView(QTableView):
             for i in range(header.count()):
                 header.resizeSection(i, px)
 
-    def cell_px(self) -> int:
-        return self.horizontalHeader().defaultSectionSize()
-
     def hide_columns(self, columns: list[int]) -> None:
         hidden = set(columns)
         for c in range(self.model().columnCount()):

@@ -28,11 +28,6 @@ def _round_side(side: float, step: int) -> int:
     return max(VAE_FACTOR, int(side // VAE_FACTOR) * VAE_FACTOR)
 
 
-def bucket_for(width: int, height: int, resolution: int, step: int = 64) -> tuple[int, int]:
-    """The pixel_area bucket rounded down: (bucket width, bucket height)."""
-    return training_bucket(width, height, resolution, step, rounding="down")
-
-
 def _fit_side(side: float, source: int, step: int, rounding: str) -> int:
     """A scaled side made a multiple of `step`: down, or to the nearest multiple that does not
     exceed the source (never an upscale)."""

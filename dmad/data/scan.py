@@ -77,12 +77,6 @@ class UsableData:
         return Counter(it.bucket for it in self.items)
 
 
-def check_pair(image: Path, min_size: int = TRAIN_MIN_SIZE, max_pixels: int = DEFAULT_MAX_PIXELS) -> Optional[Skip]:
-    """The first error-severity problem of one image and its .txt caption from headers and the
-    caption's bytes (no pixel decoding), or None when usable."""
-    return check_image_item(image, "textfile", min_size, max_pixels)[0]
-
-
 def check_image_item(image: Path, caption_strategy: str, min_size: int,
                      max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Optional[Skip], Optional[tuple[int, int]]]:
     """(first error-severity problem or None, upright size from the header) of one image and its

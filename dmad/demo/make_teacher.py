@@ -4,7 +4,7 @@ One seeded command, resumable: `dmad demo make-teacher --out DIR` keeps its prog
 DIR's work folder (`.DIR.partial`, beside it) and, run again with the same settings after an
 interruption, goes on from the last saved step with the same numbers as an uninterrupted run.
 The finished teacher (a standard diffusers StableDiffusion3Pipeline folder, fp32 safetensors,
-training_config.json and training_log.jsonl beside the weights) is renamed into place, so DIR is
+training_config.json, training_log.jsonl and learning_curve.md beside the weights) is renamed into place, so DIR is
 either complete or absent.
 
 Stages (dmad/demo/teacher_stages.py has the pieces and their shapes):
@@ -399,6 +399,11 @@ def main_make_teacher(*, out: str | Path, training: TeacherTraining) -> int:
 
             doc = make_teacher(tmp, work, training, log, resume)
         shutil.copyfile(work / "training_log.jsonl", tmp / "training_log.jsonl")
+        from dmad.demo.teacher_stages import log_rows
+
+        # the learning curve as the teacher's README shows it, one row per check
+        (tmp / "learning_curve.md").write_text(learning_curve_markdown(log_rows(tmp / "training_log.jsonl")) + "\n",
+                                               encoding="utf-8")
         (tmp / "training_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out)
         shutil.rmtree(work, ignore_errors=True)

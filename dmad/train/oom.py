@@ -28,15 +28,10 @@ PHASES = ("loading", "sampling", "vae-encode", "first-forward", "first-backward"
 _STEP = re.compile(r"^step-([1-9][0-9]*)$")
 
 
-def parse_fault(value: Optional[str]) -> Optional[str]:
-    """The phase of a DMAD_FAULT value that applies to this process, None when unset or meant for
-    another rank; a bad value is a one-line error. Forms: oom:<phase>, crash:<phase> (an ordinary
-    exception, for multi-process tests), either with @rank<k> to fire on rank k only."""
-    fault = _parse(value)
-    return fault[1] if fault else None
-
-
-def _parse(value: Optional[str]) -> Optional[tuple[str, str]]:
+def parse_fault(value: Optional[str]) -> Optional[tuple[str, str]]:
+    """(kind, phase) of a DMAD_FAULT value that applies to this process, None when unset or meant
+    for another rank; a bad value is a one-line error. Forms: oom:<phase>, crash:<phase> (an
+    ordinary exception, for multi-process tests), either with @rank<k> to fire on rank k only."""
     if not value:
         return None
     spec, _, rank = value.partition("@")
@@ -56,7 +51,7 @@ class Phase:
 
     def __init__(self, name: str = "setup", fault: Optional[str] = None):
         self.name = name
-        found = ("oom", fault) if fault is not None else _parse(os.environ.get("DMAD_FAULT"))
+        found = ("oom", fault) if fault is not None else parse_fault(os.environ.get("DMAD_FAULT"))
         self._kind, self._fault = found if found else (None, None)
 
     def set(self, name: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dmad.data.buckets import bucket_for
+from dmad.data.buckets import training_bucket
 import dmad.data.check as checkdata
 from dmad.data.check import CATEGORIES, cache_file, check_item, check_source
 from dmad.data.check_command import main_check_data
@@ -204,13 +204,13 @@ def test_dataset_list_relative_dirs_and_errors(tmp_path):
     (300, 200, 512, (256, 192)), (32, 32, 32, (32, 32)), (40, 20, 512, (40, 16)), (700, 700, 512, (512, 512)),
 ])
 def test_bucket_rule(w, h, res, want):
-    assert bucket_for(w, h, res) == want
+    assert training_bucket(w, h, res, 64, rounding="down") == want  # bucket_rounding "down"
 
 
 @pytest.mark.parametrize("w,h", [(4000, 3000), (3000, 4000), (1000, 100), (777, 555), (64, 64), (65, 4096)])
 @pytest.mark.parametrize("res", [256, 512, 1024])
 def test_bucket_never_exceeds_source_or_area_and_keeps_the_step(w, h, res):
-    bw, bh = bucket_for(w, h, res)
+    bw, bh = training_bucket(w, h, res, 64, rounding="down")
     assert bw <= w and bh <= h
     assert bw * bh <= max(res * res, 64 * 64)
     for side, src in ((bw, w), (bh, h)):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dmad.data.scan import TRAIN_MIN_SIZE, check_pair, require_batch, scan_folder
+from dmad.data.scan import TRAIN_MIN_SIZE, check_image_item, require_batch, scan_folder
 from dmad.errors import UserInputError
 
 
@@ -62,7 +62,7 @@ def test_scan_keeps_usable_pairs_in_order_and_names_each_problem(corpus):
         ("d_nocaption.png", "image_without_caption"), ("e_garbage.png", "image_corrupt"),
         ("f_tiny.png", "image_too_small"), ("g_twin.png", "stem_two_images"), ("g_twin.jpg", "stem_two_images")}
     assert data.images == 10 and all(s.detail for s in data.skipped)
-    assert check_pair(corpus / "f_tiny.png", min_size=1) is None
+    assert check_image_item(corpus / "f_tiny.png", "textfile", min_size=1)[0] is None
 
 
 def test_usable_images_in_buckets_smaller_than_a_batch_are_named(tmp_path):
@@ -90,7 +90,7 @@ def test_usable_images_in_buckets_smaller_than_a_batch_are_named(tmp_path):
 
 def test_pixel_limit_is_refused_from_the_header(tmp_path):
     img = _pair(tmp_path, "big", size=64)
-    skip = check_pair(img, max_pixels=64 * 64 - 1)
+    skip, _ = check_image_item(img, "textfile", TRAIN_MIN_SIZE, max_pixels=64 * 64 - 1)
     assert skip is not None and skip.category == "pixel_limit_exceeded"
 
 

@@ -40,9 +40,8 @@ def test_a_short_run_writes_a_pipeline_plain_diffusers_runs(short_run):
     assert set(check["under_specified"]) == {"stated_accuracy", "tv", "coverage"}
     assert 0 <= check["under_specified"]["tv"] <= 1
     assert "cpu_s" in next(r for r in log if r["stage"] == "transformer")
-    from dmad.demo.make_teacher import learning_curve_markdown
-
-    table = learning_curve_markdown(log).splitlines()  # the README's learning curve, one row per check
+    # the README's learning curve, written beside the log: one row per check
+    table = (out / "learning_curve.md").read_text(encoding="utf-8").splitlines()
     assert table[0].startswith("| step | all | shape |") and len(table) == 2 + sum(1 for r in log if r["stage"] == "transformer" and r.get("check"))
     assert table[2].startswith(f"| {check['step']} | {check['adherence']['all']:.0%} |")
     pipe = StableDiffusion3Pipeline.from_pretrained(str(out), local_files_only=True)  # no dtype argument

@@ -79,11 +79,11 @@ def test_advice_follows_the_triage_order():
 
 
 def test_fault_values(monkeypatch):
-    assert parse_fault(None) is None and parse_fault("oom:step-12") == "step-12"
+    assert parse_fault(None) is None and parse_fault("oom:step-12") == ("oom", "step-12")
     monkeypatch.delenv("RANK", raising=False)
-    assert parse_fault("crash:step-2@rank1") is None and parse_fault("crash:step-2@rank0") == "step-2"
+    assert parse_fault("crash:step-2@rank1") is None and parse_fault("crash:step-2@rank0") == ("crash", "step-2")
     monkeypatch.setenv("RANK", "1")
-    assert parse_fault("crash:step-2@rank1") == "step-2"
+    assert parse_fault("crash:step-2@rank1") == ("crash", "step-2")
     for bad in ("oom", "oom:step-0", "oom:backward", "boom:loading", "oom:loading@1"):
         with pytest.raises(UserInputError, match="DMAD_FAULT"):
             parse_fault(bad)
