@@ -74,12 +74,19 @@ class _Context:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `dmad` parser: one function per command (COMMANDS), each adding its subparser."""
     # allow_abbrev=False: "--dry" working today would break users' scripts once another --dry* exists.
     parser = _Parser(prog="dmad", allow_abbrev=False,
                      description="DMAD Studio engine: distil a diffusion teacher into a 1-4 step student.")
     parser.add_argument("--version", action="version", version=f"dmad {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
 
+
+def _add_train(sub) -> None:
+    """`dmad train`."""
     train = sub.add_parser("train", allow_abbrev=False, help="train a student (or check a config with --dry-run)",
                            description="Train a student. Events go to stdout (one JSON object per line) and to "
                                        "<run>/events.jsonl; library output goes to stderr and <run>/logs/engine.log.")
@@ -104,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "memory estimate; do not train")
     train.set_defaults(handler=_cmd_train)
 
+
+def _add_sample(sub) -> None:
+    """`dmad sample`."""
     sample = sub.add_parser(
         "sample", allow_abbrev=False, help="render a checkpoint (or the teacher) again with the prompt set",
         description="Render a run's checkpoint with the student's own timesteps (from the checkpoint) or the teacher "
@@ -124,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to render (default: cuda when available)")
     sample.set_defaults(handler=_cmd_sample)
 
+
+def _add_demo(sub) -> None:
+    """`dmad demo`."""
     demo = sub.add_parser("demo", allow_abbrev=False, help="the built-in demo: distil the shipped shapes teacher",
                           description="Distil the shipped shapes teacher with resources/configs/demo.json into a run "
                                       "folder, then render the demo prompt set with the teacher and the student.")
@@ -141,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_arguments(make)
     make.set_defaults(handler=_cmd_make_teacher)
 
+
+def _add_bench(sub) -> None:
+    """`dmad bench`."""
     bench = sub.add_parser("bench", allow_abbrev=False, help="benchmarks", description="Benchmarks.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     distill = bench_sub.add_parser(
@@ -166,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="training seeds, comma-separated (default 0,1,2; --quick: 0); each method trains once a seed")
     distill.set_defaults(handler=_cmd_bench_distill)
 
+
+def _add_check_data(sub) -> None:
+    """`dmad check-data`."""
     check = sub.add_parser(
         "check-data", allow_abbrev=False, help="check a data folder or dataset list; report every problem",
         description="One pass over a folder of captioned images or a dataset list JSON: reports every problem "
@@ -190,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "near-duplicate checks (docs/check-data.md)")
     check.set_defaults(handler=_cmd_check_data)
 
+
+def _add_ledger(sub) -> None:
+    """`dmad ledger`."""
     ledger = sub.add_parser(
         "ledger", allow_abbrev=False, help="estimate a config's memory per component, before any run",
         description="The memory ledger of a config: teacher, student + gradients + optimizer state, fake score + "
@@ -203,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     ledger.set_defaults(handler=_cmd_ledger)
 
+
+def _add_probe(sub) -> None:
+    """`dmad probe`."""
     probe = sub.add_parser(
         "probe", allow_abbrev=False, help="measure memory and step time over batch sizes and resolutions",
         description="Measure, each in a process of its own: an inference-only baseline, then every (batch, "
@@ -221,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
     probe.set_defaults(handler=_cmd_probe)
 
+
+def _add_probe_point(sub) -> None:
+    """`dmad probe-point`."""
     point = sub.add_parser("probe-point", allow_abbrev=False,
                            description="One point of dmad probe (internal: dmad probe starts it).")
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "probe-point"]  # not in --help
@@ -235,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     point.add_argument("--set", action="append", default=[])
     point.set_defaults(handler=_cmd_probe_point)
 
+
+def _add_cache(sub) -> None:
+    """`dmad cache`."""
     cache = sub.add_parser(
         "cache", allow_abbrev=False, help="fill the latent and text-embedding cache of a config ahead of training",
         description="Encode every usable image (VAE, vae_batch_size per call) and caption (text encoder) of the "
@@ -247,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--progress", action="store_true", help="print 'progress <done> <total>' lines to stderr")
     cache.set_defaults(handler=_cmd_cache)
 
+
+def _add_export(sub) -> None:
+    """`dmad export`."""
     export = sub.add_parser(
         "export", allow_abbrev=False, help="export a checkpoint's student for diffusers",
         description="Export a checkpoint's student: 'diffusers' writes a complete StableDiffusionPipeline folder "
@@ -257,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=("diffusers", "lora"), help="what to write")
     export.add_argument("--out", type=_path, metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
     export.set_defaults(handler=_cmd_export)
-    return parser
+
+
+COMMANDS = (_add_train, _add_sample, _add_demo, _add_bench, _add_check_data, _add_ledger, _add_probe, _add_probe_point, _add_cache, _add_export)
 
 
 def _cmd_check_data(args: argparse.Namespace, ctx: _Context) -> int:
