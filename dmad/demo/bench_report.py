@@ -169,10 +169,13 @@ def format_tables(r) -> str:
                          f"{_diff(c['adherence'], '+.1%')} |")
     if r.targets:
         lines += ["", "| target | met | measured |", "|---|---|---|"]
-        from dmad.demo.bench_targets import met_text
-
         lines += [f"| {t['target']} | {met_text(t['met'])} | {t['measured']} |" for t in r.targets]
     return "\n".join(lines)
+
+
+def met_text(met: Optional[bool]) -> str:
+    """A target's verdict (dmad.demo.bench_targets): None is a target whose rows this bench lacks."""
+    return "not measured" if met is None else "yes" if met else "NO"
 
 
 def _diff(d: Optional[dict], fmt: str) -> str:

@@ -102,7 +102,3 @@ def check_targets(r, s) -> list[dict]:
         out.append({"target": f"distillation within {DISTILL_MINUTES} minutes ({name})", "needs": [name],
                     "met": run["wall_time_s"] <= DISTILL_MINUTES * 60, "measured": f"{run['wall_time_s'] / 60:.1f} min"})
     return out
-
-
-def met_text(met: Optional[bool]) -> str:
-    return "not measured" if met is None else "yes" if met else "NO"
