@@ -140,7 +140,7 @@ def bare_loop(fx: dict, cycles: int) -> None:
     from dmad.methods.dmd2 import (GanHead, loss_distribution_matching, loss_fake_denoising, loss_gan_critic,
                                    loss_gan_generator)
     from dmad.models.families import FeatureTap
-    from dmad.methods.prediction import NoiseSchedule, cfg
+    from dmad.methods.prediction import NoiseSchedule, guide
 
     h = HYPER
     torch.manual_seed(h["seed"])
@@ -221,7 +221,7 @@ def bare_loop(fx: dict, cycles: int) -> None:
             with torch.no_grad():
                 out_u, out_c = unet(torch.cat([x_t, x_t]), torch.cat([t, t]),
                                     torch.cat([uncond.expand(b, -1, -1), emb])).sample.chunk(2)
-                x0_real = schedule.to_x0(x_t, cfg(out_u, out_c, h["real_guidance_scale"]), t)
+                x0_real = schedule.to_x0(x_t, guide(out_u, out_c, h["real_guidance_scale"]), t)
                 x0_fake = schedule.to_x0(x_t, fake(x_t, t, emb).sample, t)
             loss, _ = loss_distribution_matching(x0, x0_real, x0_fake)
             t_g = timesteps(b)

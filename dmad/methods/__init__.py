@@ -14,10 +14,10 @@ from dmad.methods.dmd2 import (
     sample_timesteps,
     student_timestep_at,
 )
-from dmad.methods.prediction import PREDICTION_TYPES, NoiseSchedule, cfg
+from dmad.methods.prediction import PREDICTION_TYPES, NoiseSchedule, guide
 
 __all__ = [
     "GanHead", "NoiseSchedule", "PREDICTION_TYPES", "backward_simulate",
-    "cfg", "loss_distribution_matching", "loss_fake_denoising", "loss_gan_critic", "loss_gan_generator",
+    "guide", "loss_distribution_matching", "loss_fake_denoising", "loss_gan_critic", "loss_gan_generator",
     "sample_stop_index", "sample_student", "sample_timesteps", "student_timestep_at",
 ]

@@ -122,6 +122,6 @@ class FlowSchedule(NoiseSchedule):
         return (noise.float() - x0.float()).to(x0.dtype)
 
 
-def cfg(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
+def guide(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
     """Classifier-free guidance. Linear in the output, so it is the same rule for eps, v and x0."""
     return uncond + scale * (cond - uncond)

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from dmad.methods.prediction import FlowSchedule, NoiseSchedule, cfg
+from dmad.methods.prediction import FlowSchedule, NoiseSchedule, guide
 from dmad.models.teacher_files import LORA_TARGETS, encode_prompts
 
 
@@ -228,7 +228,7 @@ class Family:
         b = x_t.shape[0]
         both = Cond.cat([uncond.to(x_t.device).expand(b), cond.to(x_t.device)])
         out_u, out_c = self.predict(net, torch.cat([x_t, x_t]), torch.cat([t, t]), both, schedule).float().chunk(2)
-        return schedule.to_x0(x_t.float(), cfg(out_u, out_c, scale), t)
+        return schedule.to_x0(x_t.float(), guide(out_u, out_c, scale), t)
 
     # ---- GAN features
     def tap(self, net: nn.Module) -> FeatureTap:

@@ -13,7 +13,7 @@ from dmad.methods import (
     GanHead,
     NoiseSchedule,
     backward_simulate,
-    cfg,
+    guide,
     loss_distribution_matching,
     loss_fake_denoising,
     loss_gan_critic,
@@ -66,10 +66,10 @@ def test_cfg_is_the_same_rule_in_eps_and_x0(schedule):
     g = torch.Generator().manual_seed(1)
     x_t, eps_u, eps_c = (torch.randn(3, 4, 4, 4, generator=g) for _ in range(3))
     t = torch.tensor([100, 500, 900])
-    torch.testing.assert_close(cfg(eps_u, eps_c, 1.0), eps_c)
-    assert torch.equal(cfg(eps_u, eps_c, 0.0), eps_u)
-    guided_x0 = schedule.to_x0(x_t, cfg(eps_u, eps_c, 3.0), t)
-    x0_of_guided = cfg(schedule.to_x0(x_t, eps_u, t), schedule.to_x0(x_t, eps_c, t), 3.0)
+    torch.testing.assert_close(guide(eps_u, eps_c, 1.0), eps_c)
+    assert torch.equal(guide(eps_u, eps_c, 0.0), eps_u)
+    guided_x0 = schedule.to_x0(x_t, guide(eps_u, eps_c, 3.0), t)
+    x0_of_guided = guide(schedule.to_x0(x_t, eps_u, t), schedule.to_x0(x_t, eps_c, t), 3.0)
     torch.testing.assert_close(guided_x0, x0_of_guided, atol=1e-4, rtol=1e-4)
 
 
