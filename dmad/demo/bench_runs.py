@@ -131,26 +131,41 @@ def lcm_readings(run: dict, equal: int) -> tuple[list[tuple[str, int, Optional[P
     from dmad.contract.runs import RunFolder
 
     found = dict(RunFolder(Path(run["run_dir"])).list_checkpoints())
-    at = run.get("wall_clock_iter")
+    at = wall_clock_iteration(run)
     wall_iter = min((it for it in found if it >= at), default=None) if at is not None else max(found)
     budgets = [(name, it, found.get(it)) for name, it in (("same wall clock", wall_iter), ("equal compute", equal))]
     return budgets, {it: c for it, c in found.items() if it not in (wall_iter, equal)}
 
 
+def wall_clock_iteration(run: dict) -> Optional[int]:
+    """The iteration LCM's run had reached when DMAD's wall clock ran out: that of the first control
+    command the bench sent (two_budgets sends nothing before then), None when the run ended first.
+    Read from the commands sent, not from `wall_clock_iter`: runs benched before 2026-12-06 kept
+    the equal-compute iteration there once the stop was sent."""
+    sent = run.get("control") or []
+    return sent[0]["iter"] if sent else None
+
+
 def two_budgets(wall_s: float, equal_iter: int) -> Callable[[float, int], list[str]]:
     """The control commands of LCM's run as time and iterations pass: at `wall_s`, a checkpoint
     (then stop, if the equal-compute iteration has been passed too); once both budgets are spent,
-    stop. The run checkpoints at `equal_iter` on its own (checkpointing_steps divides it)."""
-    state: dict = {"wall": None}
+    stop. The run checkpoints at `equal_iter` on its own (checkpointing_steps divides it).
+    `wall_iteration()`: the iteration at `wall_s` (None before it)."""
+    state: dict = {"wall": None, "stopped": False}
 
     def commands(elapsed: float, iteration: int) -> list[str]:
-        if state["wall"] is None and elapsed >= wall_s:
+        if state["stopped"]:
+            return []
+        if state["wall"] is None:
+            if elapsed < wall_s:
+                return []
             state["wall"] = iteration
-            return ["stop"] if iteration >= equal_iter else ["checkpoint_now"]
-        if state["wall"] is not None and state["wall"] < equal_iter <= iteration:
-            state["wall"] = equal_iter  # sent once
-            return ["stop"]
-        return []
+            if iteration < equal_iter:
+                return ["checkpoint_now"]
+        elif iteration < equal_iter:
+            return []
+        state["stopped"] = True  # sent once
+        return ["stop"]
 
     commands.wall_iteration = lambda: state["wall"]  # type: ignore[attr-defined]
     return commands

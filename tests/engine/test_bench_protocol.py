@@ -4,6 +4,7 @@ precision and recall, the seed-stratified bootstrap, the t interval over trainin
 network-pass counter, and the targets' readings."""
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -210,9 +211,30 @@ def test_lcms_two_budgets_checkpoint_at_the_wall_clock_and_stop_after_equal_comp
     later = two_budgets(10.0, 100)  # equal compute comes after DMAD's wall clock
     assert later(5.0, 50) == [] and later(10.0, 60) == ["checkpoint_now"] and later.wall_iteration() == 60
     assert later(12.0, 90) == [] and later(14.0, 100) == ["stop"] and later(15.0, 101) == []
+    assert later.wall_iteration() == 60  # still the wall clock's iteration once the stop is sent
     earlier = two_budgets(10.0, 50)  # equal compute was passed before the wall clock ran out
     assert earlier(9.0, 45) == [] and earlier(10.5, 60) == ["stop"] and earlier(11.0, 61) == []
     assert earlier.wall_iteration() == 60
+
+
+def test_lcm_is_read_at_the_checkpoint_where_dmads_wall_clock_ran_out(tmp_path):
+    """The same-wall-clock rows read the first checkpoint at or after the iteration the run had
+    reached when the wall clock ran out (the first command sent), not the equal-compute one; a
+    run's facts from before 2026-12-06 held the equal-compute iteration in wall_clock_iter."""
+    from dmad.demo.bench_runs import lcm_readings
+
+    ckpts = tmp_path / "checkpoints"
+    for it in (1912, 2895, 3825):
+        (ckpts / f"iter_{it}").mkdir(parents=True)
+        (ckpts / f"iter_{it}" / "training_state.json").write_text(json.dumps({"iter": it}))
+    (ckpts / "latest.json").write_text(json.dumps({"iter": 3825, "path": "iter_3825"}))
+    run = {"run_dir": str(tmp_path), "wall_clock_iter": 3825,
+           "control": [{"cmd": "checkpoint_now", "at_s": 677.0, "iter": 2888}, {"cmd": "stop", "at_s": 917.9, "iter": 3825}]}
+    budgets, others = lcm_readings(run, 3825)
+    assert [(b, it) for b, it, _ in budgets] == [("same wall clock", 2895), ("equal compute", 3825)]
+    assert budgets[0][2] == ckpts / "iter_2895" and list(others) == [1912]
+    ended = {"run_dir": str(tmp_path), "control": [], "wall_clock_iter": None}  # its step cap came first
+    assert [(b, it) for b, it, _ in lcm_readings(ended, 3825)[0]] == [("same wall clock", 3825), ("equal compute", 3825)]
 
 
 def test_a_rows_folder_from_another_protocol_is_refused_not_mixed(tmp_path):
