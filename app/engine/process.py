@@ -18,8 +18,9 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine.command import DmadCommand, engine_command, exit_meaning
+from app.engine.command import DmadCommand, exit_meaning
 from dmad.contract.events import Event
+from dmad.contract.paths import engine_argv
 from dmad.contract.runlog import append_control
 
 LOG_KEEP = 200  # stderr lines kept for the failure banner
@@ -39,7 +40,7 @@ def event_dict(ev: Event) -> dict:
 
 
 class EngineProcess(QObject):
-    """One `dmad train` (or `--dry-run`) at a time. `command` replaces engine_command() (tests run
+    """One `dmad train` (or `--dry-run`) at a time. `command` replaces engine_argv() (tests run
     a small script that behaves like the engine)."""
 
     event_received = Signal(dict)  # {"v","t","kind","iter","data"}, one per stdout event line
@@ -50,7 +51,7 @@ class EngineProcess(QObject):
 
     def __init__(self, parent: Optional[QObject] = None, command: Optional[Sequence[str]] = None):
         super().__init__(parent)
-        self._command = list(command) if command is not None else engine_command()
+        self._command = list(command) if command is not None else engine_argv()
         self._cmd: Optional[DmadCommand] = None
         self._mode = "train"
         self._run_dir: Optional[Path] = None

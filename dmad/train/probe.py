@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dmad.contract.config import TrainConfig, load_config
+from dmad.contract.paths import engine_argv
 from dmad.errors import UserInputError
 from dmad.contract.runs import atomic_write_json, atomic_write_text
 
@@ -69,9 +70,9 @@ def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution:
                folder: Path, log) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "result.json"
-    cmd = [*_engine(), "probe-point", "--config", str(config), "--kind", kind, "--batch", str(batch),
-           "--resolution", str(resolution), "--steps", str(steps), "--warmup", str(warmup),
-           "--run-dir", str(folder / "run"), "--result", str(result)]
+    cmd = engine_argv("probe-point", "--config", str(config), "--kind", kind, "--batch", str(batch),
+                      "--resolution", str(resolution), "--steps", str(steps), "--warmup", str(warmup),
+                      "--run-dir", str(folder / "run"), "--result", str(result))
     for s in sets:
         cmd += ["--set", s]
     with open(folder / "stderr.log", "wb") as err:
@@ -89,12 +90,6 @@ def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution:
     found["pid"] = found.get("pid") or pid
     log(f"point {folder.name}: {found['status']}" + (f" ({found['oom_phase']})" if found["status"] == "oom" else ""))
     return found
-
-
-def _engine() -> list[str]:
-    from dmad.contract.paths import engine_command
-
-    return engine_command()
 
 
 def fits(p: dict) -> bool:

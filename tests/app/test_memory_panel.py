@@ -27,6 +27,7 @@ from app.panels.training import TrainingPanel
 from app.window import MainWindow
 from tests.app.test_training_panel import _event, write_run
 from tests.conftest import gone
+from dmad.contract.paths import engine_argv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "probe"
 WAIT_MS = 60_000  # generous: the machine is shared; nothing here is a timing test
@@ -475,7 +476,7 @@ def test_the_banner_shows_the_oom_advice(qtbot, tmp_path):
 # ---------------------------------------------------------------- the real engine
 
 def _has_probe_cli() -> bool:
-    return subprocess.run([sys.executable, "-m", "dmad", "probe", "--help"], capture_output=True).returncode == 0
+    return subprocess.run(engine_argv("probe", "--help"), capture_output=True).returncode == 0
 
 
 @pytest.mark.slow
