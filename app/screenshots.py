@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.widgets.window_fit import show_fitted
 from app.window import PANELS, MainWindow
+from dmad.contract.memory import PROBE_FILE
 
 RECORDED_RUN = Path(__file__).resolve().parent.parent / "tests" / "app" / "fixtures" / "demo_run"
 RECORDED_PROBE = RECORDED_RUN.parent / "probe"  # a GPU probe's probe.json, for the Memory picture
@@ -119,7 +120,7 @@ class ScreenshotRun(QObject):
         else:
             self.window.show()
         self.window.memory.estimate()  # runs in the engine while the other panels are shot
-        if (RECORDED_PROBE / "probe.json").is_file() and hasattr(self.window.memory, "open_probe"):
+        if (RECORDED_PROBE / PROBE_FILE).is_file() and hasattr(self.window.memory, "open_probe"):
             self.window.memory.open_probe(RECORDED_PROBE)  # read only: the probe's table and curves
         self.window.data.check()  # `dmad check-data` on the config's dataset, for the Data picture
         QTimer.singleShot(SETTLE_MS, self._show_next)
