@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from PySide6.QtCore import QObject, Signal
 
 from app.engine.command import DmadCommand, exit_meaning
-from dmad.contract.events import Event
+from dmad.contract.events import CAUSE_DISK_FULL, ERROR_CAUSES, Event
 from dmad.contract.paths import engine_argv
 from dmad.contract.runlog import append_control
 
@@ -232,11 +232,8 @@ def _final_summary(ev: Optional[dict]) -> str:
     return f"finished {ev['iter']} iterations" + (f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else "")
 
 
-CAUSES = {"out_of_memory": "out of memory", "non_finite_loss": "a loss became NaN or infinite",
-          "exception": "unexpected error in the engine", "interrupted": "interrupted",
-          "disk_full": "out of disk space"}  # dmad/train/loop.py _fail
 # What to do when the engine gave no advice of its own
-CAUSE_ADVICE = {"disk_full": "free space on the run folder's drive, then Continue the run (Training or Runs tab)"}
+CAUSE_ADVICE = {CAUSE_DISK_FULL: "free space on the run folder's drive, then Continue the run (Training or Runs tab)"}
 
 
 def failure_report(code: Optional[int], summary: str, error: dict, status: dict) -> tuple[str, list[str]]:
@@ -249,7 +246,7 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     lines = [str(reason or "no reason recorded")]
     if error.get("cause"):
         where = f" during {error['phase']}" if error.get("phase") else ""
-        lines.append(f"Cause: {CAUSES.get(error['cause'], str(error['cause']))}{where}")
+        lines.append(f"Cause: {ERROR_CAUSES.get(error['cause'], str(error['cause']))}{where}")
     # out of memory: the engine says what to change
     advice = error.get("advice") or status.get("advice") or CAUSE_ADVICE.get(str(error.get("cause")))
     if advice:
