@@ -22,6 +22,7 @@ from app.engine.command import DmadCommand, exit_meaning
 from dmad.contract.events import CAUSE_DISK_FULL, ERROR_CAUSES, Event
 from dmad.contract.paths import engine_argv
 from dmad.contract.runlog import append_control
+from dmad.contract.runs import RunFolder
 
 LOG_KEEP = 200  # stderr lines kept for the failure banner
 
@@ -135,7 +136,7 @@ class EngineProcess(QObject):
         try:
             append_control(self._run_dir, cmd)
         except OSError as e:
-            self.log_received.emit(f"could not write {self._run_dir / 'control.jsonl'}: {e}")
+            self.log_received.emit(f"could not write {RunFolder(self._run_dir).control_jsonl}: {e}")
             return False
         return True
 
