@@ -64,7 +64,7 @@ class SamplesPanel(QWidget):
     def __init__(self, cache: Optional[ThumbCache] = None, render_command: Optional[Sequence[str]] = None,
                  prompt_set_dir: Optional[Path] = None, parent: Optional[QWidget] = None, reveal=reveal_folder):
         """`cache`: thumbnails (default: the user's cache folder); `render_command` replaces
-        engine_command() for `dmad sample` and `dmad export` (tests); `prompt_set_dir`: where edited
+        engine_argv() for `dmad sample` and `dmad export` (tests); `prompt_set_dir`: where edited
         prompt sets are saved; `reveal(folder)`: shows an export's folder (the file manager)."""
         super().__init__(parent)
         self._run: Optional[Path] = None

@@ -50,7 +50,7 @@ class LedgerView(QWidget):
     def __init__(self, materialize: Callable[[Path], Path], command: Optional[Sequence[str]] = None,
                  parent: Optional[QWidget] = None):
         """`materialize(target)` writes the form's config to `target` (raises ValueError when invalid);
-        `command` replaces engine_command() (tests run a stand-in)."""
+        `command` replaces engine_argv() (tests run a stand-in)."""
         super().__init__(parent)
         self._materialize = materialize
         self._program = list(command) if command is not None else None
