@@ -22,6 +22,8 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.widgets.window_fit import show_fitted
 from app.window import PANELS, MainWindow
+from dmad.contract.memory import PROBE_FILE
+from dmad.contract.runs import RunFolder
 
 RECORDED_RUN = Path(__file__).resolve().parent.parent / "tests" / "app" / "fixtures" / "demo_run"
 RECORDED_PROBE = RECORDED_RUN.parent / "probe"  # a GPU probe's probe.json, for the Memory picture
@@ -33,14 +35,14 @@ BIG_FILE = 16 * 2 ** 20  # checkpoint weights are not needed for a picture
 
 
 def default_recorded_run() -> Optional[Path]:
-    return RECORDED_RUN if (RECORDED_RUN / "events.jsonl").is_file() else None
+    return RECORDED_RUN if RunFolder(RECORDED_RUN).events_jsonl.is_file() else None
 
 
 def prepare_recorded_run(source: Path, root: Path) -> Path:
     """Copy `source` into root/<name> (weights left out) with its event paths pointing at the copy."""
     dst = Path(root) / Path(source).name
     shutil.copytree(source, dst, ignore=_skip_big)
-    events = dst / "events.jsonl"
+    events = RunFolder(dst).events_jsonl
     if events.is_file():
         lines = events.read_text(encoding="utf-8").splitlines()
         old = _recorded_run_dir(lines)
@@ -119,7 +121,7 @@ class ScreenshotRun(QObject):
         else:
             self.window.show()
         self.window.memory.estimate()  # runs in the engine while the other panels are shot
-        if (RECORDED_PROBE / "probe.json").is_file() and hasattr(self.window.memory, "open_probe"):
+        if (RECORDED_PROBE / PROBE_FILE).is_file() and hasattr(self.window.memory, "open_probe"):
             self.window.memory.open_probe(RECORDED_PROBE)  # read only: the probe's table and curves
         self.window.data.check()  # `dmad check-data` on the config's dataset, for the Data picture
         QTimer.singleShot(SETTLE_MS, self._show_next)

@@ -1,5 +1,5 @@
 """`dmad-studio --self-test`: is this installation (a source checkout or the PyInstaller bundle)
-whole? The engine, started as the app starts it (a subprocess of engine_command()), dry-runs the
+whole? The engine, started as the app starts it (a subprocess of engine_argv()), dry-runs the
 built-in demo config (config, data scan, teacher inspection, memory ledger: torch, diffusers and
 the shipped resources all load); then the main window is built and closed off screen (Qt, its
 platform plugin, pyqtgraph). One line per check on stdout; exit 0 when both pass, 1 otherwise."""
@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.engine.command import engine_command
+from dmad.contract.paths import engine_argv
 
 ENGINE_TIMEOUT_S = 600
 
@@ -25,8 +25,7 @@ def check_engine() -> tuple[bool, str]:
         return False, f"the demo config is missing: {config}"
     t = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dmad-self-test-") as tmp:
-        cmd = [*engine_command(), "train", "--config", str(config), "--dry-run",
-               "--run-dir", str(Path(tmp) / "run")]
+        cmd = engine_argv("train", "--config", str(config), "--dry-run", "--run-dir", str(Path(tmp) / "run"))
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:

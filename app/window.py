@@ -27,7 +27,7 @@ from app.engine.process import EngineProcess
 from app.models.resume import CONTINUABLE, continue_text
 from app.models.run_target import new_run_folder, root_override, start_tooltip
 from app.widgets.run_notifier import RunNotifier
-from app.widgets.gpu_status import GpuStatusLabel, _import_pynvml
+from app.widgets.gpu_status import GpuStatusLabel, import_pynvml
 from app.panels.memory import MemoryTab
 from app.panels.runs import RunsPanel
 from app.panels.samples import SamplesPanel
@@ -48,7 +48,7 @@ class MainWindow(QMainWindow):
     run_changed = Signal(object)  # the open run folder (Path) or None
 
     def __init__(self, settings: QSettings, runs_root: Optional[Path] = None,
-                 load_nvml: Callable[[], Any] = _import_pynvml, config_path: Optional[Path] = None,
+                 load_nvml: Callable[[], Any] = import_pynvml, config_path: Optional[Path] = None,
                  unsaved_dir: Optional[Path] = None, parent: Optional[QWidget] = None,
                  probes_dir: Optional[Path] = None):
         """`config_path`: a config file to open instead of the CPU demo preset; `unsaved_dir`: where

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dmad.contract.paths import engine_argv  # noqa: E402
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -22,8 +26,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "dmad", "bench", "distill", "--json", str(out / "bench_distill.json"),
-           "--methods", args.methods]
+    cmd = engine_argv("bench", "distill", "--json", str(out / "bench_distill.json"), "--methods", args.methods)
     if args.quick:
         cmd.append("--quick")
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)

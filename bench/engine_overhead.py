@@ -272,12 +272,14 @@ def run_round(fx: dict, root: Path, tag: str, cycles: int, threads: int, a_first
     cycle boundary; A is stopped (SIGSTOP) as soon as its metric event for a cycle's last
     iteration arrives and continued (SIGCONT) for its next turn; the stopped time is subtracted
     from the iteration it fell into. Returns per-iteration seconds of both and A's step_time_s."""
+    from dmad.contract.paths import engine_argv
+
     cfg_path = root / f"config_{tag}.json"
     cfg_path.write_text(json.dumps(engine_config(fx, root, cycles * K), indent=2), encoding="utf-8")
     env, here = child_env(threads), str(Path(__file__).resolve())
     with open(root / f"{tag}_A.stderr", "wb") as err_a, open(root / f"{tag}_B.stderr", "wb") as err_b:
-        a = subprocess.Popen([sys.executable, "-m", "dmad", "train", "--config", str(cfg_path),
-                              "--run-dir", str(root / "runs" / tag)], cwd=root, env=env, stdout=subprocess.PIPE,
+        a = subprocess.Popen(engine_argv("train", "--config", str(cfg_path), "--run-dir", str(root / "runs" / tag)),
+                             cwd=root, env=env, stdout=subprocess.PIPE,
                              stderr=err_a, text=True, bufsize=1)
         b = subprocess.Popen([sys.executable, here, "--_bare", json.dumps(fx), "--_cycles", str(cycles)], cwd=root,
                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_b, text=True, bufsize=1)

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dmad.contract.paths import engine_argv  # noqa: E402
 
 
 def _env() -> dict:
@@ -34,7 +37,7 @@ def _env() -> dict:
 
 def _dmad(*args: str) -> tuple[str, float]:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "dmad", *args], capture_output=True, text=True, env=_env())
+    r = subprocess.run(engine_argv(*args), capture_output=True, text=True, env=_env())
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"dmad {' '.join(args[:3])} ... failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")

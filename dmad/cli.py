@@ -426,8 +426,9 @@ def _rank_argv(args: argparse.Namespace, pf) -> list[str]:
 def _canonical_argv(args: argparse.Namespace, pf) -> list[str]:
     """The command for command.txt: absolute paths and an explicit run folder, so it works from any
     terminal folder (a fresh run's command re-run with --resume latest continues it)."""
-    engine = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]  # PyInstaller
-    argv = [*engine, "train", "--config", str(Path(args.config).resolve()), "--run-dir", str(pf.run_dir)]
+    from dmad.contract.paths import engine_argv
+
+    argv = engine_argv("train", "--config", str(Path(args.config).resolve()), "--run-dir", str(pf.run_dir))
     if args.resume is not None:
         argv += ["--resume", pf.resume_arg or args.resume]
     for item in args.set:

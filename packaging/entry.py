@@ -1,6 +1,6 @@
 """The bundle's one executable (PyInstaller, packaging/dmad_studio.spec): the desktop app by
 default, and the engine's command line when the first argument is a `dmad` command, so the app
-starts its engine as `<bundle>/dmad-studio train ...` (app.engine.command.engine_command). Also
+starts its engine as `<bundle>/dmad-studio train ...` (dmad.contract.paths.engine_argv). Also
 `accelerate-launch ...` (accelerate's launcher, for multi-process runs: dmad.train.launch)."""
 from __future__ import annotations
 

@@ -63,8 +63,10 @@ def dmad_captured(capsys, *args: str) -> tuple[int, str, str]:
 
 def run_dmad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """The real CLI, as a user's script would start it."""
-    return subprocess.run([sys.executable, "-m", "dmad", *args], cwd=cwd, env=dmad_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    from dmad.contract.paths import engine_argv
+
+    return subprocess.run(engine_argv(*args), cwd=cwd, env=dmad_env(), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def gone(pid: int) -> bool:

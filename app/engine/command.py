@@ -23,19 +23,12 @@ from typing import Optional, Sequence
 from PySide6.QtCore import QCoreApplication, QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from dmad.contract.events import parse_line
+from dmad.contract.paths import engine_argv
 
 EXIT_MEANINGS = {0: "success", 1: "the run failed", 2: "invalid input", 3: "out of memory",
                  130: "interrupted", -1: "the engine crashed or was killed"}
 KILL_GRACE_MS = 3000  # after SIGTERM, what a command gets to clean up before SIGKILL
 PROGRESS = re.compile(r"^progress (\d+) (\d+)\s*$")  # `dmad check-data/probe/cache --progress` on stderr
-
-
-def engine_command() -> list[str]:
-    """The engine's command line prefix. A PyInstaller build is one executable that answers the
-    `dmad` command line itself (dmad/cli.py writes the same prefix into command.txt)."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable]
-    return [sys.executable, "-m", "dmad"]
 
 
 def engine_environment() -> QProcessEnvironment:
@@ -161,7 +154,7 @@ def _leads_group(pid: int) -> bool:
 class DmadCommand(QObject):
     """One `dmad ...` command at a time; start() again once it has finished.
 
-    `program` replaces engine_command() (tests run a small script that behaves like the engine);
+    `program` replaces engine_argv() (tests run a small script that behaves like the engine);
     `parse_events`: stdout lines that are events go to `event_received` instead of `stdout_line`;
     `label` names the command in the one-line messages (default "dmad <subcommand>")."""
 
@@ -174,7 +167,7 @@ class DmadCommand(QObject):
     def __init__(self, parent: Optional[QObject] = None, program: Optional[Sequence[str]] = None,
                  parse_events: bool = False, label: str = ""):
         super().__init__(parent)
-        self._program = list(program) if program is not None else engine_command()
+        self._program = list(program) if program is not None else engine_argv()
         self._parse_events = parse_events
         self._label = label
         self._args: list[str] = []

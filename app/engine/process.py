@@ -18,9 +18,11 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine.command import DmadCommand, engine_command, exit_meaning
-from dmad.contract.events import Event
+from app.engine.command import DmadCommand, exit_meaning
+from dmad.contract.events import CAUSE_DISK_FULL, ERROR_CAUSES, Event
+from dmad.contract.paths import engine_argv
 from dmad.contract.runlog import append_control
+from dmad.contract.runs import RunFolder
 
 LOG_KEEP = 200  # stderr lines kept for the failure banner
 
@@ -39,7 +41,7 @@ def event_dict(ev: Event) -> dict:
 
 
 class EngineProcess(QObject):
-    """One `dmad train` (or `--dry-run`) at a time. `command` replaces engine_command() (tests run
+    """One `dmad train` (or `--dry-run`) at a time. `command` replaces engine_argv() (tests run
     a small script that behaves like the engine)."""
 
     event_received = Signal(dict)  # {"v","t","kind","iter","data"}, one per stdout event line
@@ -50,7 +52,7 @@ class EngineProcess(QObject):
 
     def __init__(self, parent: Optional[QObject] = None, command: Optional[Sequence[str]] = None):
         super().__init__(parent)
-        self._command = list(command) if command is not None else engine_command()
+        self._command = list(command) if command is not None else engine_argv()
         self._cmd: Optional[DmadCommand] = None
         self._mode = "train"
         self._run_dir: Optional[Path] = None
@@ -134,7 +136,7 @@ class EngineProcess(QObject):
         try:
             append_control(self._run_dir, cmd)
         except OSError as e:
-            self.log_received.emit(f"could not write {self._run_dir / 'control.jsonl'}: {e}")
+            self.log_received.emit(f"could not write {RunFolder(self._run_dir).control_jsonl}: {e}")
             return False
         return True
 
@@ -231,11 +233,8 @@ def _final_summary(ev: Optional[dict]) -> str:
     return f"finished {ev['iter']} iterations" + (f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else "")
 
 
-CAUSES = {"out_of_memory": "out of memory", "non_finite_loss": "a loss became NaN or infinite",
-          "exception": "unexpected error in the engine", "interrupted": "interrupted",
-          "disk_full": "out of disk space"}  # dmad/train/loop.py _fail
 # What to do when the engine gave no advice of its own
-CAUSE_ADVICE = {"disk_full": "free space on the run folder's drive, then Continue the run (Training or Runs tab)"}
+CAUSE_ADVICE = {CAUSE_DISK_FULL: "free space on the run folder's drive, then Continue the run (Training or Runs tab)"}
 
 
 def failure_report(code: Optional[int], summary: str, error: dict, status: dict) -> tuple[str, list[str]]:
@@ -248,7 +247,7 @@ def failure_report(code: Optional[int], summary: str, error: dict, status: dict)
     lines = [str(reason or "no reason recorded")]
     if error.get("cause"):
         where = f" during {error['phase']}" if error.get("phase") else ""
-        lines.append(f"Cause: {CAUSES.get(error['cause'], str(error['cause']))}{where}")
+        lines.append(f"Cause: {ERROR_CAUSES.get(error['cause'], str(error['cause']))}{where}")
     # out of memory: the engine says what to change
     advice = error.get("advice") or status.get("advice") or CAUSE_ADVICE.get(str(error.get("cause")))
     if advice:

@@ -16,16 +16,11 @@ from typing import Any, NamedTuple, Optional
 
 from pydantic import ValidationError
 
-from dmad.contract.config import TrainConfig, format_validation_error, json_schema, migrate, validate_config
+from dmad.contract.config import PATH_FIELDS, TrainConfig, format_validation_error, json_schema, migrate, validate_config
 from dmad.errors import UserInputError
 from dmad.contract.jsonfile import _no_duplicate_keys, read_json_file
 
 Key = tuple[str, ...]  # ("resources", "train_batch_size"); top-level fields: ("config_version",)
-# The fields dmad.contract.config.resolve_paths resolves against the config file's folder (a test checks
-# that this list and resolve_paths agree).
-PATH_FIELDS: tuple[Key, ...] = (
-    ("identity", "output_dir"), ("identity", "pretrained_model_name_or_path"), ("identity", "teacher_config_dir"),
-    ("identity", "train_data_dir"), ("observation", "prompt_set"), ("observation", "resume_from_checkpoint"))
 
 
 @dataclass(frozen=True)

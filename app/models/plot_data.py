@@ -18,6 +18,7 @@ import numpy as np
 from app.models.series import Series
 from dmad.contract.events import is_iteration_metric, read_events
 from dmad.contract.runlog import read_metrics
+from dmad.contract.runs import RunFolder
 
 X_ITERATION, X_ELAPSED = "iteration", "elapsed"
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -123,7 +124,8 @@ def read_overlay(run_dir: Path) -> OverlayRun:
     """Read a run folder's metrics.csv (values) and events.jsonl (times). Runs in a worker: a long
     run's files take seconds. Raises ValueError when the folder has no metric rows."""
     run_dir = Path(run_dir)
-    columns, rows = read_metrics(run_dir / "metrics.csv")
+    folder = RunFolder(run_dir)
+    columns, rows = read_metrics(folder.metrics_csv)
     if not rows:
         raise ValueError(f"{run_dir.name}: no metrics.csv rows (is it a run folder?)")
     it = np.array([r["iter"] for r in rows], dtype=np.float64)
@@ -136,7 +138,7 @@ def read_overlay(run_dir: Path) -> OverlayRun:
         if ok.any():
             x, y = _increasing(it[ok], v[ok])
             run.series[col] = (x, y)
-    pairs = [(ev.iter, ev.t) for ev in read_events(run_dir / "events.jsonl")
+    pairs = [(ev.iter, ev.t) for ev in read_events(folder.events_jsonl)
              if is_iteration_metric(ev) and ev.iter is not None and ev.t]
     if pairs:
         t_it, t = np.array(pairs, dtype=np.float64).T

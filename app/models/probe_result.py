@@ -1,9 +1,10 @@
-"""Reading what `dmad probe` and `dmad ledger --json` print and write (the formats: docs/memory.md).
+"""Reading what `dmad probe` writes (the format: docs/memory.md; `dmad ledger --json` is read by
+dmad.contract.memory.parse_ledger).
 
-Plain Python, no Qt: the probe's probe.json is read in a pool worker (app/engine/background.py) and the
-ledger's stdout is parsed when its process ends. Both are the engine's numbers; the app only checks
-their shape and keeps their memory scopes apart (framework: torch's allocator in one process;
-device: NVML, every process on the GPU; process: host RSS of the point's process).
+Plain Python, no Qt: the probe's probe.json is read in a pool worker (app/engine/background.py). These
+are the engine's numbers; the app only checks their shape and keeps their memory scopes apart
+(framework: torch's allocator in one process; device: NVML, every process on the GPU; process: host
+RSS of the point's process).
 """
 from __future__ import annotations
 
@@ -12,67 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-PROBE_FILE = "probe.json"
-
-
-@dataclass(frozen=True)
-class LedgerLine:
-    name: str
-    gib: float
-    assumption: str
-    scope: str = "gpu"  # "gpu": part of the per-device peak; "cpu": host RAM (teacher_cpu_offload), not in the total
-
-
-SCOPES = ("gpu", "cpu")
-
-
-@dataclass(frozen=True)
-class Ledger:
-    scope: str
-    lines: list[LedgerLine]
-    total_gib: float     # the engine's GPU total: the "gpu" lines only
-    inputs: dict
-    family: Optional[str] = None  # the teacher family the engine sized (sd1, sd2, sdxl, sd3, flux); None: not said
-
-    @property
-    def gpu_lines(self) -> list[LedgerLine]:
-        return [x for x in self.lines if x.scope == "gpu"]
-
-    @property
-    def cpu_lines(self) -> list[LedgerLine]:
-        """Host-RAM lines (the offloaded teacher and text encoders): never part of total_gib."""
-        return [x for x in self.lines if x.scope == "cpu"]
-
-    @property
-    def cpu_gib(self) -> float:
-        return sum(x.gib for x in self.cpu_lines)
-
-
-def _line(x: dict) -> LedgerLine:
-    scope = str(x.get("scope") or "gpu")  # a ledger from before per-line scopes: every line is on the GPU
-    if scope not in SCOPES:
-        raise ValueError(f"line {x.get('name')!r} has scope {scope!r}; known: {', '.join(SCOPES)}")
-    return LedgerLine(str(x["name"]), float(x["gib"]), str(x.get("assumption") or ""), scope)
-
-
-def parse_ledger(text: str) -> Ledger:
-    """`dmad ledger --json` stdout; ValueError (one line) when it is not a ledger. total_gib is the
-    engine's GPU total (a line with scope "cpu" is host RAM and is not in it); family is the
-    teacher family the engine sized, when it says."""
-    try:
-        d = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"the ledger is not JSON ({e})") from None
-    except RecursionError:
-        raise ValueError("the ledger is not JSON (nested too deeply)") from None
-    try:
-        lines = [_line(x) for x in d["lines"]]
-        family = d.get("family")
-        return Ledger(str(d.get("scope") or "framework peak per device (estimate)"), lines, float(d["total_gib"]),
-                      d.get("inputs") if isinstance(d.get("inputs"), dict) else {},
-                      str(family) if isinstance(family, str) and family else None)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"malformed ledger: {type(e).__name__} {e}") from None
+from dmad.contract.memory import PROBE_FILE
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Optional
 
 from app.models.methods import label, read_method
 from dmad.contract.jsonfile import read_json_or_problem
+from dmad.contract.runs import SAMPLES_META, RunFolder
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 TEACHER = "teacher"
@@ -102,20 +103,21 @@ def scan_samples(run_dir: Optional[Path]) -> SamplesIndex:
     if run_dir is None:
         return SamplesIndex(None, (), ())
     run_dir = Path(run_dir)
-    prompt_set, note = _read_json(run_dir / "prompt_set.json", "prompt_set.json")
-    root = run_dir / "samples"
+    run = RunFolder(run_dir)
+    prompt_set, note = _read_json(run.prompt_set_json, run.prompt_set_json.name)
+    root = run.samples_dir
     folders = sorted((p for p in root.iterdir() if p.is_dir() and is_checkpoint_folder(p.name)),
                      key=lambda p: checkpoint_order(p.name)) if root.is_dir() else []
     columns = []
     for folder in folders:
-        meta, meta_note = _read_json(folder / "meta.json", "meta.json")
+        meta, meta_note = _read_json(folder / SAMPLES_META, SAMPLES_META)
         columns.append(Checkpoint(folder.name, _list_images(folder), meta, meta_note))
     items = prompt_set.get("items") if isinstance(prompt_set.get("items"), list) else []
     rows = [str(it["id"]) for it in items if isinstance(it, dict) and isinstance(it.get("id"), str)]
     known = set(rows)
     extra = sorted({stem for c in columns for stem in c.images} - known)
     return SamplesIndex(run_dir, tuple(rows + extra), tuple(columns), prompt_set, note,
-                        read_method(run_dir / "config.json") or "")
+                        read_method(run.config_json) or "")
 
 
 # ---------------------------------------------------------------- provenance

@@ -69,7 +69,7 @@ class DataPanel(QWidget):
 
     def __init__(self, command: Optional[Sequence[str]] = None, cache: Optional[ThumbCache] = None,
                  parent: Optional[QWidget] = None):
-        """`command` replaces engine_command() (tests run a stand-in); `cache`: thumbnails (default:
+        """`command` replaces engine_argv() (tests run a stand-in); `cache`: thumbnails (default:
         the user's cache folder)."""
         super().__init__(parent)
         self._dmad = DmadCommand(self, program=command)

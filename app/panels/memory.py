@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QPlainTextEdit, QPushButton, QTableW
 from app.engine.background import Task
 from app.panels.probe import ProbePanel
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.runs import RunFolder
 
 RESCAN_MS = 5000
 TAIL_BYTES = 4 * 2 ** 20  # gpu_mem.csv grows ~1 MB a day at the default 5 s interval
@@ -189,7 +190,7 @@ class MemoryTab(QWidget):
 
     def refresh(self) -> None:
         if self._run is not None:
-            path = self._run / "gpu_mem.csv"
+            path = RunFolder(self._run).gpu_mem_csv
             self._task.submit(lambda: read_gpu_mem(path))
 
     def busy(self) -> bool:

@@ -25,9 +25,10 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QL
 
 from app.engine.background import Task
 from app.engine.command import DmadCommand
-from app.models.probe_result import PROBE_FILE, ProbePoint, ProbeResult, load_probe, parse_int_list
+from app.models.probe_result import ProbePoint, ProbeResult, load_probe, parse_int_list
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
+from dmad.contract.memory import PROBE_FILE
 
 RED = "#c0392b"
 COLUMNS = ("point", "kind", "batch", "accum-\nulation", "effective\nbatch", "resolution", "precision",

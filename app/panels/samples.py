@@ -32,6 +32,7 @@ from app.widgets.samples_grid import (CELL_PX, CELL_RANGE, NO_SAMPLES, GridListi
 from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.events import Event
 from dmad.contract.jsonfile import read_json_or_problem
+from dmad.contract.runs import RunFolder
 
 RESCAN_MS = 3000
 SIDE_MIN_PX = 160  # the side column can be dragged down to this
@@ -63,7 +64,7 @@ class SamplesPanel(QWidget):
     def __init__(self, cache: Optional[ThumbCache] = None, render_command: Optional[Sequence[str]] = None,
                  prompt_set_dir: Optional[Path] = None, parent: Optional[QWidget] = None, reveal=reveal_folder):
         """`cache`: thumbnails (default: the user's cache folder); `render_command` replaces
-        engine_command() for `dmad sample` and `dmad export` (tests); `prompt_set_dir`: where edited
+        engine_argv() for `dmad sample` and `dmad export` (tests); `prompt_set_dir`: where edited
         prompt sets are saved; `reveal(folder)`: shows an export's folder (the file manager)."""
         super().__init__(parent)
         self._run: Optional[Path] = None
@@ -351,7 +352,7 @@ class SamplesPanel(QWidget):
         """The editor on the run's prompt_set.json; its name + version counts as taken (the run used it)."""
         if self._run is None:
             return None
-        source = self._run / "prompt_set.json"
+        source = RunFolder(self._run).prompt_set_json
         raw, problem = read_json_or_problem(source)
         editor = PromptSetEditor(self._prompt_set_dir, [] if problem else [raw], self)
         if not problem:

@@ -16,10 +16,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QMenu, QToolButton, QVBoxLayout, QWidget)
 
-from app.models.config_doc import PATH_FIELDS, UNSET, FieldSpec, GroupSpec, Key, get_field
+from app.models.config_doc import UNSET, FieldSpec, GroupSpec, Key, get_field
 from app.models import methods
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
+from dmad.contract.config import PATH_FIELDS
 
 INVALID_STYLE = "border: 1px solid #c62828;"
 ERROR_LABEL_STYLE = "color: #c62828;"

@@ -30,7 +30,7 @@ class ExportButton(QToolButton):
 
     def __init__(self, parent: Optional[QWidget] = None, program: Optional[Sequence[str]] = None,
                  reveal: Callable[[Path], bool] = reveal_folder):
-        """`program` replaces engine_command() (tests run a stand-in); `reveal(folder)` shows the result."""
+        """`program` replaces engine_argv() (tests run a stand-in); `reveal(folder)` shows the result."""
         super().__init__(parent)
         self.setText("Export")
         self._reveal = reveal

@@ -35,7 +35,8 @@ class GpuReading:
         return f"GPU{self.index} {self.name}  {self.used_gb:.1f} / {self.total_gb:.1f} GB{util}"
 
 
-def _import_pynvml() -> ModuleType:
+def import_pynvml() -> ModuleType:
+    """NVML's Python module, as the window and NvmlProbe load it (`load_nvml`: tests give a stand-in)."""
     import pynvml  # nvidia-ml-py; imported lazily: the import itself loads no driver
 
     return pynvml
@@ -44,7 +45,7 @@ def _import_pynvml() -> ModuleType:
 class NvmlProbe:
     """Thread-confined NVML access. `read()` returns readings, or None forever once init failed."""
 
-    def __init__(self, load_nvml: Callable[[], Any] = _import_pynvml):
+    def __init__(self, load_nvml: Callable[[], Any] = import_pynvml):
         self._load = load_nvml
         self._nvml: Any = None
         self._handles: list = []
@@ -100,7 +101,7 @@ class GpuStatusLabel(ElidedLabel):
 
     readings_received = Signal(list)
 
-    def __init__(self, load_nvml: Callable[[], Any] = _import_pynvml, interval_ms: int = POLL_MS,
+    def __init__(self, load_nvml: Callable[[], Any] = import_pynvml, interval_ms: int = POLL_MS,
                  parent: Optional[QWidget] = None):
         super().__init__("", parent)
         self.probe = NvmlProbe(load_nvml)

@@ -24,8 +24,8 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.engine.command import DmadCommand
-from app.models.probe_result import Ledger, parse_ledger
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.memory import LedgerReport, parse_ledger
 
 DEBOUNCE_MS = 800
 RED = "#c0392b"
@@ -44,13 +44,13 @@ def family_text(family: Optional[str]) -> str:
 
 
 class LedgerView(QWidget):
-    ledger_shown = Signal(object)   # the Ledger now in the table
+    ledger_shown = Signal(object)   # the LedgerReport now in the table
     failed = Signal(str)            # the one-line error now shown
 
     def __init__(self, materialize: Callable[[Path], Path], command: Optional[Sequence[str]] = None,
                  parent: Optional[QWidget] = None):
         """`materialize(target)` writes the form's config to `target` (raises ValueError when invalid);
-        `command` replaces engine_command() (tests run a stand-in)."""
+        `command` replaces engine_argv() (tests run a stand-in)."""
         super().__init__(parent)
         self._materialize = materialize
         self._program = list(command) if command is not None else None
@@ -62,7 +62,7 @@ class LedgerView(QWidget):
         self._generation = 0      # bumped per request: names its config file
         self._stale = True        # the form changed since the table was filled
         self._valid = True
-        self._ledger: Optional[Ledger] = None
+        self._ledger: Optional[LedgerReport] = None
         self._device: Optional[tuple[str, float]] = None
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -112,7 +112,7 @@ class LedgerView(QWidget):
             self._device = (name, total_gb)
             self._show_total()
 
-    def ledger(self) -> Optional[Ledger]:
+    def ledger(self) -> Optional[LedgerReport]:
         return self._ledger
 
     def is_running(self) -> bool:
@@ -179,7 +179,7 @@ class LedgerView(QWidget):
         self._set_status(line, error=True)
         self.failed.emit(line)
 
-    def _show(self, ledger: Ledger) -> None:
+    def _show(self, ledger: LedgerReport) -> None:
         """GPU lines first; then, when the teacher is offloaded, a heading row and the host-RAM lines
         (gray), so a CPU figure is never read as part of the GPU total under the table."""
         self._ledger = ledger

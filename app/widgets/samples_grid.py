@@ -49,7 +49,7 @@ class GridListing:
 
 def _student_kind(run: RunFolder) -> str:
     try:
-        ident = run.read_json("config.json").get("identity") or {}
+        ident = run.read_json(run.config_json.name).get("identity") or {}
     except (OSError, ValueError, AttributeError):
         return "full"
     return "lora" if isinstance(ident, dict) and ident.get("student") == "lora" else "full"

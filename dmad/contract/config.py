@@ -410,9 +410,11 @@ def validate_config(raw: dict, source: str = "config", base_dir: Path | None = N
     return resolve_paths(cfg, base_dir, source) if base_dir is not None else cfg
 
 
-# The fields resolve_paths makes absolute (app.models.config_doc.PATH_FIELDS lists the same).
-_PATH_FIELDS = {"identity": ("output_dir", "pretrained_model_name_or_path", "teacher_config_dir", "train_data_dir"),
-                "observation": ("prompt_set", "resume_from_checkpoint")}
+# The fields resolve_paths makes absolute, as (group, field); the app keeps the same fields meaningful
+# when a config moves (app.models.config_doc.rebase_paths, materialized).
+PATH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("identity", "output_dir"), ("identity", "pretrained_model_name_or_path"), ("identity", "teacher_config_dir"),
+    ("identity", "train_data_dir"), ("observation", "prompt_set"), ("observation", "resume_from_checkpoint"))
 
 
 def _resolved(v: Optional[str], base_dir: Path, where: str) -> Optional[str]:
@@ -431,10 +433,11 @@ def resolve_paths(cfg: TrainConfig, base_dir: Path, source: str = "config") -> T
     """Relative paths in a config file are relative to the file, so configs can be moved with their
     data. The resolved config (written to the run folder) holds absolute paths."""
     groups = {}
-    for group, names in _PATH_FIELDS.items():
+    for group in dict.fromkeys(g for g, _ in PATH_FIELDS):  # identity, observation: in PATH_FIELDS' order
         g = getattr(cfg, group)
         where = f"{printable(source)}: {group}."
-        groups[group] = g.model_copy(update={n: _resolved(getattr(g, n), base_dir, where + n) for n in names})
+        groups[group] = g.model_copy(update={n: _resolved(getattr(g, n), base_dir, where + n)
+                                             for grp, n in PATH_FIELDS if grp == group})
     return cfg.model_copy(update=groups)
 
 

@@ -22,6 +22,19 @@ EVENT_VERSION = 1
 KINDS = ("started", "phase", "metric", "checkpoint", "samples", "warning", "error",
          "paused", "resumed", "stopped", "finished")
 
+# Why a run failed: an error event's data["cause"] (dmad.train.run_open and, for a multi-process run,
+# dmad.train.launch write it), and what each means in words (the app's failure report shows a cause
+# without words as written). A DmadError's cause is its class name instead.
+CAUSE_OUT_OF_MEMORY = "out_of_memory"
+CAUSE_NON_FINITE_LOSS = "non_finite_loss"
+CAUSE_EXCEPTION = "exception"
+CAUSE_INTERRUPTED = "interrupted"
+CAUSE_DISK_FULL = "disk_full"
+CAUSE_RANK_FAILED = "rank_failed"
+ERROR_CAUSES = {CAUSE_OUT_OF_MEMORY: "out of memory", CAUSE_NON_FINITE_LOSS: "a loss became NaN or infinite",
+                CAUSE_EXCEPTION: "unexpected error in the engine", CAUSE_INTERRUPTED: "interrupted",
+                CAUSE_DISK_FULL: "out of disk space"}
+
 
 @dataclass(frozen=True)
 class Event:

@@ -1,6 +1,6 @@
 """Where the built-in resources live (the repo's resources/ folder in a source checkout or an
 editable install, the bundle's copy in a PyInstaller build, or $DMAD_RESOURCES when set), and
-where caches go."""
+where caches go; and how to start the engine's command line (engine_argv)."""
 from __future__ import annotations
 
 import os
@@ -32,7 +32,14 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "dmad"
 
 
-def engine_command() -> list[str]:
-    """How to start the engine's command line from this process: `python -m dmad`, or in the
-    PyInstaller bundle the bundle's own executable (its entry point routes engine commands)."""
-    return [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]
+def engine_argv(*args: str) -> list[str]:
+    """The command line that runs `dmad <args>` from this process: `python -m dmad <args>`, or in the
+    PyInstaller bundle the bundle's own executable with the engine subcommand (packaging/entry.py
+    routes a first argument that is a `dmad` command to the engine, anything else to the app). The
+    only place that prefix is built: the app, the demo, the probe, command.txt and bench/ use it."""
+    prefix = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]
+    return [*prefix, *args]
+
+
+# The old name, until dmad/demo/bench.py (being split) imports engine_argv.
+engine_command = engine_argv

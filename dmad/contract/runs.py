@@ -39,6 +39,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 STATES = ("created", "running", "paused", "stopping", "stopped", "finished", "failed")
 LIVE_STATES = ("running", "paused", "stopping")  # a process should be behind these
 TMP_PREFIX = ".tmp-"
+SAMPLES_META = "meta.json"  # samples/<folder>/meta.json: every image's provenance, written after the images
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
 

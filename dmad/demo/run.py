@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -101,7 +100,7 @@ def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] =
     demo config; `on_run_dir` is told the run folder as soon as preflight has fixed it (the command
     line puts a crash log there)."""
     from dmad.contract.config import load_config
-    from dmad.contract.paths import resource
+    from dmad.contract.paths import engine_argv, resource
     from dmad.train.preflight import preflight
 
     config = resource("configs", "demo.json")
@@ -121,7 +120,7 @@ def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] =
     _say(f"DMAD demo: distilling the shapes teacher into a {cfg.distillation.student_steps}-step student "
          f"({cfg.optimization.max_train_steps} iterations, batch {cfg.resources.train_batch_size}, "
          f"{cfg.resources.resolution} px) ...")
-    argv = [sys.executable, "-m", "dmad", "train", "--config", str(config), "--run-dir", str(pf.run_dir)]
+    argv = engine_argv("train", "--config", str(config), "--run-dir", str(pf.run_dir))
     for item in overrides:
         argv += ["--set", item]
     t0 = time.time()

@@ -1,37 +1,16 @@
 """The memory ledger: a run's framework peak per device, estimated line by line from the config and
-the teacher's file headers before anything loads (docs/memory.md). Torch-free.
+the teacher's file headers before anything loads (docs/memory.md). Torch-free. Its types and its
+JSON form are the contract's (dmad.contract.memory): the app reads what this computes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from dmad.contract.memory import Ledger, LedgerLine, ledger_document, ledger_total
 from dmad.memory.readings import GIB
 
 if TYPE_CHECKING:
     from dmad.models.teacher import TeacherInfo
-
-
-@dataclass(frozen=True)
-class LedgerLine:
-    name: str
-    gib: float
-    assumption: str  # how the figure was reached, shown next to it
-    scope: str = "gpu"  # "gpu": part of the per-device peak; "cpu": host RAM (teacher_cpu_offload), not in the total
-
-
-class Ledger(list):
-    """The ledger's lines (a list of LedgerLine, as before) and the teacher family they were
-    computed for, so that format_ledger and ledger_json can name it."""
-
-    def __init__(self, lines: Any = (), family: Optional[str] = None):
-        super().__init__(lines)
-        self.family = family
-
-
-def ledger_total(lines: list[LedgerLine]) -> float:
-    """The per-device peak estimate: the GPU lines only (a CPU RAM line is host memory)."""
-    return sum(line.gib for line in lines if line.scope == "gpu")
 
 
 BYTES = {"no": 4, "fp16": 2, "bf16": 2}
@@ -352,14 +331,10 @@ def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
     """`dmad ledger --json` (docs/memory.md). total_gib: the GPU lines; a line with "scope": "cpu"
     is host RAM (teacher_cpu_offload)."""
     r, ident = cfg.resources, cfg.identity
-    return {"scope": "framework peak per device (estimate)",
-            "family": getattr(lines, "family", None),
-            "lines": [{"name": x.name, "gib": round(x.gib, 4), "assumption": x.assumption, "scope": x.scope}
-                      for x in lines],
-            "total_gib": round(ledger_total(lines), 4),
-            "inputs": {"train_batch_size": r.train_batch_size, "resolution": r.resolution,
-                       "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
-                       "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
-                       "share_frozen_base": r.share_frozen_base, "method": cfg.distillation.method,
-                       "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
-                       "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family}}
+    return ledger_document(lines, {
+        "train_batch_size": r.train_batch_size, "resolution": r.resolution,
+        "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
+        "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
+        "share_frozen_base": r.share_frozen_base, "method": cfg.distillation.method,
+        "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
+        "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family})

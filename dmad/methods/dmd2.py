@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmad.methods.noise import fresh_noise
 from dmad.methods.prediction import NoiseSchedule
 
 StudentX0Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x_t, t (B,) long) -> x0
@@ -137,23 +138,12 @@ def student_timestep_at(timesteps: list[int], k: int) -> int:
     return int(timesteps[k])
 
 
-def _fresh_noise(like: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """Standard normal noise like `like`, drawn on the generator's device (so a CPU generator gives
-    the same numbers whichever device trains), then moved."""
-    if generator is None:
-        return torch.randn_like(like)
-    if hasattr(generator, "randn_like"):  # dmad.methods.noise.SampleRNG
-        return generator.randn_like(like)
-    n = torch.randn(like.shape, generator=generator, device=generator.device, dtype=torch.float32)
-    return n.to(device=like.device, dtype=like.dtype)
-
-
 def _rollout(student_x0_fn: StudentX0Fn, noise: torch.Tensor, timesteps: list[int], steps: int,
              schedule: NoiseSchedule, generator: Optional[torch.Generator], noise_fn=None):
     """Run `steps` student steps from pure noise at timesteps[0]; each x0 is re-noised to the next
     timestep with fresh noise (noise_fn(x0), or drawn from `generator` in x0's layout). Returns
     (x, t) at step `steps` and the last x0 (None if steps == 0)."""
-    fresh = noise_fn or (lambda like: _fresh_noise(like, generator))
+    fresh = noise_fn or (lambda like: fresh_noise(like, generator))
     x, x0 = noise, None
     for i in range(steps):
         t = torch.full((noise.shape[0],), timesteps[i], dtype=torch.long, device=noise.device)

@@ -21,7 +21,7 @@ from PIL import Image
 from dmad.methods.dmd2 import sample_student
 from dmad.methods.prediction import NoiseSchedule
 from dmad.contract.prompts import PromptSet, item_seed
-from dmad.contract.runs import atomic_write_bytes, atomic_write_json
+from dmad.contract.runs import SAMPLES_META, atomic_write_bytes, atomic_write_json
 from dmad.errors import StopRequested
 
 
@@ -137,7 +137,7 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
             items[item.id] = {"prompt": item.prompt, "seed": seed, "file": path.name}
     finally:
         student.train(was_training)
-    atomic_write_json(out_dir / "meta.json", {
+    atomic_write_json(out_dir / SAMPLES_META, {
         "source": f"iter_{iteration}", "iter": iteration, "model": "student", "method": method, "ema": ema,
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
         "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
@@ -277,7 +277,7 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
             progress(len(paths), len(prompt_set.items))
     if weights_sha256 is None:
         weights_sha256 = sha256_files(teacher_weight_files(teacher))
-    atomic_write_json(out_dir / "meta.json", {
+    atomic_write_json(out_dir / SAMPLES_META, {
         "source": "teacher", "iter": None, "model": "teacher",
         "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
         "sampler": sampler_name(prompt_set.sampler, family), "steps": prompt_set.steps, "cfg": prompt_set.cfg,
@@ -294,7 +294,7 @@ def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device,
     of training. Events: phase `teacher-samples` with done/total (0/N, then after each image), then
     `samples` (model teacher, iter null)."""
     try:
-        meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        meta = json.loads((out / SAMPLES_META).read_text(encoding="utf-8"))
         if (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version):
             return
     except (OSError, ValueError, AttributeError, RecursionError):

@@ -74,7 +74,7 @@ def run_launched(cmd: list[str], run_dir: Path) -> int:
     """Run the launcher, forwarding SIGINT/SIGTERM to it (its own process group), and record the
     failure of a rank that left the run without an end."""
     from dmad.errors import EXIT_RUN_FAILED
-    from dmad.contract.events import EventWriter
+    from dmad.contract.events import CAUSE_RANK_FAILED, EventWriter
     from dmad.contract.runs import RunFolder
 
     import psutil
@@ -114,7 +114,7 @@ def run_launched(cmd: list[str], run_dir: Path) -> int:
         last = folder.latest_checkpoint()
         events = EventWriter(folder.events_jsonl)
         try:
-            events.emit("error", status.get("iter"), reason=reason, exit_code=exit_code, cause="rank_failed",
+            events.emit("error", status.get("iter"), reason=reason, exit_code=exit_code, cause=CAUSE_RANK_FAILED,
                         last_checkpoint=last[0] if last else None)
         finally:
             events.close()

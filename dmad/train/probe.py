@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dmad.contract.config import TrainConfig, load_config
+from dmad.contract.memory import PROBE_FILE
+from dmad.contract.paths import engine_argv
 from dmad.errors import UserInputError
 from dmad.contract.runs import atomic_write_json, atomic_write_text
 
@@ -69,9 +71,9 @@ def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution:
                folder: Path, log) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "result.json"
-    cmd = [*_engine(), "probe-point", "--config", str(config), "--kind", kind, "--batch", str(batch),
-           "--resolution", str(resolution), "--steps", str(steps), "--warmup", str(warmup),
-           "--run-dir", str(folder / "run"), "--result", str(result)]
+    cmd = engine_argv("probe-point", "--config", str(config), "--kind", kind, "--batch", str(batch),
+                      "--resolution", str(resolution), "--steps", str(steps), "--warmup", str(warmup),
+                      "--run-dir", str(folder / "run"), "--result", str(result))
     for s in sets:
         cmd += ["--set", s]
     with open(folder / "stderr.log", "wb") as err:
@@ -89,12 +91,6 @@ def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution:
     found["pid"] = found.get("pid") or pid
     log(f"point {folder.name}: {found['status']}" + (f" ({found['oom_phase']})" if found["status"] == "oom" else ""))
     return found
-
-
-def _engine() -> list[str]:
-    from dmad.contract.paths import engine_command
-
-    return engine_command()
 
 
 def fits(p: dict) -> bool:
@@ -218,9 +214,9 @@ def run_probe(config: Path, sets: list[str], batches: Optional[list[int]], resol
                  "precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
                  "ledger_gb": _ledger_gb(cfg, batch, res, info), "run_dir": str(folder / "run"), **found}
         report["points"].append(point)
-        atomic_write_json(out / "probe.json", report)
+        atomic_write_json(out / PROBE_FILE, report)
     report["recommendation"] = recommend(report["points"], cfg)
-    atomic_write_json(out / "probe.json", report)
+    atomic_write_json(out / PROBE_FILE, report)
     atomic_write_text(out / "probe.csv", _csv(report["points"]))
     atomic_write_text(out / "probe.md", markdown(report))
     if progress:
@@ -243,5 +239,5 @@ def main_probe(*, config: str | Path, batch: Optional[str] = None, resolution: O
         raise UserInputError(f"--out {out}: the folder exists and is not empty (a probe never overwrites results)")
     report = run_probe(config, list(overrides), batches, resolutions, steps, warmup, out, progress=progress)
     print(markdown(report), end="")
-    print(f"written: {out / 'probe.json'}, probe.csv, probe.md")
+    print(f"written: {out / PROBE_FILE}, probe.csv, probe.md")
     return 0

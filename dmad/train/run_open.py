@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dmad.contract.config import TrainConfig
-from dmad.contract.events import EventWriter
+from dmad.contract.events import (CAUSE_DISK_FULL, CAUSE_EXCEPTION, CAUSE_INTERRUPTED, CAUSE_NON_FINITE_LOSS,
+                                  CAUSE_OUT_OF_MEMORY, EventWriter)
 from dmad.contract.prompts import load_prompt_set
 from dmad.contract.runs import ControlReader, RunFolder, RunLock
 from dmad.errors import EXIT_INVALID_INPUT, DmadError, StopRequested
@@ -166,7 +167,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.exit_code = _stopped_early(run)
     except NonFiniteLoss as e:
         run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
-                              cause="non_finite_loss")
+                              cause=CAUSE_NON_FINITE_LOSS)
     except DmadError as e:
         refused = main and not run.committed and e.exit_code == EXIT_INVALID_INPUT
         if not refused:
@@ -176,23 +177,23 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         s = run.session
         if is_disk_full(e):
             full = disk_full(folder, s, e)
-            _fail(folder, events, s, str(full), full.exit_code, cause="disk_full", quiet=True)
+            _fail(folder, events, s, str(full), full.exit_code, cause=CAUSE_DISK_FULL, quiet=True)
             raise full from None
         if is_oom(e):
             where = classify(phase.name)
             tip = advice(where, cfg.resources)
             folder.write_status("failed", advice=tip)
             run.exit_code = _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}",
-                                  3, cause="out_of_memory", phase=where, advice=tip)
+                                  3, cause=CAUSE_OUT_OF_MEMORY, phase=where, advice=tip)
             return
         if isinstance(e, KeyboardInterrupt):
-            _fail(folder, events, s, "interrupted", 130, cause="interrupted", quiet=True)
+            _fail(folder, events, s, "interrupted", 130, cause=CAUSE_INTERRUPTED, quiet=True)
             raise
         log.error("unexpected failure in phase %s\n%s", phase.name, traceback.format_exc())
         if not main:
             record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
         _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
-              cause="exception", quiet=True)
+              cause=CAUSE_EXCEPTION, quiet=True)
         raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
     finally:
         run.stop.uninstall()

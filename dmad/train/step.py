@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from dmad.methods.dmd2 import (loss_distribution_matching, loss_fake_denoising,
-                               loss_gan_critic, loss_gan_generator, sample_timesteps, _fresh_noise)
+                               loss_gan_critic, loss_gan_generator, sample_timesteps)
 from dmad.methods.lcm import TargetEMA, consistency_output, ddim_step, loss_consistency, sample_solver_steps
-from dmad.methods.noise import SampleRNG
+from dmad.methods.noise import SampleRNG, fresh_noise
 from dmad.methods.prediction import NoiseSchedule
 from dmad.models.families import Cond, FeatureTap, Family
 from dmad.train.oom import Phase
@@ -94,7 +94,7 @@ def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Cond, gen: SampleR
     family, schedule = nets.family, nets.schedule
     b = x0.shape[0]
     t = nets.trange.sample(b, x0.device, gen)
-    x_t = schedule.add_noise(x0.detach(), _fresh_noise(x0, gen), t)
+    x_t = schedule.add_noise(x0.detach(), fresh_noise(x0, gen), t)
     loss, logs = x0.new_zeros((), dtype=torch.float32), {}
     if dm_weight > 0:
         with torch.no_grad():
@@ -105,7 +105,7 @@ def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Cond, gen: SampleR
     if gan_weight > 0:
         t_g = nets.trange.sample(b, x0.device, gen)
         _, features = family.predict_with_features(nets.gan_net, nets.tap,
-                                                   schedule.add_noise(x0, _fresh_noise(x0, gen), t_g), t_g, emb,
+                                                   schedule.add_noise(x0, fresh_noise(x0, gen), t_g), t_g, emb,
                                                    schedule, guidance=FAKE_GUIDANCE)
         loss_g, logs_g = loss_gan_generator(nets.gan_head(features))
         loss = loss + gan_weight * loss_g
@@ -124,7 +124,7 @@ def critic_loss(nets: DmadNetworks, x0_student: torch.Tensor, real_latents: torc
     x0 = x0_student.detach()
     b = x0.shape[0]
     t = nets.trange.sample(b, x0.device, gen)
-    noise = _fresh_noise(x0, gen)
+    noise = fresh_noise(x0, gen)
     x_t = schedule.add_noise(x0, noise, t)
     use_tap = gan_weight > 0 and not nets.head_on_teacher
     if use_tap:
@@ -135,7 +135,7 @@ def critic_loss(nets: DmadNetworks, x0_student: torch.Tensor, real_latents: torc
     loss, logs = loss_fake_denoising(pred, schedule.target(x0, noise, t))
     if gan_weight > 0:
         t_r = nets.trange.sample(b, x0.device, gen)
-        xr_t = schedule.add_noise(real_latents, _fresh_noise(real_latents, gen), t_r)
+        xr_t = schedule.add_noise(real_latents, fresh_noise(real_latents, gen), t_r)
         if use_tap:
             _, feats_real = family.predict_with_features(nets.fake_score, nets.tap, xr_t, t_r, emb, schedule,
                                                          guidance=FAKE_GUIDANCE)
@@ -269,7 +269,7 @@ def lcm_iteration(s: "Session", batches: list, first_batch: int, phase: Phase) -
         latents, emb = s.encode_batch(batch, rng)
         t, t_prev = sample_solver_steps(latents.shape[0], nets.num_ddim_timesteps, rng, latents.device,
                                         schedule.num_train_timesteps)
-        x_t = schedule.add_noise(latents, _fresh_noise(latents, rng), t)
+        x_t = schedule.add_noise(latents, fresh_noise(latents, rng), t)
         phase.set("first-forward" if first else phase.name)
         with torch.no_grad(), acc.autocast():
             x_prev = ddim_step(x_t, nets.real.x0(schedule, x_t, t, emb), t, t_prev, schedule).to(x_t.dtype)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from dmad.contract.prompts import PromptItem
-from dmad.contract.runs import TMP_PREFIX, atomic_write_json
+from dmad.contract.runs import SAMPLES_META, TMP_PREFIX, atomic_write_json
 from dmad.models.networks import trainable_parameters
 from dmad.train.run_files import is_oom
 
@@ -85,7 +85,7 @@ def render_one_off(s, prompt: str, seed: Optional[int]) -> None:
         try:
             _render(s, tmp, prompt_set)
             name = _free_name(folder, f"iter_{s.iter}")
-            meta = json.loads((tmp / "meta.json").read_text(encoding="utf-8"))
+            meta = json.loads((tmp / SAMPLES_META).read_text(encoding="utf-8"))
             meta.update(one_off=True, items={ONE_OFF: {**meta["items"][ONE_OFF], "file": f"{name}.png"}})
             os.replace(tmp / f"{ONE_OFF}.png", folder / f"{name}.png")
             atomic_write_json(folder / f"{name}.json", meta)

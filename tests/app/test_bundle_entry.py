@@ -40,9 +40,9 @@ def test_self_test_dry_runs_the_demo_through_the_engine_and_builds_the_window():
 def test_self_test_reports_a_broken_engine_in_one_line(tmp_path, monkeypatch):
     from app import selftest
 
-    monkeypatch.setattr(selftest, "engine_command", lambda: [sys.executable, "-c", "import sys; "
-                                                             "print('dmad: error: broken', file=sys.stderr); "
-                                                             "sys.exit(2)"])
+    monkeypatch.setattr(selftest, "engine_argv", lambda *args: [sys.executable, "-c", "import sys; "
+                                                                "print('dmad: error: broken', file=sys.stderr); "
+                                                                "sys.exit(2)", *args])
     ok, what = selftest.check_engine()
     assert not ok and what == "engine dry run of the demo config exited 2: dmad: error: broken"
     assert os.environ.get("QT_QPA_PLATFORM")  # the suite runs off screen

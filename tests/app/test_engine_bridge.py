@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.command import LineBuffer, engine_command
+from app.engine.command import DmadCommand, LineBuffer
 from app.engine.process import EngineProcess
 from app.engine.follow import EventFollower
 from app.models.series import Series, SeriesStore
@@ -114,8 +114,10 @@ def _argv(tmp_path: Path) -> list[str]:
     return json.loads((tmp_path / "argv.json").read_text())
 
 
-def test_engine_command_runs_the_dmad_module():
-    assert engine_command() == [sys.executable, "-m", "dmad"]
+def test_the_app_starts_the_dmad_module_or_the_bundle_itself(qtbot, monkeypatch):
+    assert DmadCommand().program() == EngineProcess()._command == [sys.executable, "-m", "dmad"]
+    monkeypatch.setattr(sys, "frozen", True, raising=False)  # PyInstaller: packaging/entry.py routes `train`
+    assert DmadCommand().program() == EngineProcess()._command == [sys.executable]
 
 
 def test_line_buffer_reassembles_chunks_and_multibyte_characters():

@@ -16,13 +16,14 @@ import pytest
 from app.dialogs.prompt_set_editor import PromptSetEditor
 from app.models.data_report import load_report
 from app.models.methods import read_method
-from app.models.probe_result import load_probe, parse_ledger
+from app.models.probe_result import load_probe
 from app.models.run_scan import ScanCache, scan_root
 from app.models.thumbs import ThumbCache
 from app.panels.samples import SamplesPanel
 from app.panels.training import TrainingPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
 from dmad.contract.jsonfile import RUN_FILE_MAX_BYTES, read_json_or_problem
+from dmad.contract.memory import parse_ledger
 from dmad.contract.runs import RunFolder, atomic_write_json
 
 DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, which is not a ValueError

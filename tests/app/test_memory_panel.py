@@ -27,6 +27,8 @@ from app.panels.training import TrainingPanel
 from app.window import MainWindow
 from tests.app.test_training_panel import _event, write_run
 from tests.conftest import gone
+from dmad.contract.memory import parse_ledger
+from dmad.contract.paths import engine_argv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "probe"
 WAIT_MS = 60_000  # generous: the machine is shared; nothing here is a timing test
@@ -389,14 +391,10 @@ def test_the_gpu_total_reaches_the_memory_estimate(window):
 
 
 def load_ledger_fixture():
-    from app.models.probe_result import parse_ledger
-
     return parse_ledger((FIXTURES / "ledger.json").read_text())
 
 
 def test_parse_ledger_keeps_scopes_and_family():
-    from app.models.probe_result import parse_ledger
-
     sd3 = parse_ledger((FIXTURES / "ledger_sd3_offload.json").read_text())
     assert sd3.family == "sd3" and [x.name for x in sd3.cpu_lines] == ["teacher transformer + text encoders (CPU RAM)"]
     assert sd3.total_gib == pytest.approx(sum(x.gib for x in sd3.gpu_lines), abs=1e-3)  # GPU lines only
@@ -475,7 +473,7 @@ def test_the_banner_shows_the_oom_advice(qtbot, tmp_path):
 # ---------------------------------------------------------------- the real engine
 
 def _has_probe_cli() -> bool:
-    return subprocess.run([sys.executable, "-m", "dmad", "probe", "--help"], capture_output=True).returncode == 0
+    return subprocess.run(engine_argv("probe", "--help"), capture_output=True).returncode == 0
 
 
 @pytest.mark.slow

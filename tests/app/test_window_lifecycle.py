@@ -170,7 +170,7 @@ ENGINE = textwrap.dedent(r'''
 def test_dry_run_and_start_name_the_same_folder(qtbot, make_window, tmp_path, monkeypatch):
     script = tmp_path / "engine.py"
     script.write_text(ENGINE, encoding="utf-8")
-    monkeypatch.setattr(engine_process, "engine_command", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(engine_process, "engine_argv", lambda: [sys.executable, str(script)])
     window = make_window()
     root = (tmp_path / "runs").resolve()
     start = window.training.buttons["start"]

@@ -5,7 +5,6 @@ import csv
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tests.conftest import dmad_captured, dmad_env, dmad_in_process
 torch = pytest.importorskip("torch")
 
 from dmad.contract.events import is_iteration_metric, parse_line, read_events  # noqa: E402
+from dmad.contract.paths import engine_argv  # noqa: E402
 from dmad.train.session import METRIC_COLUMNS  # noqa: E402
 
 
@@ -31,9 +31,8 @@ def _unet_state(folder: Path) -> dict:
 
 
 def _spawn(config: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dmad", "train", "--config", str(config), "--run-dir", str(run_dir),
-                             *extra], cwd=config.parent, env=dmad_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(engine_argv("train", "--config", str(config), "--run-dir", str(run_dir), *extra),
+                            cwd=config.parent, env=dmad_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None:
