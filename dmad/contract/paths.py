@@ -40,6 +40,3 @@ def engine_argv(*args: str) -> list[str]:
     prefix = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]
     return [*prefix, *args]
 
-
-# The old name, until dmad/demo/bench.py (being split) imports engine_argv.
-engine_command = engine_argv

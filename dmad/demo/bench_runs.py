@@ -177,14 +177,15 @@ def run_distillation(run_dir: Path, config: Path, overrides: tuple[str, ...], lo
                      control: Optional[Callable[[float, int], list[str]]] = None) -> dict:
     """`dmad train` in a subprocess, timed wall to wall (with its CPU time). `control(elapsed_s,
     iteration)` is asked twice a second which control commands to send (two_budgets)."""
-    from dmad.contract.paths import engine_command
+    from dmad.contract.paths import engine_argv
     from dmad.contract.runlog import append_control
     from dmad.contract.runs import RunFolder
 
-    argv = [*engine_command(), "train", "--config", str(config), "--run-dir", str(run_dir)]
+    args = ["train", "--config", str(config), "--run-dir", str(run_dir)]
     for item in overrides:
-        argv += ["--set", item]
-    log(f"distilling: {' '.join(argv[2:])}")
+        args += ["--set", item]
+    argv = engine_argv(*args)
+    log(f"distilling: dmad {' '.join(args)}")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     stderr_path = run_dir.parent / f"{run_dir.name}.stderr.log"
     t0, c0 = time.perf_counter(), os.times()
