@@ -37,7 +37,7 @@ class Seen:
         self.items: list = []
         lc.state_changed.connect(lambda s: self.items.append(("state", s)))
         lc.changed.connect(lambda: self.items.append("changed"))
-        lc.failed.connect(self.items.append)
+        lc.failed.connect(lambda failure: self.items.append(failure))
         lc.noted.connect(lambda line: self.items.append(("noted", line)))
         lc.refused.connect(lambda run_dir, line: self.items.append(("refused", run_dir, line)))
         lc.status_wanted.connect(lambda: self.items.append("status?"))

@@ -62,13 +62,17 @@ def test_the_run_state_drives_the_title_and_the_run_bound_tabs(window, recorded_
     assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
     runs = []
     window.run_changed.connect(runs.append)
-    state.start()  # what the Training panel does when Start is pressed: the old run's tabs go blank
+    lifecycle = window.training.lifecycle  # fed here as the Training panel feeds it when Start is pressed
+    window.training.source.clear()  # as TrainingPanel.start does first: the old run is not read any more
+    lifecycle.start("", now=0.0)  # the old run's tabs go blank
     assert runs == [None] and window.samples.run_dir() is None and window.windowTitle() == "DMAD Studio"
-    state.set_run_dir(recorded_run)
-    state.set_state("running")
+    lifecycle.set_run_dir(recorded_run)
+    lifecycle.engine_event({"v": 1, "t": 1.0, "kind": "started", "iter": None, "data": {}})
     assert runs == [None, recorded_run] and window.samples.run_dir() == recorded_run
     assert window.windowTitle() == f"{recorded_run.name} [running] - DMAD Studio"
-    state.end("finished", 0, "finished 120 iterations")
+    lifecycle.engine_event({"v": 1, "t": 2.0, "kind": "finished", "iter": 120, "data": {}})
+    lifecycle.engine_finished(0, "finished 120 iterations", (), killed=False)
+    assert (state.exit_code, state.message) == (0, "finished 120 iterations")
     assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
 
 
