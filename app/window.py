@@ -3,7 +3,8 @@
 Panels never know about each other: the window connects their signals (ConfigPanel says whether
 the config is valid, TrainingPanel asks to start, RunsPanel opens a run) and tells the run-bound
 tabs (Samples, Memory) which run is open. The run's lifecycle is the Training panel's RunState
-(app/models/run_state.py): the window, the Runs panel and the close question read it.
+(app/models/run_state.py, the Qt face of app/models/lifecycle.py): the window, the Runs panel and
+the close question read it.
 
 Opening a run also shows its own config.json in the Config tab, read-only; Start while a run is open
 asks whether a new run is meant (or Continue). Where a new run goes (the Runs tab's folder:

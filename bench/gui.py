@@ -149,7 +149,7 @@ def bench_frames(app: QApplication, n_points: int, frames: int) -> dict:
         panel.store.series(key).extend(x, 1.0 + k + np.cumsum(rng.normal(0, 0.01, n_points)))
     panel.store.mark_dirty(LOSSES)
     t0 = time.perf_counter()
-    panel._refresh_plots()  # the first setData of 6 x n points (the timer's slot, called directly)
+    panel.feed.refresh()  # the first setData of 6 x n points (the timer's slot, called directly)
     set_data_ms = (time.perf_counter() - t0) * 1000.0
     board = panel.loss_plot
     views = [plot.view for plot in (board.generator, board.critic)]

@@ -2,8 +2,8 @@
 that takes long escalates to (app/models/stopping.py): Stop now (control "stop_now": no checkpoint),
 then Kill (the engine's process group, after a confirmation that says what is lost). "Sample prompt…"
 asks for one prompt and seed, and the image it rendered is shown when its `samples` event (one_off)
-arrives. The panel keeps the lifecycle; this object only writes commands and kills, and says so by
-signal.
+arrives. The lifecycle (app/models/lifecycle.py) keeps the state; this object only writes commands
+and kills, and says so by signal.
 """
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ from app.engine.process import EngineProcess
 from app.models.run_state import RunState
 from app.models.stopping import StopEscalation, StopOffer
 from dmad.contract.runlog import append_control
-
-PENDING = {"pause": "pausing", "resume": "resuming", "sample_now": "sampling requested",
-           "checkpoint_now": "checkpoint requested", "stop_now": "stopping now, no checkpoint"}
 
 
 class RunCommands(QObject):

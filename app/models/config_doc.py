@@ -1,6 +1,6 @@
-"""The Config panel's document, without Qt: the form's layout read from the engine's JSON schema, the
-raw config dict checked with the engine's own rules, its JSON text, and its relative paths kept
-meaningful when the config moves (save as, materialize).
+"""The functions under the Config panel's document (app/models/document.py), without Qt: the form's
+layout read from the engine's JSON schema, the raw config dict checked with the engine's own rules,
+its JSON text, and its relative paths kept meaningful when the config moves (save as, materialize).
 
 The raw dict is the source of truth: the form and the JSON view both edit it, and it keeps whatever
 the user wrote (sparse keys, unknown keys, wrong types) so that the engine, not the app, judges it.
@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from pydantic import ValidationError
 
@@ -271,16 +271,6 @@ def materialized(raw: dict, base_dir: Path, source: str) -> dict:
         if value is not None:
             out = with_field(out, (group, name), value)
     return copy.deepcopy(out)
-
-
-class Document(NamedTuple):
-    """A config being edited: its raw dict, what its file holds, the folder its relative paths are
-    relative to, its file (None: untitled) and where it came from ("preset CPU demo")."""
-    raw: dict
-    saved_raw: dict
-    base_dir: Path
-    path: Optional[Path]
-    origin: str
 
 
 def read_run_config(run_dir: Path) -> tuple[Path, Optional[dict], str]:

@@ -1,13 +1,13 @@
 """What the Training panel's row of controls offers in each state of the shown run, and its state line.
 
-Plain functions of the lifecycle (app/models/run_state.py), so the rules are read in one place: a
+Plain functions of the lifecycle (app/models/lifecycle.py), so the rules are read in one place: a
 command to the engine needs a run folder and a live engine that reads its control file (running or
 paused); Stop also reaches our own engine before it has a folder (SIGTERM); a request already sent
 (pausing, resuming) is not offered twice until the engine confirms it.
 """
 from __future__ import annotations
 
-from app.models.run_state import LIVE
+from app.models.lifecycle import LIVE
 
 
 def enabled_controls(state: str, has_run_dir: bool, engine_running: bool, pending: str,

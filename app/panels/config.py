@@ -2,10 +2,14 @@
 raw config dict that the engine's own validation judges as you type; presets, open / save / save as,
 and the engine's dry run (resolved config + memory ledger).
 
+The document is `doc` (app/models/document.py), a model with events: the form, the JSON view, the
+file label and the memory estimate redraw from its `changed`, and each edit goes back into it, so the
+panel never copies the config in or out by hand.
+
 Relative paths in a config are relative to its file's folder (dmad.contract.config.resolve_paths), so the
-panel keeps a base folder with the document: a preset's is the preset's folder, a file's is its
-folder. Save as rewrites relative paths for the new folder, and materialize() writes a copy with
-absolute paths, so neither changes what the config means.
+document keeps a base folder: a preset's is the preset's folder, a file's is its folder. Save as
+rewrites relative paths for the new folder, and materialize() writes a copy with absolute paths, so
+neither changes what the config means.
 
 An opened run's config.json is shown read-only (show_run_config, read in a worker) while the document
 being edited waits aside, unchanged: "New run from this config" turns the run's config into an editable
@@ -14,7 +18,6 @@ the same identity.output_dir override as Start (set_run_overrides), so both name
 """
 from __future__ import annotations
 
-import copy
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,8 +26,8 @@ from PySide6.QtCore import QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
                                QSplitter, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
-from app.models.config_doc import (Document, Key, Problems, all_fields, check, form_spec, materialized,
-                                   read_run_config, rebase_paths, to_json_text, with_field)
+from app.models.config_doc import form_spec, materialized, read_run_config, rebase_paths, to_json_text
+from app.models.document import DOCUMENT, FORM, JSON, Document
 from app.widgets.config_form import ERROR_LABEL_STYLE, ConfigForm
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.run_config_banner import RunConfigBanner
@@ -65,24 +68,16 @@ class ConfigPanel(QWidget):
         """`engine_command` replaces the `dmad` command line for the Memory estimate tab (tests)."""
         super().__init__(parent)
         self._engine_command = engine_command
-        self._spec = form_spec()
-        self._fields = all_fields(self._spec)
         self._unsaved_dir = unsaved_dir
-        self._raw: dict = {}
-        self._saved_raw: dict = {}  # what the file (or the preset) holds: the reference for "modified"
-        self._base_dir = Path.cwd()
-        self._path: Optional[Path] = None
-        self._origin = "untitled"   # shown for untitled documents: "preset CPU demo"
-        self._problems = Problems()
-        self._json_error = ""
-        self._validity: Optional[tuple[bool, str]] = None
-        self._was_modified = False
-        self._run_view: Optional[Path] = None  # the run whose config.json is shown read-only
-        self._stash: Optional[Document] = None  # the document being edited, while a run's config is shown
+        self.doc = Document(form_spec(), Path.cwd())
         self._overrides: Callable[[], list[str]] = lambda: []
         self._run_read = Task(self)
         self._run_read.done.connect(self._on_run_config_read)
         self._build()
+        self.doc.changed.connect(self._on_doc_changed)
+        self.doc.json_failed.connect(lambda _message: self.ledger_view.config_changed(False, self.validity_message()))
+        self.doc.validity_changed.connect(self.validity_changed.emit)
+        self.doc.modified_changed.connect(self.modified_changed.emit)
         demo = next(iter(self.presets), None)
         if demo is not None:
             self.load_preset(demo)
@@ -90,11 +85,11 @@ class ConfigPanel(QWidget):
     # ------------------------------------------------------------ layout
 
     def _build(self) -> None:
-        self.form = ConfigForm(self._spec)
-        self.form.field_edited.connect(self._on_field_edited)
+        self.form = ConfigForm(self.doc.spec)
+        self.form.field_edited.connect(self.doc.set_field)
         self.json = JsonView()
-        self.json.json_parsed.connect(self._on_json_parsed)
-        self.json.json_failed.connect(self._on_json_failed)
+        self.json.json_parsed.connect(self.doc.set_json)
+        self.json.json_failed.connect(self.doc.fail_json)
         self.dry_run_view = DryRunView(self.json.edit.font())
         self.dry_run_view.finished.connect(self._on_dry_run_finished)
         self._engine = self.dry_run_view.engine
@@ -162,40 +157,32 @@ class ConfigPanel(QWidget):
     # ------------------------------------------------------------ public API
 
     def config(self) -> dict:
-        return copy.deepcopy(self._raw)
+        return self.doc.config()
 
     def is_valid(self) -> bool:
-        return not self._json_error and self._problems.valid
+        return self.doc.is_valid()
 
     def validity_message(self) -> str:
-        return f"JSON: {self._json_error}" if self._json_error else self._problems.message
-
-    def current_path(self) -> Optional[Path]:
-        return self._path
+        return self.doc.validity_message()
 
     def base_dir(self) -> Path:
         """The folder relative paths in the config are relative to."""
-        return self._base_dir
-
-    def is_modified(self) -> bool:
-        return self._raw != self._saved_raw
+        return self.doc.base_dir
 
     def has_unsaved_changes(self) -> bool:
         """The document being edited (also while a run's config is shown) differs from its file."""
-        stash = self._stash
-        return stash.raw != stash.saved_raw if stash is not None else self.is_modified()
+        return self.doc.has_unsaved_changes()
 
     def document_name(self) -> str:
         """The document being edited, as the file label names it: a path or "untitled (preset CPU demo)"."""
-        doc = self._stash or self._current()
-        return str(doc.path) if doc.path is not None else f"untitled ({doc.origin})"
+        return self.doc.name()
 
     def is_read_only(self) -> bool:
-        return self._run_view is not None
+        return self.doc.is_read_only()
 
     def shown_run(self) -> Optional[Path]:
         """The run whose config.json is shown read-only, or None."""
-        return self._run_view
+        return self.doc.run_view
 
     def set_run_overrides(self, overrides: Callable[[], list[str]]) -> None:
         """The --set arguments Start adds (run_target.root_override): Dry run adds the same."""
@@ -212,33 +199,27 @@ class ConfigPanel(QWidget):
         """The shown run's config becomes an editable, untitled document with run_name cleared, so Start
         makes a new folder; like a preset, it counts as modified once edited. The document that waited
         aside is dropped (asking first if it has edits)."""
-        if self._run_view is None or not self._ask_discard():
+        if not self.doc.is_read_only() or not self._ask_discard():
             return False
-        name = self._run_view.name
-        raw = copy.deepcopy(self._raw)
-        if isinstance(raw.get("identity"), dict):
-            raw["identity"]["run_name"] = None
-        self._set_document(raw, self._base_dir, None, f"from run {name}")
+        name = self.doc.new_run_from_view()
         self._show_status(f"New config from run {name} (run_name cleared): edit it, then Start or Save as")
         return True
 
     def back_to_document(self) -> None:
         """Leave the run's config and show the document that waited aside, as it was."""
-        if self._stash is not None:
-            doc = self._stash
-            self._set_document(doc.raw, doc.base_dir, doc.path, doc.origin, saved_raw=doc.saved_raw)
+        if self.doc.back():
             self._show_status(f"Back to {self.document_name()}")
 
     def save_before_close(self) -> bool:
         """Save the document being edited (Save, or Save as… for an untitled one); True when saved."""
         self.back_to_document()
         self._on_save()
-        return not self.is_modified()
+        return not self.doc.is_modified()
 
     def set_config(self, raw: dict, base_dir: Optional[Path] = None) -> None:
         """Show `raw` as a new untitled config; relative paths are relative to `base_dir` (None: the
         current folder, as for a config file given on a command line)."""
-        self._set_document(raw, Path(base_dir or Path.cwd()).absolute(), None, "untitled")
+        self.doc.replace(raw, Path(base_dir or Path.cwd()).absolute(), None, "untitled")
 
     def load_preset(self, preset: Preset) -> bool:
         try:
@@ -246,7 +227,7 @@ class ConfigPanel(QWidget):
         except UserInputError as e:
             self._show_status(str(e))
             return False
-        self._set_document(raw, preset.path.parent, None, f"preset {preset.name}")
+        self.doc.replace(raw, preset.path.parent, None, f"preset {preset.name}")
         self._show_status(f"New config from the preset {preset.name!r}: {preset.description}")
         return True
 
@@ -261,7 +242,7 @@ class ConfigPanel(QWidget):
             self._show_status(str(e))
             return False
         builtin = _is_builtin(path)
-        self._set_document(raw, path.parent, None if builtin else path, f"built-in {path.name}")
+        self.doc.replace(raw, path.parent, None if builtin else path, f"built-in {path.name}")
         self._show_status(f"Opened {path}" + (" (built-in: Save asks for a new file)" if builtin else ""))
         return True
 
@@ -269,16 +250,16 @@ class ConfigPanel(QWidget):
         """Write the config to `path` atomically; relative paths are rewritten for its folder."""
         path = Path(path).absolute()
         if self._flush_json():
-            self._show_status(f"Not saved: the JSON has an error ({self._json_error})")
+            self._show_status(f"Not saved: the JSON has an error ({self.doc.json_error})")
             return False
-        raw = rebase_paths(self._raw, self._base_dir, path.parent)
+        raw = rebase_paths(self.doc.raw, self.doc.base_dir, path.parent)
         try:
-            atomic_write_text(path, to_json_text(raw, self._spec))
+            atomic_write_text(path, to_json_text(raw, self.doc.spec))
         except OSError as e:
             self._show_status(f"Cannot save {path}: {e.strerror or e}")
             return False
-        rebased = raw != self._raw
-        self._set_document(raw, path.parent, path, "")
+        rebased = raw != self.doc.raw
+        self.doc.replace(raw, path.parent, path, "")
         self._show_status(f"Saved {path}" + (" (relative paths rewritten for its folder)" if rebased else "")
                           + ("" if self.is_valid() else f"; not valid yet: {self.validity_message()}"))
         return True
@@ -290,20 +271,21 @@ class ConfigPanel(QWidget):
         Raises ConfigInvalid (a ValueError) with the engine's message when the config is invalid,
         OSError when the copy cannot be written."""
         self._flush_json()
-        if not self.is_valid():
-            raise ConfigInvalid(self.validity_message())
-        if target is None and self._path is not None and not self.is_modified() and self._disk_matches():
-            return self._path
+        doc = self.doc
+        if not doc.is_valid():
+            raise ConfigInvalid(doc.validity_message())
+        if target is None and doc.path is not None and not doc.is_modified() and self._disk_matches():
+            return doc.path
         try:
-            raw = materialized(self._raw, self._base_dir, self._source())
+            raw = materialized(doc.raw, doc.base_dir, doc.source())
         except UserInputError as e:
             raise ConfigInvalid(str(e)) from None
         if target is None:
             folder = self._unsaved_dir or default_unsaved_dir()
             folder.mkdir(parents=True, exist_ok=True)
-            stem = self._path.stem if self._path is not None else "untitled"
+            stem = doc.path.stem if doc.path is not None else "untitled"
             target = folder / f"{stem}-{datetime.now():%Y%m%d-%H%M%S-%f}.json"
-        atomic_write_text(Path(target), to_json_text(raw, self._spec))
+        atomic_write_text(Path(target), to_json_text(raw, doc.spec))
         return Path(target)
 
     def apply_changes(self, changes: dict) -> None:
@@ -312,14 +294,7 @@ class ConfigPanel(QWidget):
         if not changes or (self.is_read_only() and not self.new_run_from_view()):  # a run's config stays as it is
             return
         self._flush_json()
-        raw = self._raw
-        for dotted, value in changes.items():
-            raw = with_field(raw, tuple(str(dotted).split(".")), value)
-        self._raw = raw
-        self._json_error = ""
-        self.form.set_values(self._raw)
-        self.json.show_text(to_json_text(self._raw, self._spec))
-        self._changed()
+        self.doc.apply(changes)
         self._show_status("Applied: " + ", ".join(f"{k} = {v!r}" for k, v in changes.items()))
 
     def set_device(self, name: str, total_gb: float) -> None:
@@ -340,75 +315,35 @@ class ConfigPanel(QWidget):
         self.dry_run_view.start(path, self._overrides())
         return True
 
-    def dry_run_text(self) -> str:
-        return self.dry_run_view.toPlainText()
-
-    # ------------------------------------------------------------ document changes
-
-    def _current(self) -> Document:
-        return Document(self._raw, self._saved_raw, self._base_dir, self._path, self._origin)
+    # ------------------------------------------------------------ showing the document
 
     def _on_run_config_read(self, answer: tuple[Path, Any, str]) -> None:
         run_dir, raw, problem = answer
         if raw is None:
             self._show_status(f"Run {run_dir.name}: {problem}")
             return
-        stash = self._stash or self._current()  # a second run replaces the first; the document still waits
-        self._set_document(raw, run_dir, None, f"run {run_dir.name}", run_view=run_dir)
-        self._stash = stash
+        self.doc.show_run(run_dir, raw)
         self.run_banner.show_run(run_dir.name, str(run_dir), self.document_name())
         self._show_status(f"Showing {run_dir / 'config.json'} (read-only)")
 
-    def _set_document(self, raw: dict, base_dir: Path, path: Optional[Path], origin: str,
-                      saved_raw: Optional[dict] = None, run_view: Optional[Path] = None) -> None:
-        """Show a document; `saved_raw`: what its file holds (default: `raw`, unmodified); `run_view`: a
-        run whose config is shown read-only (any other document leaves that view)."""
-        self._raw = copy.deepcopy(raw)
-        self._saved_raw = copy.deepcopy(raw if saved_raw is None else saved_raw)
-        self._base_dir, self._path, self._origin = base_dir, path, origin
-        self._run_view, self._stash = run_view, None
-        self._set_read_only(run_view is not None)
-        self._json_error = ""
-        self.form.set_values(self._raw)
-        self.json.show_text(to_json_text(self._raw, self._spec))
-        self._changed()
-
-    def _on_field_edited(self, key: Key, value: Any) -> None:
-        self._raw = with_field(self._raw, key, value)
-        self._json_error = ""  # the form's state replaces whatever the JSON view held
-        self.json.show_text(to_json_text(self._raw, self._spec))
-        self._changed()
-
-    def _on_json_parsed(self, value: Any) -> None:
-        if not isinstance(value, dict):  # the form cannot show it: leave the form as it is
-            self._on_json_failed(f"the config must be a JSON object, got {type(value).__name__}")
-            return
-        self._json_error = ""
-        self._raw = value
-        self.form.set_values(self._raw)
-        self._changed()
-
-    def _on_json_failed(self, message: str) -> None:
-        self._json_error = message
-        self._update_validity()
-        self.ledger_view.config_changed(False, self.validity_message())
-
-    def _changed(self) -> None:
-        self._problems = check(self._raw, self._source(), self._fields)
-        self.form.mark_errors(self._problems.fields)
-        self.form.mark_unused(unused_fields(method_of(self._raw)))  # greyed: the method does not read them
-        self.banner.setText("\n".join(self._problems.general))
-        self.banner.setVisible(bool(self._problems.general))
-        self._update_validity()
-        self._update_file_label()
-        self.ledger_view.config_changed(self.is_valid(), self.validity_message())
-        self.config_edited.emit(self.config())
-
-    def _update_validity(self) -> None:
-        state = (self.is_valid(), self.validity_message())
-        if state != self._validity:
-            self._validity = state
-            self.validity_changed.emit(*state)
+    def _on_doc_changed(self, origin: str) -> None:
+        """The document changed: every view but the one the edit came from shows it again."""
+        doc = self.doc
+        if origin == DOCUMENT:
+            self._set_read_only(doc.is_read_only())
+        if origin != FORM:
+            self.form.set_values(doc.raw)
+        if origin != JSON:
+            self.json.show_text(doc.json_text())
+        self.form.mark_errors(doc.problems.fields)
+        self.form.mark_unused(unused_fields(method_of(doc.raw)))  # greyed: the method does not read them
+        self.banner.setText("\n".join(doc.problems.general))
+        self.banner.setVisible(bool(doc.problems.general))
+        name = doc.label()
+        self.file_label.setText(name + (" — modified" if doc.is_modified() else ""))
+        self.file_label.setToolTip(f"{name}\nRelative paths are relative to {doc.base_dir}")
+        self.ledger_view.config_changed(doc.is_valid(), doc.validity_message())
+        self.config_edited.emit(doc.config())
 
     def _set_read_only(self, read_only: bool) -> None:
         self.form.setEnabled(not read_only)  # tooltips still show: the fields can be read, not changed
@@ -418,30 +353,16 @@ class ConfigPanel(QWidget):
         if not read_only:
             self.run_banner.hide()
 
-    def _update_file_label(self) -> None:
-        modified = self.is_modified()
-        name = str(self._path) if self._path is not None else f"untitled ({self._origin})"
-        if self._run_view is not None:
-            name = f"{self._run_view / 'config.json'} (read-only)"
-        self.file_label.setText(name + (" — modified" if modified else ""))
-        self.file_label.setToolTip(f"{name}\nRelative paths are relative to {self._base_dir}")
-        if modified != self._was_modified:
-            self._was_modified = modified
-            self.modified_changed.emit(modified)
-
-    def _source(self) -> str:
-        return self._path.name if self._path is not None else "config"
-
     def _flush_json(self) -> str:
         """Apply JSON typed in the last 300 ms before acting on the config; the JSON error, if any."""
         if self.json.is_pending():
             self.json.parse_now()
-        return self._json_error
+        return self.doc.json_error
 
     def _disk_matches(self) -> bool:
         """The file still holds what was loaded or saved (another program may have changed it)."""
         try:
-            return read_json_file(self._path, "config") == self._saved_raw
+            return read_json_file(self.doc.path, "config") == self.doc.saved_raw
         except UserInputError:
             return False
 
@@ -461,19 +382,20 @@ class ConfigPanel(QWidget):
     def _on_open(self) -> None:
         if not self._ask_discard():
             return
-        path, _ = QFileDialog.getOpenFileName(self, "Open config", str(self._base_dir), "Config (*.json)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open config", str(self.doc.base_dir), "Config (*.json)")
         if path:
             self.load_file(Path(path))
 
     def _on_save(self) -> None:
-        if self._path is None:
+        if self.doc.path is None:
             self._on_save_as()
         else:
-            self.save_to(self._path)
+            self.save_to(self.doc.path)
 
     def _on_save_as(self) -> None:
-        start = self._base_dir if self._path is not None else Path.home()
-        name = self._path.name if self._path is not None else "config.json"
+        current = self.doc.path
+        start = self.doc.base_dir if current is not None else Path.home()
+        name = current.name if current is not None else "config.json"
         path, _ = QFileDialog.getSaveFileName(self, "Save config as", str(start / name), "Config (*.json)")
         if path:
             self.save_to(Path(path))

@@ -13,7 +13,8 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QStyle, QSystemTrayIcon
 
-from app.models.run_state import LIVE, RunState
+from app.models.lifecycle import LIVE
+from app.models.run_state import RunState
 
 MESSAGE_MS = 15000
 

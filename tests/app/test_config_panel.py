@@ -297,7 +297,7 @@ def test_presets_load_into_the_panel(panel):
     for preset in presets():
         assert panel.load_preset(preset)
         assert panel.is_valid(), panel.validity_message()
-        assert panel.current_path() is None and not panel.is_modified()
+        assert panel.doc.path is None and not panel.doc.is_modified()
         assert panel.base_dir() == preset.path.parent
         assert preset.name.split(" (")[0] in panel.file_label.text()
         loaded[preset.name.split(" (")[0]] = panel.config()
@@ -317,10 +317,10 @@ def test_presets_load_into_the_panel(panel):
 def test_save_writes_a_config_the_engine_loads_and_that_round_trips(qtbot, panel, tmp_path):
     panel.load_file(relative_config(tmp_path))
     line(panel, "resources", "train_batch_size").setText("2")
-    assert panel.is_modified() and "modified" in panel.file_label.text()
+    assert panel.doc.is_modified() and "modified" in panel.file_label.text()
     path = tmp_path / "configs" / "saved.json"
     assert panel.save_to(path)
-    assert panel.current_path() == path and not panel.is_modified() and "modified" not in panel.file_label.text()
+    assert panel.doc.path == path and not panel.doc.is_modified() and "modified" not in panel.file_label.text()
     cfg = load_config(path)
     assert cfg.resources.train_batch_size == 2
     assert cfg.identity.train_data_dir == str((tmp_path / "data").resolve())
@@ -333,7 +333,7 @@ def test_save_writes_a_config_the_engine_loads_and_that_round_trips(qtbot, panel
 
 def test_save_as_elsewhere_keeps_what_relative_paths_mean(panel, tmp_path):
     assert panel.load_file(DEMO)
-    assert panel.current_path() is None  # built-in: Save asks for a new file instead of overwriting it
+    assert panel.doc.path is None  # built-in: Save asks for a new file instead of overwriting it
     target = tmp_path / "elsewhere" / "demo-copy.json"
     target.parent.mkdir()
     assert panel.save_to(target)
@@ -405,7 +405,7 @@ def test_dry_run_shows_resolved_config_and_memory_ledger(qtbot, panel, tmp_path)
     with qtbot.waitSignal(panel._engine.dry_run_finished, timeout=None) as signal:
         assert panel.dry_run()
     assert signal.args[0] == 0, signal.args[1]
-    text = panel.dry_run_text()
+    text = panel.dry_run_view.toPlainText()
     assert "Resolved config:" in text and "Memory ledger" in text and "total" in text
     assert str(tmp_path / "runs") in text and panel.side.currentWidget() is panel.dry_run_view
     assert panel.dry_run_button.isEnabled()
@@ -415,7 +415,7 @@ def test_dry_run_failure_shows_the_one_line_error(qtbot, panel, tmp_path):
     line(panel, "identity", "train_data_dir").setText(str(tmp_path / "missing"))
     with qtbot.waitSignal(panel._engine.dry_run_finished, timeout=None):
         assert panel.dry_run()
-    assert f"dmad: error: train_data_dir not found: {tmp_path / 'missing'}" in panel.dry_run_text()
+    assert f"dmad: error: train_data_dir not found: {tmp_path / 'missing'}" in panel.dry_run_view.toPlainText()
     assert "Dry run failed" in panel.status.text()
 
 

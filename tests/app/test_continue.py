@@ -132,7 +132,7 @@ def continue_button(panel: TrainingPanel):
 
 def wait_idle(qtbot, panel: TrainingPanel) -> None:
     qtbot.waitUntil(lambda: not panel.engine.is_running(), timeout=WAIT_MS)
-    qtbot.waitUntil(lambda: panel._follower is None or not panel._follower.is_active(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not panel.lifecycle.following, timeout=WAIT_MS)
 
 
 # ---------------------------------------------------------------- what the button offers
@@ -184,10 +184,11 @@ def test_continue_resumes_latest_in_the_run_folder_and_follows_the_cut_back_hist
                     "--run-dir", str(run.path.resolve()), "--resume", "latest"]
     _, y = panel.loss_plot.curve("loss_dm").getData()
     assert y[9] == pytest.approx(1.0 / 10) and y[10] == pytest.approx(2.0 / 11)
-    assert panel.state() == "running" and panel.run_dir() == run.path  # the replayed old "stopped" is history
+    # the replayed old "stopped" is history
+    assert panel.run_state.state == "running" and panel.run_state.run_dir == run.path
     assert not continue_button(panel).isEnabled() and panel.buttons["stop"].isEnabled()
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() == "stopped", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "stopped", timeout=WAIT_MS)
     wait_idle(qtbot, panel)
     assert states == ["starting", "running", "stopping", "stopped"] and panel.run_state.exit_code == 0
     assert panel.note_label.text() == "stopped at iteration 15 (checkpoint iter_15)"
@@ -205,7 +206,8 @@ def test_a_refused_continue_shows_the_engines_one_line_and_the_run_as_it_is(qtbo
     wait_idle(qtbot, panel)
     line = IN_USE.format(run=run.path.resolve())
     assert panel.banner.text() == f"<b>Could not continue busy - exit code 2 (invalid input)</b><br>{line}"
-    assert panel.state() == "stopped" and not panel.is_live()  # as status.json says: the run is untouched
+    # as status.json says: the run is untouched
+    assert panel.run_state.state == "stopped" and not panel.run_state.is_live()
     qtbot.waitUntil(lambda: len(xs(panel)) == 20, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Continue from iteration 10", timeout=WAIT_MS)
     assert continue_button(panel).isEnabled()
@@ -217,12 +219,12 @@ def test_stop_while_loading_ends_stopped_and_offers_start_again(qtbot, make_pane
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Start again", timeout=WAIT_MS)
     qtbot.mouseClick(continue_button(panel), Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() == "running" and panel.buttons["stop"].isEnabled(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "running" and panel.buttons["stop"].isEnabled(), timeout=WAIT_MS)
     qtbot.waitUntil(lambda: panel.state_label.text() == "running - loading", timeout=WAIT_MS)  # what it is doing
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() != "stopping", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state != "stopping", timeout=WAIT_MS)
     wait_idle(qtbot, panel)
-    assert panel.state() == "stopped" and panel.run_state.exit_code == 0 and panel.banner.isHidden()
+    assert panel.run_state.state == "stopped" and panel.run_state.exit_code == 0 and panel.banner.isHidden()
     assert panel.note_label.text() == "stopped before the first iteration"
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Start again", timeout=WAIT_MS)
     assert continue_button(panel).isEnabled() and panel.buttons["start"].isEnabled()
@@ -266,7 +268,7 @@ def test_continue_in_the_runs_panel_opens_the_run_and_continues_it(qtbot, tmp_pa
     qtbot.addWidget(window)
     calls = []
     monkeypatch.setattr(window.training, "continue_run",
-                        lambda: calls.append((window.training.run_dir(), window.training.state())) or True)
+                        lambda: calls.append((window.run_state.run_dir, window.run_state.state)) or True)
     window.show_panel("Runs")
     qtbot.waitUntil(lambda: len(window.runs.rows()) == 1, timeout=WAIT_MS)
     _select(qtbot, window.runs, "kept")

@@ -23,8 +23,9 @@ from PySide6.QtWidgets import QDialogButtonBox, QMessageBox
 from app.dialogs.one_off_view import OneOffViewer
 from app.dialogs.sample_prompt import SamplePromptDialog
 from app.models.eta import EtaSmoother
+from app.models.lifecycle import KILLED
 from app.models.stopping import KILL_AFTER_S, StopEscalation
-from app.panels.training import KILLED, TrainingPanel
+from app.panels.training import TrainingPanel
 from dmad.contract.events import make_event
 from dmad.contract.runs import RunFolder, atomic_write_json, pid_alive
 
@@ -123,7 +124,7 @@ def _answer(monkeypatch, button) -> list[str]:
 
 def _start_running(qtbot, panel: TrainingPanel, tmp_path: Path) -> Path:
     assert panel.start(tmp_path / "config.json", tmp_path / "runs")
-    qtbot.waitUntil(lambda: panel.state() == "running" and panel.run_state.iteration == 5, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "running" and panel.run_state.iteration == 5, timeout=WAIT_MS)
     return tmp_path / "runs" / "engine-run"
 
 
@@ -139,7 +140,7 @@ def test_a_slow_stop_offers_stop_now_which_stops_without_a_checkpoint(qtbot, eng
     run = _start_running(qtbot, panel, tmp_path)
     assert panel.stop_bar.isHidden()
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-    assert panel.state() == "stopping" and panel.state_label.text().startswith("stopping")
+    assert panel.run_state.state == "stopping" and panel.state_label.text().startswith("stopping")
     bar = panel.stop_bar
     assert bar.isVisible() and bar.stop_now_button.isEnabled() and not bar.kill_button.isEnabled()
     assert "WITHOUT saving a checkpoint" in bar.stop_now_button.toolTip()
@@ -149,7 +150,7 @@ def test_a_slow_stop_offers_stop_now_which_stops_without_a_checkpoint(qtbot, eng
     assert [c["cmd"] for c in _controls(run)] == ["stop", "stop_now"]
     assert not bar.stop_now_button.isEnabled() and bar.kill_button.isEnabled()  # the next step is offered at once
     assert "lost" in bar.kill_button.toolTip()
-    qtbot.waitUntil(lambda: panel.state() == "stopped" and not panel.engine.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "stopped" and not panel.engine.is_running(), timeout=WAIT_MS)
     assert panel.note_label.text() == "stopped at iteration 5 without a checkpoint (the newest is iter_3)"
     assert bar.isHidden() and panel.banner.isHidden()
 
@@ -165,10 +166,10 @@ def test_kill_ends_an_engine_that_reads_nothing_and_its_workers_after_a_confirma
     asked = _answer(monkeypatch, QMessageBox.StandardButton.Cancel)
     qtbot.mouseClick(panel.stop_bar.kill_button, Qt.LeftButton)
     assert len(asked) == 1 and "keeps checkpoint iter_3; everything after it is lost" in asked[0]
-    assert panel.engine.is_running() and panel.state() == "stopping"  # cancelled: nothing happened
+    assert panel.engine.is_running() and panel.run_state.state == "stopping"  # cancelled: nothing happened
     asked = _answer(monkeypatch, QMessageBox.StandardButton.Yes)
     qtbot.mouseClick(panel.stop_bar.kill_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() == "failed", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "failed", timeout=WAIT_MS)
     assert not panel.engine.is_running() and panel.run_state.message == KILLED
     assert "killed from the app while stopping" in panel.banner.text()
     qtbot.waitUntil(lambda: not pid_alive(child), timeout=WAIT_MS)  # the whole process group went
@@ -212,16 +213,17 @@ def test_a_reattached_run_stays_stopping_and_can_be_killed_by_its_pid(qtbot, tmp
         panel = TrainingPanel()
         qtbot.addWidget(panel)
         panel.open_run(run.path)
-        assert panel.state() == "running"
+        assert panel.run_state.state == "running"
         qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-        qtbot.wait(2600)  # a status poll or more: status.json still says running, the Stop is not undone
-        assert panel.state() == "stopping"
+        with qtbot.waitSignal(panel.source.status_reads.done, timeout=WAIT_MS):
+            panel.source.poll()  # status.json still says running: the Stop is not undone
+        assert panel.run_state.state == "stopping" and panel.lifecycle.status["state"] == "running"
         qtbot.mouseClick(panel.stop_bar.stop_now_button, Qt.LeftButton)
         assert [c["cmd"] for c in _controls(run.path)] == ["stop", "stop_now"]
         _answer(monkeypatch, QMessageBox.StandardButton.Yes)
         qtbot.mouseClick(panel.stop_bar.kill_button, Qt.LeftButton)
         assert engine.wait(timeout=30) == -signal.SIGKILL
-        qtbot.waitUntil(lambda: panel.state() == "failed", timeout=WAIT_MS)
+        qtbot.waitUntil(lambda: panel.run_state.state == "failed", timeout=WAIT_MS)
         assert "killed from the app while stopping" in panel.banner.text()
         panel._clear()
     finally:
@@ -265,7 +267,7 @@ def test_sample_prompt_sends_the_prompt_and_shows_the_one_off_image(qtbot, engin
     assert viewer.image.pixmap().width() >= 256  # a 64 px image is enlarged, not a speck
     assert "sampling requested" not in panel.state_label.text()  # the engine answered
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() == "stopped" and not panel.engine.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "stopped" and not panel.engine.is_running(), timeout=WAIT_MS)
 
 
 def test_a_one_off_in_the_replayed_history_opens_nothing(qtbot, tmp_path):
@@ -279,7 +281,7 @@ def test_a_one_off_in_the_replayed_history_opens_nothing(qtbot, tmp_path):
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     panel.open_run(run.path)
-    qtbot.waitUntil(lambda: panel._follower is None or not panel._follower.is_active(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not panel.lifecycle.following, timeout=WAIT_MS)
     assert panel.findChild(OneOffViewer) is None
 
 

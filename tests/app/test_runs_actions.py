@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox, QMessageBox
 
 from app.dialogs.export_run import ExportDialog
 from app.dialogs.run_actions import NoteDialog, RenameDialog
+from app.models.lifecycle import RunLifecycle
 from app.models.run_files import name_problem
 from app.models.run_state import RunState
 from app.panels.runs import COLUMNS, RunsPanel
@@ -222,11 +223,12 @@ def test_names_are_never_cut_and_headers_are_not_clipped(qtbot, tmp_path):
 def test_a_run_the_app_is_stopping_is_listed_as_stopping(qtbot, tmp_path):
     run = write_run(tmp_path, "r", "running")  # the engine has not reached its boundary: status says running
     panel = open_panel(qtbot, tmp_path)
-    state = RunState()
+    lifecycle = RunLifecycle()
+    state = RunState(lifecycle)
     panel.watch(state)
-    state.open(run, "running")
+    lifecycle.open(run, {"state": "running"})
     with qtbot.waitSignal(panel.runs_scanned, timeout=WAIT_MS):
-        state.set_state("stopping")
+        lifecycle.stop_requested()
     assert by_name(panel)["r"].state == "stopping" and cell(panel, "r", "Status") == "stopping"
     assert panel.message.full_text().startswith("1 runs · 1 live")
 

@@ -14,6 +14,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QDesktopServices
 
 from app.dialogs.config_diff import ConfigDiffDialog
+from app.engine.process import event_dict
+from app.models.lifecycle import RunLifecycle
 from app.models.run_scan import NOT_A_RUN, TAIL_BYTES, ScanCache
 from app.models.run_state import RunState
 from app.panels.runs import COLUMNS, RunsPanel
@@ -274,21 +276,24 @@ def test_the_timer_picks_up_a_new_run_while_visible(qtbot, tmp_path):
     assert not panel._timer.isActive()
 
 
-def test_the_shown_runs_state_changes_rescan_and_its_progress_does_not(qtbot, tmp_path):
+def test_the_shown_runs_state_changes_rescan_and_its_progress_does_not(qtbot, tmp_path, monkeypatch):
     write_run(tmp_path, "r1", "running")
     panel = open_panel(qtbot, tmp_path)
-    state = RunState()
+    lifecycle = RunLifecycle()
+    state = RunState(lifecycle)
     panel.watch(state)
     with qtbot.waitSignal(panel.runs_scanned):
-        state.open(tmp_path / "r1", "running")  # a run opened in the Training panel
-    rescans = []
-    panel.runs_scanned.connect(rescans.append)
-    state.set_progress(11, 1000)
-    qtbot.wait(200)
-    assert rescans == []  # an iteration changes no state: the timer picks it up
+        lifecycle.open(tmp_path / "r1", {"state": "running"})  # a run opened in the Training panel
+    lifecycle.file_caught_up()  # its history is read: what follows is live
+    refreshes = []
+    refresh = panel.refresh
+    monkeypatch.setattr(panel, "refresh", lambda: refreshes.append(lifecycle.state) or refresh())
+    lifecycle.file_event(event_dict(make_event("metric", 11, loss_dm=0.5, max_train_steps=1000)))
+    assert lifecycle.iteration == 11 and refreshes == []  # an iteration changes no state: the timer picks it up
     write_run(tmp_path, "r2", "finished")
     with qtbot.waitSignal(panel.runs_scanned):
-        state.end("finished", 0, "finished 1000 iterations")
+        lifecycle.file_event(event_dict(make_event("finished", 1000)))
+    assert refreshes == ["finished"]
     assert sorted(by_name(panel)) == ["r1", "r2"]
 
 

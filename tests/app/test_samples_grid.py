@@ -126,12 +126,13 @@ def test_a_render_that_stopped_shows_what_failed_and_hides_an_empty_column(qtbot
 
 def test_details_say_rendering_until_meta_json_exists(qtbot, tmp_path, run):
     # `dmad sample` writes the images first and meta.json last; this stand-in waits in between
-    go = tmp_path / "go"
+    go, copied = tmp_path / "go", tmp_path / "copied"  # copied: every image is written (a ready marker)
     program = _script(tmp_path, "fake_sample.py", (
         "run = sys.argv[sys.argv.index('--run') + 1]\n"
         "src, dst = run + '/samples/iter_60', run + '/samples/iter_60-r2'\n"
         "os.makedirs(dst)\n"
         "[shutil.copy(os.path.join(src, f), dst) for f in os.listdir(src) if f.endswith('.png')]\n"
+        f"open({str(copied)!r}, 'w').close()\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
         "shutil.copy(src + '/meta.json', dst + '/meta.json')\n"
         "print(json.dumps({'v': 1, 't': time.time(), 'kind': 'samples', 'iter': 60, "
@@ -140,8 +141,7 @@ def test_details_say_rendering_until_meta_json_exists(qtbot, tmp_path, run):
     _open(qtbot, panel, run)
     panel.grid.set_current_cell(2, 1)
     panel.render_again()
-    qtbot.waitUntil(lambda: (run / "samples" / "iter_60-r2" / "size-small.png").is_file(), timeout=30_000)
-    qtbot.wait(300)  # the last image is written completely
+    qtbot.waitUntil(copied.exists, timeout=30_000)
     with qtbot.waitSignal(panel.grid_filled, timeout=20_000):
         panel.refresh()
     panel.grid.set_current_cell(2, _headers(panel).index("iter_60-r2"))

@@ -84,7 +84,7 @@ def test_replayed_run_plots_every_series(qtbot, panel, tmp_path):
     for key in ("loss_g", "loss_c", "mem_peak_alloc_gb", "mem_device_used_gb", "step_time_s", "data_time_s"):
         qtbot.waitUntil(lambda: len(xs(panel, key)) == 10, timeout=WAIT_MS)
     assert xs(panel, "loss_dm") == list(range(1, 11))
-    assert states == ["finished"] and panel.state() == "finished" and not panel.is_live()
+    assert states == ["finished"] and panel.run_state.state == "finished" and not panel.run_state.is_live()
     assert panel.numbers.iter_label.text() == "iteration 10 / 100"
     assert panel.numbers.rate_label.text() == "4.00 it/s"
     assert panel.banner.isHidden()
@@ -128,22 +128,22 @@ def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path
     run = write_run(tmp_path, "live", state="running", tail=half[:25])  # the engine is mid-write
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
-    assert panel.state() == "running" and panel.is_live()
+    assert panel.run_state.state == "running" and panel.run_state.is_live()
     append(run, half[25:] + b"".join(_metric(i) for i in range(9, 21)))  # 9 and 10 again: a re-read overlap
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 20, timeout=WAIT_MS)
     assert xs(panel, "loss_dm") == list(range(1, 21))
     panel.open_run(run.path)  # reopened (the app restarted): history again, nothing doubled
-    qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 20, timeout=WAIT_MS)
-    qtbot.wait(200)
+    qtbot.waitUntil(lambda: not panel.lifecycle.replaying, timeout=WAIT_MS)  # the whole history is read
+    panel.feed.refresh()  # drawn now, not at the feed's next tick
     assert xs(panel, "loss_dm") == list(range(1, 21))
     status = json.loads(run.status_json.read_text())
     atomic_write_json(run.status_json, {**status, "state": "paused"})  # as the engine does: status, then event
     append(run, _event("paused", 20))
-    qtbot.waitUntil(lambda: panel.state() == "paused", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "paused", timeout=WAIT_MS)
     append(run, _event("stopped", 20, last_checkpoint=20))  # the event alone ends the run here
-    qtbot.waitUntil(lambda: panel.state() == "stopped", timeout=WAIT_MS)
-    qtbot.waitUntil(lambda: panel._follower is None or not panel._follower.is_active(), timeout=WAIT_MS)
-    assert panel.state() == "stopped" and not panel.is_live()
+    qtbot.waitUntil(lambda: panel.run_state.state == "stopped", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not panel.lifecycle.following, timeout=WAIT_MS)
+    assert panel.run_state.state == "stopped" and not panel.run_state.is_live()
 
 
 def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path):
@@ -151,14 +151,14 @@ def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path):
                     tail=_event("stopped", 20, last_checkpoint=10))
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 20, timeout=WAIT_MS)
-    assert panel.state() == "running"  # status.json says running: the old "stopped" is history
+    assert panel.run_state.state == "running"  # status.json says running: the old "stopped" is history
     run.truncate_after(10)  # `dmad train --resume` from checkpoint 10
     append(run, _event("started", None, run_dir=str(run.path), resume_from="latest")
            + b"".join(_metric(i, scale=2.0) for i in range(11, 16)))
     qtbot.waitUntil(lambda: xs(panel, "loss_dm") == list(range(1, 16)), timeout=WAIT_MS)
     _, y = panel.loss_plot.curve("loss_dm").getData()
     assert y[9] == pytest.approx(1.0 / 10) and y[10] == pytest.approx(2.0 / 11)  # the new stretch
-    assert panel.state() == "running"
+    assert panel.run_state.state == "running"
 
 
 def test_a_dead_pid_with_status_running_shows_as_failed(qtbot, panel, tmp_path):
@@ -167,7 +167,7 @@ def test_a_dead_pid_with_status_running_shows_as_failed(qtbot, panel, tmp_path):
     run = write_run(tmp_path, "killed", state="running", pid=gone.pid)
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: not panel.banner.isHidden(), timeout=WAIT_MS)
-    assert panel.state() == "failed" and not panel.is_live()
+    assert panel.run_state.state == "failed" and not panel.run_state.is_live()
     text = panel.banner.text()
     assert f"pid {gone.pid}" in text and "killed or crashed" in text and "log line 19" in text
     assert not panel.buttons["stop"].isEnabled() and panel.buttons["start"].isEnabled()
@@ -200,7 +200,7 @@ def test_control_buttons_append_commands(qtbot, panel, tmp_path):
     qtbot.mouseClick(panel.buttons["checkpoint"], Qt.LeftButton)
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
     assert cmds() == ["pause", "resume", "sample_now", "checkpoint_now", "stop"]
-    assert panel.state() == "stopping" and not panel.buttons["stop"].isEnabled()
+    assert panel.run_state.state == "stopping" and not panel.buttons["stop"].isEnabled()
 
 
 def test_start_can_be_disabled_with_a_reason(qtbot, panel):
@@ -264,11 +264,11 @@ def test_own_run_plots_stdout_events_and_stops_gracefully(qtbot, engine_panel, t
     panel.run_state_changed.connect(states.append)
     assert panel.start(tmp_path / "config.json", tmp_path / "runs")
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 5, timeout=WAIT_MS)
-    assert panel.run_dir() == tmp_path / "runs" / "engine-run"
-    assert panel.state() == "running" and not panel.buttons["start"].isEnabled()
+    assert panel.run_state.run_dir == tmp_path / "runs" / "engine-run"
+    assert panel.run_state.state == "running" and not panel.buttons["start"].isEnabled()
     assert "INFO dmad: step 5" in panel.log_view.toPlainText()
     qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
-    qtbot.waitUntil(lambda: panel.state() == "stopped", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "stopped", timeout=WAIT_MS)
     assert states == ["starting", "running", "stopping", "stopped"]
     assert panel.banner.isHidden() and panel.buttons["start"].isEnabled()
     run = panel.run_state  # what the window and the Runs panel read
@@ -279,7 +279,7 @@ def test_own_run_plots_stdout_events_and_stops_gracefully(qtbot, engine_panel, t
 def test_crashed_engine_shows_the_banner_with_cause_and_exit_code(qtbot, engine_panel, tmp_path):
     panel = engine_panel("crash")
     panel.start(tmp_path / "config.json", tmp_path / "runs")
-    qtbot.waitUntil(lambda: panel.state() == "failed" and not panel.engine.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "failed" and not panel.engine.is_running(), timeout=WAIT_MS)
     qtbot.waitUntil(lambda: "exit code 3" in panel.banner.text(), timeout=WAIT_MS)
     text = panel.banner.text()
     assert not panel.banner.isHidden()
@@ -299,6 +299,6 @@ def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path):
     run = write_run(tmp_path, "sampled", tail=sampler + _event("finished", 10, elapsed_s=65.0))
     panel.open_run(run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
-    qtbot.waitUntil(lambda: panel.state() == "finished", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: panel.run_state.state == "finished", timeout=WAIT_MS)
     assert panel.numbers.rate_label.text() == "4.00 it/s"  # from the last iteration row, not the sampler's
     assert "mem_used_gb" not in panel.store._series and len(xs(panel, "mem_device_used_gb")) == 10

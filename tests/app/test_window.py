@@ -62,13 +62,17 @@ def test_the_run_state_drives_the_title_and_the_run_bound_tabs(window, recorded_
     assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
     runs = []
     window.run_changed.connect(runs.append)
-    state.start()  # what the Training panel does when Start is pressed: the old run's tabs go blank
+    lifecycle = window.training.lifecycle  # fed here as the Training panel feeds it when Start is pressed
+    window.training.source.clear()  # as TrainingPanel.start does first: the old run is not read any more
+    lifecycle.start("", now=0.0)  # the old run's tabs go blank
     assert runs == [None] and window.samples.run_dir() is None and window.windowTitle() == "DMAD Studio"
-    state.set_run_dir(recorded_run)
-    state.set_state("running")
+    lifecycle.set_run_dir(recorded_run)
+    lifecycle.engine_event({"v": 1, "t": 1.0, "kind": "started", "iter": None, "data": {}})
     assert runs == [None, recorded_run] and window.samples.run_dir() == recorded_run
     assert window.windowTitle() == f"{recorded_run.name} [running] - DMAD Studio"
-    state.end("finished", 0, "finished 120 iterations")
+    lifecycle.engine_event({"v": 1, "t": 2.0, "kind": "finished", "iter": 120, "data": {}})
+    lifecycle.engine_finished(0, "finished 120 iterations", (), killed=False)
+    assert (state.exit_code, state.message) == (0, "finished 120 iterations")
     assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
 
 
@@ -121,7 +125,7 @@ def test_opening_a_run_from_the_runs_panel_fills_training_samples_memory_and_tit
     window.show_panel("Runs")
     window.runs.run_opened.emit(recorded_run)
     assert window.tabs.currentWidget() is window.training
-    assert window.training.run_dir() == recorded_run
+    assert window.training.run_state.run_dir == recorded_run
     assert window.samples.run_dir() == recorded_run
     assert recorded_run.name in window.windowTitle() and "finished" in window.windowTitle()
     qtbot.waitUntil(lambda: window.memory.readings.rowCount() == 1, timeout=10_000)
@@ -173,7 +177,8 @@ class _LiveRun:
 
     def __init__(self, monkeypatch, training, run_dir: Path):
         self.calls = []
-        training.run_state.open(run_dir, "running")
+        training.lifecycle.open(run_dir, {"state": "running"})  # reattached: status.json says running
+        training.lifecycle.file_caught_up()  # its history is read: what follows is live
         monkeypatch.setattr(training, "stop_run", lambda: self.calls.append("stop"))
         monkeypatch.setattr(training, "leave_running", lambda: self.calls.append("leave"))
 
@@ -213,9 +218,10 @@ def test_close_during_a_run_stop_waits_for_the_checkpoint_then_closes(window, mo
     assert not window.close()  # the engine is still saving its checkpoint
     assert run.calls == ["stop"] and window.isVisible()
     assert "saving a checkpoint" in window.statusBar().currentMessage()
-    window.run_state.set_state("stopping")
+    lifecycle = window.training.lifecycle
+    lifecycle.stop_requested()
     assert window.isVisible()
-    window.run_state.end("stopped", 0, "stopped at iteration 3 (checkpoint iter_3)")
+    lifecycle.file_event({"v": 1, "t": 1.0, "kind": "stopped", "iter": 3, "data": {"last_checkpoint": 3}})
     assert not window.isVisible()
 
 

@@ -179,11 +179,12 @@ def test_dry_run_and_start_name_the_same_folder(qtbot, make_window, tmp_path, mo
     assert window.training.state_label.full_text() == f"idle - Start makes a new run in {root / AUTO_NAME}"
     with qtbot.waitSignal(window.config._engine.dry_run_finished, timeout=WAIT_MS):
         assert window.config.dry_run()
-    said = next(line for line in window.config.dry_run_text().splitlines() if line.startswith("Run folder:"))
+    report = window.config.dry_run_view.toPlainText()
+    said = next(line for line in report.splitlines() if line.startswith("Run folder:"))
     qtbot.mouseClick(start, Qt.LeftButton)
-    qtbot.waitUntil(lambda: window.training.state() == "finished", timeout=WAIT_MS)
-    assert said == f"Run folder:  {window.training.run_dir()} (will be created)"
-    assert window.training.run_dir() == root / "the-run"
+    qtbot.waitUntil(lambda: window.training.run_state.state == "finished", timeout=WAIT_MS)
+    assert said == f"Run folder:  {window.training.run_state.run_dir} (will be created)"
+    assert window.training.run_state.run_dir == root / "the-run"
 
 
 # ---------------------------------------------------------------- closing with unsaved config edits
@@ -207,7 +208,7 @@ def test_discard_closes_and_edits_waiting_behind_a_run_view_count_too(qtbot, mak
     window.config.apply_changes({"resources.train_batch_size": 2})  # the preset, edited
     window.open_run(stopped_run)
     qtbot.waitUntil(window.config.is_read_only, timeout=WAIT_MS)
-    assert not window.config.is_modified() and window.config.has_unsaved_changes()
+    assert not window.config.doc.is_modified() and window.config.has_unsaved_changes()
     asked = _click(monkeypatch, "Discard")
     assert window.close() and "untitled (preset CPU demo)" in asked[0]
 
@@ -218,9 +219,7 @@ def test_unsaved_edits_and_a_live_run_ask_both_questions_in_turn(qtbot, make_win
     window.config.apply_changes({"resources.train_batch_size": 2})
     calls = []
     monkeypatch.setattr(window.training, "leave_running", lambda: calls.append("leave"))
-    window.run_state.start()
-    window.run_state.set_run_dir(tmp_path / "runs" / "live")
-    window.run_state.set_state("running")
+    window.training.lifecycle.open(tmp_path / "runs" / "live", {"state": "running"})  # a live run shown
     asked = _click(monkeypatch, "Discard")
     monkeypatch.setattr("app.dialogs.close.ask_close_during_run", lambda *a: asked.append("run") or "leave")
     assert window.close()
@@ -229,18 +228,23 @@ def test_unsaved_edits_and_a_live_run_ask_both_questions_in_turn(qtbot, make_win
 
 # ---------------------------------------------------------------- notifications
 
-def _run_to(window: MainWindow, tmp_path: Path, end: str, message: str) -> None:
-    state = window.run_state
-    state.start()
-    state.set_run_dir(tmp_path / "runs" / "r1")
-    state.set_state("running")
-    state.end(end, 0 if end == "finished" else 1, message)
+def _run_to(qtbot, window: MainWindow, tmp_path: Path, end: str, message: str) -> None:
+    """Our engine's run r1 ends: failed by its exit code, or finished as its status.json says (the engine
+    exited 0 before its final event was seen: the panel reads the file in a worker)."""
+    lifecycle, run = window.training.lifecycle, RunFolder.create(tmp_path / "runs" / "r1")
+    window.training.source.clear()  # as TrainingPanel.start does first: the run shown before is not read
+    lifecycle.start("", now=0.0)
+    lifecycle.set_run_dir(run.path)
+    lifecycle.engine_event({"v": 1, "t": 1.0, "kind": "started", "iter": None, "data": {}})
+    atomic_write_json(run.status_json, {"state": end})
+    lifecycle.engine_finished(0 if end == "finished" else 1, message, (), killed=False)
+    qtbot.waitUntil(lambda: window.run_state.state == end, timeout=WAIT_MS)
 
 
 def test_a_run_that_ends_is_announced_in_the_status_bar_without_a_tray(qtbot, make_window, tmp_path):
     window = make_window()
     assert not QSystemTrayIcon.isSystemTrayAvailable()  # offscreen: no tray, no crash
-    _run_to(window, tmp_path, "failed", "loss_dm is NaN at iteration 12")
+    _run_to(qtbot, window, tmp_path, "failed", "loss_dm is NaN at iteration 12")
     assert window.statusBar().currentMessage() == "Run failed: r1 failed: loss_dm is NaN at iteration 12"
 
 
@@ -253,6 +257,6 @@ def test_a_run_that_ends_shows_a_tray_message_where_there_is_a_tray(qtbot, make_
     window = make_window()
     window.open_run(stopped_run)  # an ended run opened: nothing happened now, nothing to announce
     assert shown == []
-    _run_to(window, tmp_path, "finished", "finished 120 iterations in 65 s")
+    _run_to(qtbot, window, tmp_path, "finished", "finished 120 iterations in 65 s")
     assert shown == [("Run finished", "r1 finished: finished 120 iterations in 65 s")]
     assert window.notifier._tray is not None and not window.notifier._tray.icon().isNull()

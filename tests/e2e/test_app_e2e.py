@@ -64,18 +64,18 @@ def test_start_watch_and_stop_a_run_from_the_window(qtbot, tmp_path, write_confi
     qtbot.mouseClick(start, Qt.LeftButton)
     assert w.tabs.currentWidget() is w.training
     qtbot.waitUntil(lambda: any(n >= 3 for n in _plotted(w).values()), timeout=WAIT_MS)
-    run = w.training.run_dir()
+    run = w.training.run_state.run_dir
     assert run is not None and run.parent == tmp_path / "runs"
     assert w.samples.run_dir() == run and run.name in w.windowTitle() and "running" in w.windowTitle()
     step_x, _ = w.training.step_plot.curve(w.training.step_plot.curve_keys()[0]).getData()
     assert len(step_x) >= 1  # step time arrives with the losses
 
     w.training.buttons["stop"].click()
-    qtbot.waitUntil(lambda: w.training.state() == "stopped", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: w.training.run_state.state == "stopped", timeout=WAIT_MS)
     ckpts = RunFolder(run).list_checkpoints()
     assert ckpts, "a graceful stop saves a checkpoint"
     assert json.loads((run / "status.json").read_text())["state"] == "stopped"
-    assert "stopped" in w.windowTitle() and not w.training.is_live()
+    assert "stopped" in w.windowTitle() and not w.training.run_state.is_live()
     assert json.loads((run / "events.jsonl").read_text().splitlines()[-1])["kind"] == "stopped"
     w.close()
 
@@ -102,7 +102,7 @@ w.show()
 def check():
     # close once a few iterations are plotted: the rest of the run happens after this app is gone
     if w.training.store.get("loss_c") is not None and len(w.training.store.get("loss_c")) >= 3:
-        print(w.training.run_dir(), flush=True)
+        print(w.training.run_state.run_dir, flush=True)
         w.close()
         app.quit()
     else:
@@ -132,9 +132,9 @@ def test_leave_it_running_then_reattach_through_the_folder(qtbot, tmp_path, writ
 
     w = _window(qtbot, tmp_path)
     w.open_run(run)
-    assert w.training.run_dir() == run
-    assert w.training.state() == "running"  # a reattach, not the replay of a finished run
-    qtbot.waitUntil(lambda: w.training.state() == "finished", timeout=WAIT_MS)
+    assert w.training.run_state.run_dir == run
+    assert w.training.run_state.state == "running"  # a reattach, not the replay of a finished run
+    qtbot.waitUntil(lambda: w.training.run_state.state == "finished", timeout=WAIT_MS)
     x, _ = w.training.store.get("loss_c").view()
     assert list(x.astype(int)) == _logged_iters(run) == list(range(1, 121))  # every iteration once
     assert RunFolder(run).read_status()["state"] == "finished"
