@@ -39,4 +39,3 @@ def engine_argv(*args: str) -> list[str]:
     only place that prefix is built: the app, the demo, the probe, command.txt and bench/ use it."""
     prefix = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "dmad"]
     return [*prefix, *args]
-
