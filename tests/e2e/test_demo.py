@@ -210,7 +210,8 @@ def test_an_interrupted_bench_goes_on_from_its_rows_and_runs(small_bench, capsys
     # fewer methods or seeds read the kept rows back: nothing is trained or scored again
     out = again(methods="dmad", seeds="0")
     assert {p: p.stat().st_mtime_ns for p in (folder / "rows").iterdir()} == before
-    assert "LCM" not in out and "seed 1" not in out
+    assert not any(line.startswith("| LCM") for line in out.splitlines()) and "seed 1" not in out
+    assert "| DMAD 4 steps beats LCM 4 steps @ equal compute on tv" in out and "| not measured |" in out  # said, not dropped
     with pytest.raises(UserInputError, match=r"holds a bench with other settings \(set\)"):
         again(methods="dmad", seeds="0", set_name="tuning")
 
