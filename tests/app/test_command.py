@@ -134,7 +134,8 @@ SPAWNS_A_CHILD = """
     if sys.argv[2] == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"])
-    (here / "pids.json").write_text(f"[{child.pid}, {os.getpid()}]")
+    (here / "pids.tmp").write_text(f"[{child.pid}, {os.getpid()}]")
+    os.replace(here / "pids.tmp", here / "pids.json")  # whole or absent: the test reads it as soon as it exists
     while True:
         time.sleep(0.05)
 """
