@@ -78,9 +78,6 @@ class BenchResult:
     targets: list[dict] = field(default_factory=list)
     wall_time_s: float = 0.0
 
-    def row(self, key: RowKey) -> Row:
-        return next(r for r in self.rows if r.key == key)
-
 
 def machine_info() -> dict:
     import torch

@@ -34,8 +34,13 @@ def t975(df: int) -> float:
     return _T975[max(k for k in _T975 if k <= df)]
 
 
-def _group_key(r: Row) -> tuple:
-    return r.method, r.steps, r.budget
+def student_groups(rows: list[Row]) -> dict[tuple, list[Row]]:
+    """Student rows by (method, steps, checkpoint rule), one row per training seed, in row order."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.model == "student":
+            groups.setdefault((r.method, r.steps, r.budget), []).append(r)
+    return groups
 
 
 def group_name(method: str, steps: int, budget: str) -> str:
@@ -47,10 +52,7 @@ def summarize(rows: list[Row]) -> list[dict]:
     """Students grouped by (method, steps, checkpoint rule) across training seeds: each metric's
     mean, standard deviation (n - 1) and per-seed values; and whether every seed covered every
     needed value."""
-    groups: dict[tuple, list[Row]] = {}
-    for r in rows:
-        if r.model == "student":
-            groups.setdefault(_group_key(r), []).append(r)
+    groups = student_groups(rows)
     out = []
     for (method, steps, budget), rs in groups.items():
         entry = {"name": group_name(method, steps, budget), "method": method, "steps": steps, "budget": budget,
@@ -98,10 +100,7 @@ def seed_difference(a: list[Row], b: list[Row], metric: str) -> Optional[dict]:
 
 
 def compare_seeds(rows: list[Row], s) -> list[dict]:
-    groups: dict[tuple, list[Row]] = {}
-    for r in rows:
-        if r.model == "student":
-            groups.setdefault(_group_key(r), []).append(r)
+    groups = student_groups(rows)
     out = []
     for a, b, what in comparison_pairs(s.methods, s.student_steps):
         if a in groups and b in groups:

@@ -24,14 +24,11 @@ def _need_label(n: Need) -> str:
 
 def check_targets(r, s) -> list[dict]:
     """[{target, met (True / False / None: not measured), measured, needs}] for the bench result `r`."""
-    from dmad.demo.bench_report import seed_difference
+    from dmad.demo.bench_report import seed_difference, student_groups
 
     rows = {x.key: x for x in r.rows}
     groups = {(e["method"], e["steps"], e["budget"]): e for e in r.summary}
-    seeds_of = {}
-    for x in r.rows:
-        if x.model == "student":
-            seeds_of.setdefault((x.method, x.steps, x.budget), []).append(x)
+    seeds_of = student_groups(r.rows)
     out: list[dict] = []
 
     def target(name: str, needs: list[Need], check: Callable[[], tuple[bool, str]]) -> None:
