@@ -8,7 +8,8 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, LCMScheduler
 
-from dmad.contract.config import Distillation, lcm_grid
+from dmad.contract.config import Distillation
+from dmad.contract.methods import lcm_grid
 from dmad.methods.lcm import (TargetEMA, boundary_scalings, consistency_output, ddim_step, loss_consistency,
                               sample_solver_steps, solver_grid)
 from dmad.methods.noise import SampleRNG
