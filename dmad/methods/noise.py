@@ -11,6 +11,8 @@ copy to the device).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -42,6 +44,17 @@ class SampleRNG:
         """(B,) integers in [low, high) (high exclusive, like torch.randint)."""
         out = torch.cat([torch.randint(low, high, (1,), generator=g) for g in self.gens])
         return out.to(self.device)
+
+
+def fresh_noise(like: torch.Tensor, generator: "Optional[torch.Generator | SampleRNG]") -> torch.Tensor:
+    """Standard normal noise like `like`: from a SampleRNG (one row per sample), else drawn on the
+    generator's device (so a CPU generator gives the same numbers whichever device trains), then moved."""
+    if generator is None:
+        return torch.randn_like(like)
+    if hasattr(generator, "randn_like"):  # a SampleRNG
+        return generator.randn_like(like)
+    n = torch.randn(like.shape, generator=generator, device=generator.device, dtype=torch.float32)
+    return n.to(device=like.device, dtype=like.dtype)
 
 
 def iteration_generator(seed: int, iteration: int) -> torch.Generator:
