@@ -263,7 +263,8 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, teacher_gib, teacher_how)]
     lines.append(_trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why))
     lines += unit.ledger_lines(LedgerInputs(
-        fake_score=fake_score, optimizer_states=OPTIMIZER_STATES[optimizer], bottleneck_channels=info.bottleneck_channels,
+        fake_score=fake_score, optimizer_states=OPTIMIZER_STATES[optimizer],
+        bottleneck_channels=info.bottleneck_channels,
         student_trainable=n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank,
         trainable=lambda name, mode: _trainable(name, mode, info, lora_rank, optimizer, mixed_precision, shared, why),
         line=lambda name, nbytes, how: LedgerLine(name, nbytes / GIB, how)))
