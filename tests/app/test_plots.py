@@ -200,7 +200,7 @@ def test_a_new_run_starts_with_fresh_ranges_and_legend(qtbot, tmp_path):
     panel.show()
     big = write_run(tmp_path, "big", range(1, 301), scale=100.0)
     panel.open_run(big.path)
-    plot = panel.loss_plot.critic
+    plot = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(plot.curve("loss_fake")) == 300, timeout=WAIT_MS)
     plot.view.setRange(xRange=(100, 200), yRange=(5, 50))  # the user zoomed in: auto-range is off
     qtbot.mouseClick(plot.legend.entry("loss_c"), Qt.LeftButton)  # and hid a series
@@ -354,7 +354,7 @@ def test_the_panel_redraws_a_recorded_run_on_the_wall_clock_axis(qtbot, tmp_path
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     panel.open_run(run)
-    critic = panel.loss_plot.critic
+    critic = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(critic.curve("loss_c")) == 60, timeout=WAIT_MS)
     panel.loss_plot.x_axis.setCurrentIndex(panel.loss_plot.x_axis.findData("elapsed"))  # through the feed
     qtbot.waitUntil(lambda: critic.curve("loss_c").getData()[0][-1] > 1000, timeout=WAIT_MS)
