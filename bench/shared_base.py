@@ -67,13 +67,14 @@ def _median_step(run: Path) -> float:
 
 def held_bytes(teacher_path: Path, share: bool) -> int:
     """Bytes of the unique tensor storages of teacher denoiser + student + fake score."""
-    from dmad.models.networks import build_networks
+    from dmad.methods.dmd2 import make_networks
+    from dmad.models.networks import TeacherCopies
     from dmad.models.teacher import load_teacher
 
     teacher = load_teacher(str(teacher_path), components=("denoiser",))
-    nets = build_networks(teacher.denoiser, student="lora", fake_score="lora", lora_rank=4, lora_alpha=None,
-                          gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=teacher.family,
-                          share_frozen_base=share)
+    copies = TeacherCopies(teacher.denoiser, lora_rank=4, lora_alpha=None, gradient_checkpointing=False,
+                           family=teacher.family, share_frozen_base=share)
+    nets = make_networks(copies, student="lora", fake_score="lora", gan_on_teacher=False, ema_decay=None)
     seen, total = set(), 0
     modules = [teacher.denoiser] + ([] if share else [nets.student, nets.fake_score])
     for m in modules:

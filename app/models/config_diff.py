@@ -3,8 +3,9 @@
 Pure python, no Qt: nested dicts are flattened to dotted paths ("optimization.generator_lr");
 lists are leaves and compared whole (student_timesteps [999, 499] vs [999, 749, 499] is one
 difference, not three); a field present on one side only is shown as "(absent)". A field that a
-side's distillation method does not read (critic_lr of an lcm run, lcm_huber_c of a dmd2 run) carries
-a note, so a DMAD run compared with an LCM run does not look like it differs where neither cares.
+side's distillation method does not read (critic_lr of a run without a critic, the peer method's
+settings in a dmd2 run) carries a note, so a DMAD run compared with an LCM run does not look like it
+differs where neither cares.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class FieldDiff:
     a: Any        # value in A, or ABSENT
     b: Any        # value in B, or ABSENT
     differs: bool
-    unused_a: str = ""  # "unused with method lcm": A's method does not read this field
+    unused_a: str = ""  # "unused with method <name>": A's method does not read this field
     unused_b: str = ""
 
 

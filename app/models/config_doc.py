@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from dmad.contract.config import PATH_FIELDS, TrainConfig, format_validation_error, json_schema, migrate, validate_config
 from dmad.errors import UserInputError
-from dmad.contract.jsonfile import _no_duplicate_keys, read_json_file
+from dmad.contract.jsonfile import no_duplicate_keys, read_json_file
 
 Key = tuple[str, ...]  # ("resources", "train_batch_size"); top-level fields: ("config_version",)
 
@@ -178,7 +178,7 @@ class JsonTextError(ValueError):
 def parse_json_text(text: str) -> Any:
     """json.loads with the engine's duplicate-key rule (dmad.contract.jsonfile)."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise JsonTextError(f"line {e.lineno}, column {e.colno}: {e.msg}") from None
     except ValueError as e:  # a duplicate key

@@ -1,42 +1,24 @@
 """The distillation methods (the config's distillation.method) as the app names and shows them, without Qt.
 
-dmd2 is DMAD (distribution matching against the teacher's guided score and a trained fake score, plus
-a GAN head: a critic that steps every iteration); lcm is latent consistency distillation, the peer
-method (a consistency loss, L2 or pseudo-Huber, against an EMA target after one guided DDIM step of the teacher: no
-fake score, no GAN head, no critic). Each method leaves some settings unused; the Config form greys
-them out, the runs table and the config diff say so. A test checks every key here against the schema.
+The methods are the engine's, described in dmad.contract.methods (METHODS: name, label, what it
+trains, its metrics columns and plots, its settings); this module reads them for the app's views:
+the Config form greys out the settings the chosen method does not read, the runs table and the
+config diff say so, the preset chooser and the samples' provenance name the method.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
-from dmad.contract.config import Distillation
 from dmad.contract.jsonfile import read_json_or_problem
+from dmad.contract.methods import DEFAULT_METHOD, METHODS, empty_columns, unused_settings
 
-DMD2, LCM = "dmd2", "lcm"
 METHOD_KEY = ("distillation", "method")
-DEFAULT = Distillation.model_fields["method"].default  # what a config without the key means
-SHORT = {DMD2: "DMAD", LCM: "LCM"}                      # a suffix, a column
-LABELS = {DMD2: "DMAD (dmd2)", LCM: "LCM (lcm)"}        # the form's combo box: the name and the value
-WHAT = {DMD2: "distribution matching + adversarial (DMD2): a fake score and a GAN head, the critic, "
-              "train beside the student",
-        LCM: "latent consistency distillation (LCM): a consistency loss (L2 or pseudo-Huber) against an EMA target "
-             "after one guided DDIM step of the teacher; no fake score, no GAN head, no critic"}
-
-_CRITIC = (("identity", "fake_score"), ("optimization", "critic_lr"),
-           ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
-           ("distillation", "generator_gan_weight"),
-           ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
-           ("distillation", "min_timestep"), ("distillation", "max_timestep"),
-           ("resources", "share_frozen_base"))  # LCM's LoRA student is its own copy (no fake score to share with)
-_LCM_ONLY = (("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
-             ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay"))
-UNUSED: dict[str, tuple[tuple[str, ...], ...]] = {DMD2: _LCM_ONLY, LCM: _CRITIC}
+DEFAULT = DEFAULT_METHOD  # what a config without the key means
+LABELS = {name: m.label for name, m in METHODS.items()}  # the form's combo box: the name and the value
+WHAT = {name: m.what for name, m in METHODS.items()}
 # metrics.csv columns (= metric event fields) a run of the method leaves empty
-EMPTY_COLUMNS = {DMD2: ("loss_lcm",),
-                 LCM: ("loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c", "dm_grad_norm",
-                       "d_real_acc", "d_fake_acc", "grad_norm_c", "lr_critic")}
+EMPTY_COLUMNS = {name: empty_columns(name) for name in METHODS}
 
 
 def method_of(config: Any) -> Any:
@@ -47,12 +29,13 @@ def method_of(config: Any) -> Any:
 
 
 def short_name(method: Any) -> str:
-    """"DMAD" / "LCM"; a value the app does not know is shown as it is."""
-    return SHORT.get(method, str(method))
+    """"DMAD", the method's short name; a value the app does not know is shown as it is."""
+    info = METHODS.get(method) if isinstance(method, str) else None
+    return info.short if info is not None else str(method)
 
 
 def label(method: Any) -> str:
-    return LABELS.get(method, str(method))
+    return LABELS.get(method, str(method)) if isinstance(method, str) else str(method)
 
 
 def unused_note(method: Any) -> str:
@@ -60,13 +43,17 @@ def unused_note(method: Any) -> str:
 
 
 def unused_fields(method: Any) -> dict[tuple[str, ...], str]:
-    """{key: "unused with method lcm"} for the settings `method` does not read ({} for an unknown one)."""
-    return {key: unused_note(method) for key in UNUSED.get(method, ())}
+    """{key: "unused with method <method>"} for the settings `method` does not read ({} for an unknown one)."""
+    return {key: unused_note(method) for key in _unused(method)}
 
 
 def is_unused(method: Any, dotted: str) -> bool:
-    """"optimization.critic_lr" is not read by method "lcm"."""
-    return tuple(dotted.split(".")) in UNUSED.get(method, ())
+    """"optimization.critic_lr" is not read by a method without a critic."""
+    return tuple(dotted.split(".")) in _unused(method)
+
+
+def _unused(method: Any) -> tuple[tuple[str, str], ...]:
+    return unused_settings(method) if isinstance(method, str) else ()
 
 
 def read_method(config_path: Path) -> Optional[str]:

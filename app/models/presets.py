@@ -25,7 +25,7 @@ class Preset:
     name: str
     path: Path          # the config file; relative paths inside it are relative to path.parent
     description: str    # what it was chosen for: shown as the tooltip
-    method: str         # distillation.method of its config: dmd2 | lcm
+    method: str         # distillation.method of its config (dmad.contract.methods.METHODS)
 
     def menu_text(self) -> str:
         """The chooser's line: the name and the method ("CPU demo · DMAD")."""

@@ -48,7 +48,7 @@ class RunRow:
     teacher: str = ""
     dataset: str = ""
     prompt_set: str = ""
-    method: str = ""                 # distillation.method: dmd2 | lcm ("" without a config)
+    method: str = ""                 # distillation.method ("" without a config)
     student_steps: Optional[int] = None
     batch: Optional[int] = None      # effective batch: train_batch_size x gradient_accumulation_steps
     batch_parts: tuple[Optional[int], Optional[int]] = (None, None)

@@ -46,7 +46,7 @@ def _lr(x: Optional[float]) -> str:
 
 
 def _critic_unused(row: RunRow) -> bool:
-    """The run's method trains no critic (lcm): its critic_lr is a kept, unread value."""
+    """The run's method trains no critic: its critic_lr is a kept, unread value."""
     return is_unused(row.method, "optimization.critic_lr")
 
 

@@ -248,7 +248,7 @@ class FieldRow(QWidget):
         layout.addWidget(self.editor)
         layout.addWidget(self.error)
         self.label = QLabel(spec.name + (" *" if spec.required else ""))
-        self.unused = ""  # "unused with method lcm": the row is greyed out
+        self.unused = ""  # "unused with method <name>": the row is greyed out
         self.set_error("")
 
     def base_tooltip(self) -> str:
@@ -314,7 +314,7 @@ class ConfigForm(QWidget):
             row.editor.set_value(row.spec.default if value is UNSET and not row.spec.required else value)
 
     def mark_unused(self, notes: dict[Key, str]) -> None:
-        """Grey out the fields in `notes` (key -> why: "unused with method lcm"), enable every other."""
+        """Grey out the fields in `notes` (key -> why: "unused with method <name>"), enable every other."""
         for key, row in self.rows.items():
             row.set_unused(notes.get(key, ""))
 

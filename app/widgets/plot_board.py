@@ -1,10 +1,11 @@
 """The Training panel's plots and their shared controls.
 
-Two pages of metric plots (losses: generator | critic; accuracy | gradient norms | learning rates)
-above memory | step time, which stay in view whatever page is chosen. The plots shown are those the
-run's distillation method fills (plot_specs.METHOD_PLOTS: an LCM run has one consistency-loss plot
-and no critic or accuracy plot), plus any that has data, a compared run's included; the method comes
-from the run's config (set_method), or, when that is unknown, from the first metrics it logs. The controls apply to all:
+Two pages of metric plots (losses: each method's loss plots, DMAD's generator | critic; then
+accuracy | gradient norms | learning rates) above memory | step time, which stay in view whatever page
+is chosen. The plots shown are those the run's distillation method fills (plot_specs.METHOD_PLOTS,
+from dmad.contract.methods: the peer method has one consistency-loss plot and no critic or accuracy
+plot), plus any that has data, a compared run's included; the method comes from the run's config
+(set_method), or, when that is unknown, from the first metrics it logs. The controls apply to all:
 smoothing, log y, the x axis (iteration or elapsed wall-clock time), and other runs to compare
 (their metrics.csv read in a pool worker, drawn dashed). Every plot spans the same x range, so a
 generator curve that ends early (logged only on student updates) is seen to.
@@ -26,8 +27,9 @@ from app.models.plot_data import X_ELAPSED, X_ITERATION, OverlayRun, read_overla
 from app.models.series import SeriesStore
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.plot_legend import dash_style
-from app.models.methods import DEFAULT, DMD2, EMPTY_COLUMNS, LCM
-from app.widgets.plot_specs import ACCURACY, CONSISTENCY, CRITIC, GENERATOR, GRADIENTS, LEARNING_RATE, METHOD_PLOTS
+from app.models.methods import DEFAULT
+from app.widgets.plot_specs import METHOD_OWN_PLOTS, METHOD_PLOTS, SHARED_PLOTS
+from dmad.contract.methods import METHODS, own_columns
 from app.widgets.plot_memory import MemoryPlot
 from app.widgets.plot_row import PlotRow
 from app.widgets.plots import MetricPlot, step_time_plot
@@ -35,16 +37,12 @@ from app.widgets.wheel_guard import guard_wheel
 
 _SLIDER_STEPS = 1000  # smoothing slider resolution: factor = position / 1000, up to 0.999
 _X_CHOICES = ((X_ITERATION, "iteration"), (X_ELAPSED, "wall-clock time"))
-_PAGE_WORDS = {"generator": "losses", "critic": "losses", "lcm": "losses", "accuracy": "accuracy",
-               "gradients": "gradients", "lr": "LR"}  # a page's title: the words of the plots it shows
 
 
 def guess_method(names) -> Optional[str]:
-    """The method whose columns the metric names are, None before a loss is logged."""
+    """The method whose own columns the metric names include, None before a loss is logged."""
     names = set(names)
-    if names.intersection(EMPTY_COLUMNS[DMD2]):  # loss_lcm
-        return LCM
-    return DMD2 if names.intersection(EMPTY_COLUMNS[LCM]) else None
+    return next((m for m in METHODS if names.intersection(own_columns(m))), None)
 
 
 class PlotBoard(QWidget):
@@ -55,11 +53,10 @@ class PlotBoard(QWidget):
         """`run_dir`: the shown run's folder, where the compare dialog starts (its siblings are runs)."""
         super().__init__(parent)
         self._run_dir = run_dir
-        self.generator, self.critic = MetricPlot(GENERATOR), MetricPlot(CRITIC)
-        self.consistency = MetricPlot(CONSISTENCY)
-        self.accuracy, self.gradients, self.lr = MetricPlot(ACCURACY), MetricPlot(GRADIENTS), MetricPlot(LEARNING_RATE)
+        self._named = {spec.name: MetricPlot(spec) for spec in METHOD_OWN_PLOTS + SHARED_PLOTS}
+        self.gradients, self.lr = self._named["gradients"], self._named["lr"]
         self.memory_plot, self.step_plot = MemoryPlot(), step_time_plot()
-        self.pages = ([self.generator, self.critic, self.consistency], [self.accuracy, self.gradients, self.lr])
+        self.pages = tuple([p for p in self._named.values() if p.spec.page == page] for page in ("losses", "health"))
         self._method: Optional[str] = None  # from the run's config; None: guessed from the metrics
         self._shown: Optional[list] = None  # which plots of each page are shown
         self._factor, self._store = 0.0, None
@@ -176,7 +173,7 @@ class PlotBoard(QWidget):
     # ------------------------------------------------------------ which plots the method fills
 
     def set_method(self, method: Optional[str]) -> None:
-        """The shown run's distillation.method (dmd2 | lcm); None: not known, guessed from its metrics."""
+        """The shown run's distillation.method; None: not known, guessed from its metrics."""
         self._method = method
         self._show_method_plots()
 
@@ -201,7 +198,7 @@ class PlotBoard(QWidget):
                 plot.setVisible(on)
             row.align()
         for i, page in enumerate(self.pages):
-            words = list(dict.fromkeys(_PAGE_WORDS[p.spec.name] for p in page if not p.isHidden()))
+            words = list(dict.fromkeys(p.spec.word for p in page if not p.isHidden()))
             title = " · ".join(words)
             self.tabs.setTabText(i, title[:1].upper() + title[1:])
 
@@ -242,6 +239,10 @@ class PlotBoard(QWidget):
 
     def loss_keys(self) -> list[str]:
         return [k for p in self.pages[0] for k in p.keys_with_data()]
+
+    def plot_named(self, name: str) -> MetricPlot:
+        """A metric plot by its spec's name ("generator", "gradients", ...)."""
+        return self._named[name]
 
     def plot_for(self, key: str) -> Optional[MetricPlot]:
         return next((p for p in self.plots() if key in p.curve_keys()), None)

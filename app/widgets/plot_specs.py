@@ -1,19 +1,18 @@
 """Which metric goes in which plot, in which colour, under which words.
 
-Keys are the metric event fields = metrics.csv columns (dmad/train/session.py METRIC_COLUMNS). The
-losses are split the way DMAD trains them: the student (generator) steps only every K-th iteration
-(`critic_updates_per_generator_update`), so its losses are logged only on those rows; the critic
-(fake score + GAN head) steps every iteration. A metric keeps its colour in every plot and run.
-An LCM run (distillation.method lcm) logs loss_lcm, grad_norm_g and lr_generator and leaves the DMAD
-columns empty: METHOD_PLOTS says which plots each method fills, and the board shows only those (and
-any plot another run compared with has data for).
+Keys are the metric event fields = metrics.csv columns (dmad.contract.methods.METRIC_COLUMNS). Each
+distillation method describes the plots its own columns go in (dmad.contract.methods: DMAD's
+generator, critic and accuracy plots; the peer method's consistency-loss plot); the plots every
+method fills (gradient norms, learning rates, memory, step time) are defined here. A metric keeps its
+colour in every plot and run. METHOD_PLOTS says which plots each method fills; the board shows only
+those (and any plot another run compared with has data for).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from app.models.methods import DMD2, LCM
+from dmad.contract.methods import METHODS, Plot
 
 # Okabe-Ito-like hues brightened for the dark plot background: distinct for colour-blind readers.
 SKY, ORANGE, GREEN, YELLOW, PINK, VERMILION, GREY = ((86, 180, 233), (230, 159, 0), (0, 190, 140), (240, 228, 66),
@@ -49,34 +48,13 @@ class PlotSpec:
     y_from_zero: bool = False  # the y axis always includes 0 (memory: 30 MB of noise is not a swing)
     smooth: bool = True  # follows the smoothing control
     log_ok: bool = True  # follows the log-scale control
+    page: str = "health"  # the board's page: "losses", or "health" (accuracy, gradients, learning rates)
+    word: str = ""  # what the page's tab title says for it
 
     def keys(self) -> list[str]:
         return [c.key for c in self.curves]
 
 
-GENERATOR = PlotSpec(
-    "generator", "Generator losses", "loss",
-    (CurveSpec("loss_dm", "loss_dm", SKY, tip="distribution matching loss of the student"),
-     CurveSpec("loss_g_gan", "loss_g_gan", ORANGE, tip="non-saturating GAN loss of the student"),
-     CurveSpec("loss_g", "loss_g = loss_dm + w_g·loss_g_gan", BAND_RED, band=True,
-               tip="the student's total loss; w_g = generator_gan_weight (1e-3 by default), so it lies on loss_dm")),
-    x_note="points only on student updates (every K-th iteration)",
-    tip="The student (generator) steps only every K-th iteration, K = critic_updates_per_generator_update; "
-        "the critic steps every iteration. Generator losses are logged on the rows with a student update, "
-        "so their curves can end a little before the critic's.")
-CRITIC = PlotSpec(
-    "critic", "Critic losses", "loss",
-    (CurveSpec("loss_fake", "loss_fake", GREEN, tip="the fake score's denoising loss on student samples"),
-     CurveSpec("loss_d_gan", "loss_d_gan", YELLOW, tip="GAN head's logistic loss, real vs student; 2 ln 2 = 1.39 at chance"),
-     CurveSpec("loss_c", "loss_c = loss_fake + w_d·loss_d_gan", BAND_GREEN, band=True,
-               tip="the critic's total loss; w_d = critic_gan_weight")))
-ACCURACY = PlotSpec(
-    "accuracy", "Discriminator accuracy", "fraction correct (0.5 = chance)",
-    (CurveSpec("d_real_acc", "d_real_acc", SKY, tip="on real images: the share the GAN head calls real"),
-     CurveSpec("d_fake_acc", "d_fake_acc", ORANGE, tip="on the student's images: the share it calls fake")),
-    tip="The GAN head's accuracy on real images and on the student's. 0.5 = chance (dotted line); near 1 on "
-        "both for long: the critic wins and the student's GAN signal fades.",
-    y_fixed=(0.0, 1.0), y_guide=0.5, log_ok=False)
 GRADIENTS = PlotSpec(
     "gradients", "Gradient norms", "norm",
     (CurveSpec("grad_norm_g", "grad_norm_g", SKY, tip="the student's total gradient norm, before clipping"),
@@ -84,11 +62,11 @@ GRADIENTS = PlotSpec(
      CurveSpec("dm_grad_norm", "dm_grad_norm", PINK,
                tip="mean |distribution-matching gradient| on the student's samples (not a total norm)")),
     tip="grad_norm_g: student, grad_norm_c: critic (total norms before clipping); dm_grad_norm: mean absolute "
-        "distribution-matching gradient")
+        "distribution-matching gradient", word="gradients")
 LEARNING_RATE = PlotSpec(
     "lr", "Learning rates", "learning rate",
     (CurveSpec("lr_generator", "lr_generator", SKY), CurveSpec("lr_critic", "lr_critic", GREEN)),
-    smooth=False)
+    smooth=False, word="LR")
 MEMORY = PlotSpec(
     "memory", "Memory", "GiB",
     (CurveSpec("mem_peak_alloc_gb", FRAMEWORK_PEAK, SKY, tip="peak of the framework's allocator since the last row"),
@@ -99,20 +77,21 @@ STEP_TIME = PlotSpec(
     (CurveSpec("step_time_s", "step time (s)", GREEN), CurveSpec("data_time_s", "data time (s)", YELLOW)),
     y_from_zero=True, smooth=False, log_ok=False)
 
-CONSISTENCY = PlotSpec(
-    "lcm", "Consistency loss (LCM)", "loss",
-    (CurveSpec("loss_lcm", "loss_lcm", SKY,
-               tip="consistency loss (lcm_loss_type: L2 or pseudo-Huber) between the student at t_n+k and the "
-                   "EMA target at t_n after one guided DDIM step of the teacher"),),
-    tip="Latent consistency distillation: d\u00b2 (lcm_loss_type l2) or sqrt(d\u00b2 + c\u00b2) \u2212 c "
-        "(huber, c = lcm_huber_c) per latent element, averaged, between the student's output at t_n+k and "
-        "the EMA target's at t_n, one guided DDIM step of the teacher apart (k = 1000 / lcm_ddim_timesteps). "
-        "The student steps every iteration; there is no critic. The target follows the student "
-        "(lcm_target_ema_decay), so this loss measures self-consistency: read it with the samples.")
+COLOURS = {"sky": SKY, "orange": ORANGE, "green": GREEN, "yellow": YELLOW, "pink": PINK, "vermilion": VERMILION,
+           "grey": GREY, "band_red": BAND_RED, "band_green": BAND_GREEN}
 
-LOSS_PLOTS = (GENERATOR, CRITIC, CONSISTENCY)
-HEALTH_PLOTS = (ACCURACY, GRADIENTS, LEARNING_RATE)
+
+def spec_of(plot: Plot) -> PlotSpec:
+    """A method's plot (dmad.contract.methods.Plot) as the board draws it."""
+    curves = tuple(CurveSpec(c.key, c.label, COLOURS[c.colour], band=c.band, tip=c.tip) for c in plot.curves)
+    return PlotSpec(plot.name, plot.title, plot.y_label, curves, x_note=plot.x_note, tip=plot.tip,
+                    y_fixed=plot.y_fixed, y_guide=plot.y_guide, log_ok=plot.log_ok, page=plot.page, word=plot.word)
+
+
+# Every method's own plots, in the registry's order, then the plots every method fills.
+METHOD_OWN_PLOTS = tuple(spec_of(plot) for m in METHODS.values() for plot in m.plots)
+SHARED_PLOTS = (GRADIENTS, LEARNING_RATE)
 # The plots each distillation method fills (PlotSpec names); a run of one method leaves the others'
 # columns empty, so they are not shown for it (an empty critic plot would look like a broken run).
-METHOD_PLOTS = {DMD2: ("generator", "critic", "accuracy", "gradients", "lr"),
-                LCM: ("lcm", "gradients", "lr")}
+METHOD_PLOTS = {name: tuple(p.name for p in m.plots) + tuple(p.name for p in SHARED_PLOTS)
+                for name, m in METHODS.items()}

@@ -13,10 +13,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from dmad.errors import UserInputError
+from dmad.contract.group import Group
 from dmad.contract.jsonfile import JsonSyntaxError, check_path, loads_json, path_problem, printable, read_json_file
+from dmad.contract.methods import Distillation
 from dmad.contract.paths import resources_dir
 
 CONFIG_VERSION = 2  # migrate() brings older files up to it
@@ -34,13 +36,7 @@ def _usable_path(v: str) -> str:
 PathStr = Annotated[str, AfterValidator(_usable_path)]
 
 
-class _Group(BaseModel):
-    # strict: true is not a batch size and "2" is not a learning rate (a JSON integer still is a
-    # float); a typo is an error, never a guess.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
-
-
-class Identity(_Group):
+class Identity(Group):
     """What run: which teacher, which data, what kind of student."""
 
     run_name: Optional[str] = Field(
@@ -68,7 +64,7 @@ class Identity(_Group):
     lora_alpha: Optional[int] = Field(None, ge=1, le=4096, description="LoRA alpha; empty: equal to lora_rank.")
 
 
-class Resources(_Group):
+class Resources(Group):
     """Will it fit: precision, batch, resolution, memory savers."""
 
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
@@ -108,7 +104,7 @@ class Resources(_Group):
         return v
 
 
-class Optimization(_Group):
+class Optimization(Group):
     """Will it learn: optimizers and schedules for the generator (student) and critic (fake score + GAN head)."""
 
     generator_lr: float = Field(1e-5, gt=0, le=1.0, description="Student learning rate.")
@@ -126,93 +122,7 @@ class Optimization(_Group):
     max_train_steps: int = Field(1000, ge=1, le=10**8, description="Iterations (critic optimizer steps) to train.")
 
 
-def lcm_grid(num_ddim_timesteps: int, num_train_timesteps: int = 1000) -> list[int]:
-    """The skipping-step grid latent consistency distillation trains on, ascending: k * (T // N) - 1
-    for k = 1 .. N (diffusers' DDIMSolver and LCMScheduler: N = 50 gives 19, 39, ..., 999)."""
-    step = num_train_timesteps // num_ddim_timesteps
-    return [k * step - 1 for k in range(1, num_ddim_timesteps + 1)]
-
-
-def lcm_sampling_timesteps(steps: int, num_ddim_timesteps: int, num_train_timesteps: int = 1000) -> list[int]:
-    """What LCMScheduler.set_timesteps(steps) picks from that grid (original_inference_steps = N):
-    indices floor(linspace(0, N, steps, endpoint=False)) of the grid read from 999 down
-    (N = 50, 4 steps: 999, 759, 499, 259)."""
-    grid = lcm_grid(num_ddim_timesteps, num_train_timesteps)[::-1]
-    return [grid[int(i * num_ddim_timesteps / steps)] for i in range(steps)]
-
-
-class Distillation(_Group):
-    """How the student is made: DMAD = distribution matching + adversarial (DMD2), or latent
-    consistency distillation (LCM) as the peer method."""
-
-    method: Literal["dmd2", "lcm"] = Field(
-        "dmd2", description="Distillation method. dmd2: DMAD (distribution matching against the teacher's guided "
-                            "score and a trained fake score, plus a GAN term). lcm: latent consistency distillation "
-                            "(LCM paper, diffusers' train_lcm_distill scripts): a skipping-step DDIM solver with the "
-                            "guided teacher, a consistency loss (L2 or pseudo-Huber) against an EMA target of the student; no fake "
-                            "score, no GAN, critic settings unused.")
-    student_steps: int = Field(1, ge=1, le=4, description="Sampling steps of the student (1-4).")
-    student_timesteps: Optional[list[Annotated[int, Field(ge=0, le=999)]]] = Field(
-        None, min_length=1, max_length=4, description="The student's timesteps, descending, in [0, 999]. Empty: evenly spaced from 999 "
-                          "(4 steps: 999, 749, 499, 249); with lcm, what LCMScheduler picks from the solver's grid "
-                          "(4 steps: 999, 759, 499, 259).")
-    real_guidance_scale: float = Field(3.0, ge=1.0, le=100.0, description="CFG scale of the teacher (real score); "
-                                                                           "with lcm, the solver's fixed guidance scale.")
-    critic_updates_per_generator_update: int = Field(
-        5, ge=1, le=100, description="Two-time-scale rule: the critic steps every iteration, the student every K-th (DMD2: 5).")
-    dm_weight: float = Field(1.0, ge=0.0, le=100.0, description="Weight of the distribution-matching loss in the "
-                                                                "student loss; 0: the GAN alone trains the student "
-                                                                "(an ablation: the teacher then only shapes the critic's "
-                                                                "start).")
-    generator_gan_weight: float = Field(1e-3, ge=0.0, le=100.0, description="Weight of the GAN loss in the student loss.")
-    critic_gan_weight: float = Field(1e-2, ge=0.0, le=100.0, description="Weight of the GAN loss in the critic loss.")
-    gan_head_placement: Literal["fake_score_bottleneck", "teacher_bottleneck"] = Field(
-        "fake_score_bottleneck", description="Where the GAN head reads features: the fake score's UNet bottleneck "
-                                             "(trained with it) or the frozen teacher's.")
-    min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
-    max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
-    ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
-    lcm_ddim_timesteps: int = Field(50, ge=2, le=1000, description="lcm: timesteps of the skipping-step DDIM solver "
-                                                                   "(N; each solver step skips 1000 / N timesteps).")
-    lcm_loss_type: Literal["huber", "l2"] = Field(
-        "huber", description="lcm: the consistency loss (the scripts' --loss_type). l2: the squared error; huber: "
-                             "the pseudo-Huber sqrt(d^2 + c^2) - c with c = lcm_huber_c.")
-    lcm_huber_c: float = Field(0.001, gt=0.0, le=10.0, description="lcm: c of the pseudo-Huber consistency loss "
-                                                                   "sqrt(d^2 + c^2) - c (lcm_loss_type huber).")
-    lcm_target_ema_decay: float = Field(0.95, ge=0.0, lt=1.0, description="lcm: decay of the target network, an EMA "
-                                                                          "of the student updated after each step.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "Distillation":
-        if self.min_timestep >= self.max_timestep:
-            raise ValueError(f"min_timestep ({self.min_timestep}) must be below max_timestep ({self.max_timestep})")
-        if self.method == "dmd2" and self.dm_weight == 0 and self.generator_gan_weight == 0:
-            raise ValueError("dm_weight and generator_gan_weight are both 0: nothing would train the student")
-        ts = self.student_timesteps
-        if ts is not None:
-            if len(ts) != self.student_steps:
-                raise ValueError(f"student_timesteps has {len(ts)} entries but student_steps is {self.student_steps}")
-            if any(t < 0 or t > 999 for t in ts) or any(a <= b for a, b in zip(ts, ts[1:])):
-                raise ValueError(f"student_timesteps must be strictly descending within [0, 999]; got {ts}")
-            if self.method == "lcm":
-                grid = set(lcm_grid(self.lcm_ddim_timesteps))
-                off = [t for t in ts if t not in grid]
-                if off:
-                    near = [min(sorted(grid), key=lambda g: abs(g - t)) for t in off]  # a tie: the lower
-                    raise ValueError(f"with method lcm, student_timesteps must lie on the solver's grid of "
-                                     f"{self.lcm_ddim_timesteps} timesteps (k * {1000 // self.lcm_ddim_timesteps} - 1); "
-                                     f"{off} are not (nearest {near})")
-        return self
-
-    def resolved_student_timesteps(self) -> list[int]:
-        if self.student_timesteps is not None:
-            return list(self.student_timesteps)
-        if self.method == "lcm":
-            return lcm_sampling_timesteps(self.student_steps, self.lcm_ddim_timesteps)
-        return [999 - i * 1000 // self.student_steps for i in range(self.student_steps)]
-
-
-class Observation(_Group):
+class Observation(Group):
     """How we know it is learning: logging, checkpoints, validation samples, resume."""
 
     log_every_steps: int = Field(1, ge=1, le=10**6, description="One metrics.csv row and metric event every N iterations.")
@@ -227,7 +137,7 @@ class Observation(_Group):
     gpu_mem_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="Seconds between device-wide memory samples (gpu_mem.csv).")
 
 
-class TrainConfig(_Group):
+class TrainConfig(Group):
     config_version: int = Field(CONFIG_VERSION, ge=1, le=CONFIG_VERSION, description="Config file format version.")
     identity: Identity
     resources: Resources = Field(default_factory=Resources)

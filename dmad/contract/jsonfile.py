@@ -44,9 +44,6 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-# The old private name, until app.models.config_doc (being rewritten) imports no_duplicate_keys.
-_no_duplicate_keys = no_duplicate_keys
-
 
 def _no_constant(token: str) -> float:
     raise ValueError(f"{token} is not a JSON number (JSON has no NaN or Infinity)")

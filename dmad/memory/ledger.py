@@ -26,7 +26,7 @@ TEACHER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # SD3.5-large 0.99964 / 0.00034, FLUX.1-dev 0.99974 / 0.00026.
 LINEAR_SHARE = {"sd1": (0.3142, 0.00027), "sd2": (0.3479, 0.00030), "sdxl": (0.8696, 0.00057),
                 "sd3": (0.9994, 0.00054), "flux": (0.9997, 0.00026)}
-# Optimizer state tensors per trainable parameter (dmad.models.networks.make_optimizer: Adam(W) keeps
+# Optimizer state tensors per trainable parameter (dmad.methods.unit.make_optimizer: Adam(W) keeps
 # exp_avg and exp_avg_sq; its SGD has no momentum buffer).
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 # Saved activations of one UNet forward with graph, in values per sample per latent pixel per
@@ -84,15 +84,6 @@ def _why_not_shared(student: str, fake_score: str, share_frozen_base: bool) -> s
         return "separate copies: resources.share_frozen_base is false"
     full = [name for name, mode in (("student", student), ("fake score", fake_score)) if mode == "full"]
     return f"no shared base: the {full[0]} is a full network" if full else ""
-
-
-def _gan_head_params(bottleneck_channels: int) -> int:
-    import torch
-
-    from dmad.methods.dmd2 import GanHead
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in GanHead(bottleneck_channels).parameters())
 
 
 def teacher_bytes_per_param(family: str, precision: str, mixed_precision: str) -> tuple[float, str]:
@@ -204,25 +195,25 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     checkpointing the graphs through the adapters may keep extra base weights
     (_saved_base_weights), a line of its own.
 
-    method lcm (latent consistency distillation): no fake score and no GAN head; the student is its
-    own copy (full, or LoRA on a frozen copy, as diffusers' LCM-LoRA scripts); its EMA target is a
-    second fp32 set of the student's trainable weights, plus one more while the target's pass runs
-    with them swapped in; one graph with gradients (the student's) at the peak."""
+    The method (dmad.methods: its unit) adds its own lines beside the student's (DMAD: the fake
+    score and the GAN head; latent consistency distillation: its EMA target), says how many graphs
+    with gradients are alive at the peak and whether its LoRA networks may share the frozen base."""
+    from dmad.methods import method_unit
+    from dmad.methods.unit import LedgerInputs
     from dmad.models.families import FAMILIES
     from dmad.models.networks import shares_base
 
     wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
     n_den = info.denoiser_params
     word = _denoiser_word(info)
-    lcm = method == "lcm"
-    shared = not lcm and shares_base(student, fake_score, share_frozen_base)
-    graphs = 1 if lcm else GRAPHS_AT_PEAK
+    unit = method_unit(method)
+    shared = unit.shares_base and shares_base(student, fake_score, share_frozen_base)
+    graphs = unit.graphs_at_peak
     encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
     n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
     vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
     vb = 4 if vae_fp32 else wb
     tb, tdt = teacher_bytes_per_param(info.family, teacher_precision, mixed_precision)
-    head = _gan_head_params(info.bottleneck_channels)
     if info.denoiser == "unet":
         latent = resolution // info.vae_scale_factor
         base = info.unet_block_out_channels[0]
@@ -247,23 +238,15 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
         frozen_name = f"teacher {word} (frozen)"
     names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
     sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
-    why = "" if shared else _why_not_shared(student, fake_score, share_frozen_base)
-    if lcm:
-        why = "LCM's student is its own copy (as diffusers' LCM-LoRA scripts)"
+    why = unit.own_copy or ("" if shared else _why_not_shared(student, fake_score, share_frozen_base))
     lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, teacher_gib, teacher_how)]
     lines.append(_trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why))
-    if lcm:
-        n_train = n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank
-        lines.append(LedgerLine("LCM target (EMA of the student)", 2 * n_train * 4 / GIB,
-                                f"{n_train / 1e6:.1f} M trainable params fp32, twice: the EMA target and the "
-                                f"student's own weights kept while the target's pass runs with it swapped in"))
-    else:
-        lines += [
-            _trainable("fake score", fake_score, info, lora_rank, optimizer, mixed_precision, shared, why),
-            LedgerLine("GAN head", head * 4 * (2 + OPTIMIZER_STATES[optimizer]) / GIB,
-                       f"{head / 1e6:.1f} M params on {info.bottleneck_channels}-channel bottleneck features, "
-                       f"fp32 + grads + optimizer states"),
-        ]
+    lines += unit.ledger_lines(LedgerInputs(
+        fake_score=fake_score, optimizer_states=OPTIMIZER_STATES[optimizer],
+        bottleneck_channels=info.bottleneck_channels,
+        student_trainable=n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank,
+        trainable=lambda name, mode: _trainable(name, mode, info, lora_rank, optimizer, mixed_precision, shared, why),
+        line=lambda name, nbytes, how: LedgerLine(name, nbytes / GIB, how)))
     if sd_labels:
         lines.append(LedgerLine("VAE + text encoder (frozen)", (n_vae * vb + n_text * wb) / GIB,
                                 f"{(n_vae + n_text) / 1e6:.0f} M params in {dt}"))

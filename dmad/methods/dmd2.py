@@ -1,4 +1,5 @@
-"""DMAD: distribution matching + adversarial distillation, as in DMD2 (Yin et al. 2024).
+"""DMAD: distribution matching + adversarial distillation, as in DMD2 (Yin et al. 2024): the losses,
+the GAN head, the student's rollouts, one iteration, and the unit that builds and checkpoints it.
 
 Three networks: the frozen teacher (real score, mu_real), the fake score (mu_fake, a copy of the
 teacher trained to denoise the student's samples) and the student G (1-4 steps). Per iteration
@@ -12,18 +13,29 @@ family's feature tap: dmad.models.families.FeatureTap). Multi-step
 students train on their own rollouts (backward_simulate), never on noised real images.
 
 Every loss is `loss_<name>(...) -> (loss, logs)`: a scalar float32 tensor and a dict of python
-floats for metrics.csv. The callers run the networks; these functions only do the math.
+floats for metrics.csv. `iteration` runs the networks around them (called by dmad.train.loop).
+
+Shapes: latents (B, C, h, w); text conditioning a dmad.models.families.Cond (emb (B, L, D), and
+pooled (B, P) for SDXL / SD3 / Flux); timesteps LongTensor (B,). Every network call goes through
+the family (its timestep convention, micro-conditioning, latent packing).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmad.methods.noise import fresh_noise
+from dmad.contract.methods import DMAD
+from dmad.methods.noise import SampleRNG, fresh_noise, iteration_generator
 from dmad.methods.prediction import NoiseSchedule
+from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
+                               make_lr_scheduler, make_optimizer, trainable_parameters)
 
 StudentX0Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x_t, t (B,) long) -> x0
 
@@ -182,3 +194,298 @@ def sample_student(student_x0_fn: StudentX0Fn, noise: torch.Tensor, timesteps: l
         raise ValueError("the student needs at least one timestep")
     _, _, x0 = _rollout(student_x0_fn, noise, timesteps, len(timesteps), schedule, generator, noise_fn)
     return x0
+
+
+# --------------------------------------------------------------------------- one iteration
+
+# A guidance-embedding family (Flux dev): the fake score and the GAN feature passes run at
+# guidance 1, the plain conditional model (DMD2's fake score is unguided); the teacher gets
+# real_guidance_scale and the student Family.guidance (the same scale), so distribution matching
+# pulls the student toward the guided teacher from the first step. Other families ignore it.
+FAKE_GUIDANCE = 1.0
+
+
+@dataclass(frozen=True)
+class TimestepRange:
+    low: int
+    high: int
+
+    def sample(self, b: int, device, gen: SampleRNG) -> torch.Tensor:
+        return sample_timesteps(b, self.low, self.high, device, gen)
+
+
+@dataclass(frozen=True)
+class DmadNetworks:
+    """What one DMAD iteration calls, fixed for the run.
+
+    student and fake_score are the networks as prepared by accelerate (DDP-wrapped with several
+    processes): the ones whose gradients are synchronised. student_bare and fake_score_bare are the
+    same networks unwrapped, for the no-grad rollouts and GAN passes (they must not trigger a DDP
+    reduction). The GAN head reads `tap`'s features of `gan_net`: the fake score's bottleneck
+    (DMD2's default) or the frozen teacher's (head_on_teacher)."""
+
+    student: nn.Module
+    student_bare: nn.Module
+    fake_score: nn.Module
+    fake_score_bare: nn.Module
+    gan_head: nn.Module
+    real: RealScore
+    gan_net: nn.Module
+    tap: Any  # dmad.models.families.FeatureTap
+    head_on_teacher: bool
+    family: Any  # dmad.models.families.Family
+    schedule: NoiseSchedule
+    trange: TimestepRange
+    timesteps: list[int]  # the student's
+
+
+def iteration(nets: DmadNetworks, opts: dict[str, Stepper], batches: list[MicroBatch], it: int, cfg: Any,
+              acc: Any, stages: Stages) -> LogSum:
+    """One iteration (= one critic optimizer step) on `batches` (gradient_accumulation_steps of them),
+    `it` iterations done before it; cfg: the run's TrainConfig, acc: its accelerate.Accelerator.
+
+    1. per micro-batch: encode images and captions, make the student's input (pure noise, or for
+       a multi-step student its own backward-simulated rollout), run the student; every K-th
+       iteration (critic_updates_per_generator_update) also backpropagate the student's loss
+       (distribution matching + GAN) through it, with the critic frozen;
+    2. on those iterations, the student's optimizer step (and EMA);
+    3. the critic's micro-batches on the detached student samples (fake-score denoising + GAN on
+       real vs student), then its optimizer step.
+    Cost per student micro-step: 1 student forward (+ backward-simulation forwards, no grad), 1
+    batched CFG teacher forward (2B), 1 fake-score forward (no grad), 1 fake-score forward for the
+    GAN term; per critic micro-step: 1 fake-score forward on student samples (shared with the GAN
+    fake branch) and 1 on noised real latents."""
+    dist, max_norm = cfg.distillation, cfg.optimization.max_grad_norm
+    accum = len(batches)
+    gen_step = it % dist.critic_updates_per_generator_update == 0
+    samples, logs = [], LogSum(defer=acc.num_processes > 1)
+    for m, mb in enumerate(batches):
+        stages.encode()
+        latents, emb = mb.encode()
+        stages.forward()
+        x_t, t = student_input(nets, latents.shape, emb, it, cfg.resources.seed, mb.rng, acc)
+        sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
+        with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
+            x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
+            if gen_step:
+                with critic_frozen(opts["critic"]):  # backward too: checkpointed recomputation must see the same graph
+                    loss, lg = generator_loss(nets, x0, emb, mb.rng, dist.generator_gan_weight, dist.dm_weight)
+                    stages.backward()
+                    acc.backward(loss / accum)
+                logs.add(lg, it + 1)
+        samples.append((x0.detach(), latents, emb, mb.rng))
+    if gen_step:
+        logs.add({"grad_norm_g": opts["generator"].step(acc, max_norm)}, it + 1)
+    for m, (x0, latents, emb, rng) in enumerate(samples):
+        stages.forward()
+        sync = acc.no_sync(nets.fake_score) if m < accum - 1 else contextlib.nullcontext()
+        with sync, acc.autocast():
+            loss, lc = critic_loss(nets, x0, latents, emb, rng, dist.critic_gan_weight)
+        stages.backward()
+        acc.backward(loss / accum)
+        logs.add(lc, it + 1)
+    logs.add({"grad_norm_c": opts["critic"].step(acc, max_norm)}, it + 1)
+    return logs
+
+
+def student_input(nets: DmadNetworks, shape: torch.Size, emb: Any, it: int, seed: int, rng: SampleRNG,
+                  acc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure noise at the first student timestep; for multi-step students, the student's own
+    rollout to a step index drawn from (seed, iteration): the same for every micro-batch and
+    on every process, without communication."""
+    noise = rng.randn(tuple(shape[1:]))
+    timesteps = nets.timesteps
+    if len(timesteps) == 1:
+        return noise, torch.full((shape[0],), timesteps[0], dtype=torch.long, device=acc.device)
+    k = sample_stop_index(len(timesteps), iteration_generator(seed, it))
+    if acc.num_processes > 1:  # the same on every rank by construction; rank 0's value, to be certain
+        from accelerate.utils import broadcast_object_list
+
+        box = [k]
+        broadcast_object_list(box, from_process=0)
+        k = box[0]
+
+    def x0_fn(x_t, t):
+        with acc.autocast():
+            return nets.family.x0(nets.student_bare, x_t, t, emb, nets.schedule)
+
+    return backward_simulate(x0_fn, noise, timesteps, k, nets.schedule, rng)
+
+
+@contextlib.contextmanager
+def critic_frozen(critic: Stepper):
+    """During the student's update the critic only passes gradients through to the student."""
+    params = critic.params()
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Any, gen: SampleRNG, gan_weight: float,
+                   dm_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Student loss on its sample x0 (with graph): w_dm * DM + w_g * non-saturating GAN.
+
+    The critic's parameters must be frozen by the caller (requires_grad False) so the GAN term
+    only moves the student. dm_weight 0 (the GAN alone: an ablation) skips the teacher and
+    fake-score passes; the noise draws are the same either way."""
+    family, schedule = nets.family, nets.schedule
+    b = x0.shape[0]
+    t = nets.trange.sample(b, x0.device, gen)
+    x_t = schedule.add_noise(x0.detach(), fresh_noise(x0, gen), t)
+    loss, logs = x0.new_zeros((), dtype=torch.float32), {}
+    if dm_weight > 0:
+        with torch.no_grad():
+            x0_real = nets.real.x0(schedule, x_t, t, emb)
+            x0_fake = family.x0(nets.fake_score_bare, x_t, t, emb, schedule, guidance=FAKE_GUIDANCE)
+        loss_dm, logs = loss_distribution_matching(x0, x0_real, x0_fake)
+        loss = dm_weight * loss_dm
+    if gan_weight > 0:
+        t_g = nets.trange.sample(b, x0.device, gen)
+        _, features = family.predict_with_features(nets.gan_net, nets.tap,
+                                                   schedule.add_noise(x0, fresh_noise(x0, gen), t_g), t_g, emb,
+                                                   schedule, guidance=FAKE_GUIDANCE)
+        loss_g, logs_g = loss_gan_generator(nets.gan_head(features))
+        loss = loss + gan_weight * loss_g
+        logs.update(logs_g)
+    logs["loss_g"] = loss.detach().item()
+    return loss, logs
+
+
+def critic_loss(nets: DmadNetworks, x0_student: torch.Tensor, real_latents: torch.Tensor, emb: Any,
+                gen: SampleRNG, gan_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Critic loss: fake-score denoising on detached student samples + w_d * GAN (real vs student).
+
+    With the head on the fake score, the fake branch reuses the denoising forward's bottleneck;
+    with the head on the frozen teacher, the teacher is run for features only."""
+    family, schedule = nets.family, nets.schedule
+    x0 = x0_student.detach()
+    b = x0.shape[0]
+    t = nets.trange.sample(b, x0.device, gen)
+    noise = fresh_noise(x0, gen)
+    x_t = schedule.add_noise(x0, noise, t)
+    use_tap = gan_weight > 0 and not nets.head_on_teacher
+    if use_tap:
+        pred, feats_fake = family.predict_with_features(nets.fake_score, nets.tap, x_t, t, emb, schedule,
+                                                        guidance=FAKE_GUIDANCE)
+    else:
+        pred = family.predict(nets.fake_score, x_t, t, emb, schedule, guidance=FAKE_GUIDANCE)
+    loss, logs = loss_fake_denoising(pred, schedule.target(x0, noise, t))
+    if gan_weight > 0:
+        t_r = nets.trange.sample(b, x0.device, gen)
+        xr_t = schedule.add_noise(real_latents, fresh_noise(real_latents, gen), t_r)
+        if use_tap:
+            _, feats_real = family.predict_with_features(nets.fake_score, nets.tap, xr_t, t_r, emb, schedule,
+                                                         guidance=FAKE_GUIDANCE)
+        else:
+            with torch.no_grad():
+                _, feats_fake = family.predict_with_features(nets.gan_net, nets.tap, x_t, t, emb, schedule,
+                                                             guidance=FAKE_GUIDANCE)
+                _, feats_real = family.predict_with_features(nets.gan_net, nets.tap, xr_t, t_r, emb, schedule,
+                                                             guidance=FAKE_GUIDANCE)
+        loss_d, logs_d = loss_gan_critic(nets.gan_head(feats_fake), nets.gan_head(feats_real))
+        loss = loss + gan_weight * loss_d
+        logs.update(logs_d)
+    logs["loss_c"] = loss.detach().item()
+    return loss, logs
+
+
+# --------------------------------------------------------------------------- the unit: networks, checkpoint, memory
+
+GAN_HEAD = "gan_head.safetensors"
+
+
+@dataclass
+class DmadTrainables:
+    """DMAD's trained networks, unwrapped: the student (+ EMA), the fake score and the GAN head.
+    With a LoRA student and a LoRA fake score on a shared base (dmad.models.shared_base) both are
+    adapter views of the teacher's own denoiser and teacher_view calls it with the adapters off."""
+
+    student: nn.Module
+    fake_score: nn.Module
+    gan_head: nn.Module
+    ema: Optional[Any]
+    shared: Optional[Any] = None
+    teacher_view: Optional[nn.Module] = None
+
+
+def make_networks(copies: Any, *, student: str, fake_score: str, gan_on_teacher: bool,
+                  ema_decay: Optional[float]) -> DmadTrainables:
+    """Student and fake score from the float32 teacher (copies: dmad.models.networks.TeacherCopies),
+    full or LoRA, on one shared frozen base when both are LoRA and the config allows it; the GAN
+    head on the width of the bottleneck it reads; the student's EMA."""
+    shared = teacher_view = None
+    if copies.shares_base(student, fake_score):
+        shared, s, f, teacher_view = copies.shared_adapters()
+    else:
+        s, f = copies.copy(student), copies.copy(fake_score)
+    head = GanHead(copies.family.feature_channels(copies.teacher_unet if gan_on_teacher else f))
+    return DmadTrainables(s, f, head, make_ema(s, ema_decay), shared, teacher_view)
+
+
+def _trainables(copies: Any, ident: Any, dist: Any) -> DmadTrainables:
+    return make_networks(copies, student=ident.student, fake_score=ident.fake_score, ema_decay=dist.ema_decay,
+                         gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck")
+
+
+def prepare(nets: DmadTrainables, cfg: Any, acc: Any, real: RealScore, schedule: NoiseSchedule,
+            timesteps: list[int]) -> tuple[DmadNetworks, dict[str, Stepper]]:
+    """The student's and the critic's (fake score + GAN head) optimizers with their schedules (the
+    student steps every K-th iteration, so its schedule counts K times fewer steps), the networks
+    prepared by accelerate, and what an iteration calls."""
+    opt, dist = cfg.optimization, cfg.distillation
+    betas = (opt.adam_beta1, opt.adam_beta2)
+    opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
+                           opt.adam_epsilon, opt.adam_weight_decay)
+    critic_params = trainable_parameters(nets.fake_score) + trainable_parameters(nets.gan_head)
+    opt_c = make_optimizer(critic_params, opt.optimizer, opt.critic_lr, betas, opt.adam_epsilon, opt.adam_weight_decay)
+    k = dist.critic_updates_per_generator_update
+    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
+                                math.ceil(opt.max_train_steps / k))
+    sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
+    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
+    on_teacher = dist.gan_head_placement == "teacher_bottleneck"
+    gan_net = real.unet if on_teacher else nets.fake_score
+    calls = DmadNetworks(student=student, student_bare=nets.student, fake_score=fake, fake_score_bare=nets.fake_score,
+                         gan_head=head, real=real, gan_net=gan_net, tap=real.family.tap(gan_net),
+                         head_on_teacher=on_teacher, family=real.family, schedule=schedule,
+                         trange=TimestepRange(dist.min_timestep, dist.max_timestep), timesteps=timesteps)
+    return calls, {"generator": Stepper(opt_g, sched_g, nets.ema), "critic": Stepper(opt_c, sched_c)}
+
+
+def _save_files(nets: DmadTrainables, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()}, str(out / GAN_HEAD))
+
+
+def _load_files(nets: DmadTrainables, ckpt: Path) -> None:
+    from safetensors.torch import load_file
+
+    nets.gan_head.load_state_dict(load_file(str(ckpt / GAN_HEAD)))
+
+
+def gan_head_params(bottleneck_channels: int) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in GanHead(bottleneck_channels).parameters())
+
+
+def _ledger_lines(x: LedgerInputs) -> list:
+    head = gan_head_params(x.bottleneck_channels)
+    return [x.trainable("fake score", x.fake_score),
+            x.line("GAN head", head * 4 * (2 + x.optimizer_states),
+                   f"{head / 1e6:.1f} M params on {x.bottleneck_channels}-channel bottleneck features, "
+                   f"fp32 + grads + optimizer states")]
+
+
+UNIT = Method(
+    info=DMAD, networks=("student", "fake_score"), files=(GAN_HEAD,),
+    trainables=_trainables, prepare=prepare, iteration=iteration,
+    modules=lambda nets: [("student", nets.student), ("fake_score", nets.fake_score), ("gan_head", nets.gan_head)],
+    save_files=_save_files, load_files=_load_files, state_tensors=lambda nets: [],
+    # the critic step backpropagates through the fake score on student samples and on noised real
+    # latents; the student step through the student and the fake score (GAN)
+    graphs_at_peak=2, ledger_lines=_ledger_lines, shares_base=True)

@@ -19,14 +19,27 @@ LCM-LoRA scripts' students) cannot be told w, so one w is the faithful choice.
 
 Everything is written in x0 / noise terms with the schedule's (alpha_t, sigma_t), so the same code
 serves a DDPM teacher (x_t = sqrt(a) x0 + sqrt(1 - a) eps) and a flow teacher (x_t = (1 - s) x0
-+ s eps), where the DDIM step is the Euler step of the flow ODE. Pure torch maths, no I/O.
++ s eps), where the DDIM step is the Euler step of the flow ODE. The maths first; then one
+iteration (`iteration`, called by dmad.train.loop) and the unit that builds and checkpoints it:
+only the student (full, or LoRA on its own frozen copy, as diffusers' LCM and LCM-LoRA scripts)
+and its target; no fake score, no GAN head, no critic.
 Shapes: latents (B, C, h, w); timesteps LongTensor (B,).
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
 
 import torch
+from torch import nn
+
+from dmad.contract.methods import LCM
+from dmad.methods.noise import fresh_noise
+from dmad.methods.prediction import NoiseSchedule
+from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
+                               make_lr_scheduler, make_optimizer, read_shadow, trainable_parameters)
 
 TIMESTEP_SCALING = 10.0
 SIGMA_DATA = 0.5
@@ -125,3 +138,144 @@ class TargetEMA:
             with torch.no_grad():
                 for p, t in zip(params, own):
                     p.copy_(t)
+
+
+# --------------------------------------------------------------------------- one iteration
+
+@dataclass(frozen=True)
+class LcmNetworks:
+    """What one latent-consistency-distillation iteration calls, fixed for the run: the student as
+    prepared by accelerate (its gradients are synchronised) and unwrapped (the target's no-grad
+    pass with the EMA weights swapped in), the guided teacher, the EMA target."""
+
+    student: nn.Module
+    student_bare: nn.Module
+    real: RealScore
+    target: TargetEMA
+    family: Any  # dmad.models.families.Family
+    schedule: NoiseSchedule
+    num_ddim_timesteps: int
+    huber_c: float
+    loss_type: str
+    timesteps: list[int]  # the student's (sampling; the iteration trains on the solver's grid)
+
+
+def iteration(nets: LcmNetworks, opts: dict[str, Stepper], batches: list[MicroBatch], it: int, cfg: Any,
+              acc: Any, stages: Stages) -> LogSum:
+    """One LCM iteration (= one student optimizer step) on `batches`, as diffusers'
+    train_lcm_distill scripts; `it` iterations done before it, cfg the run's TrainConfig, acc its
+    accelerate.Accelerator:
+
+    1. per micro-batch: encode, draw a solver step (t_{n+k}, t_n) on the skipping grid and the noise,
+       x_{t_{n+k}} = add_noise(latents); the guided teacher's one DDIM step to x^_{t_n} (no grad);
+    2. the target f_{theta^-}(x^_{t_n}, t_n): the student with its EMA weights swapped in (no grad);
+    3. per micro-batch: the student's f_theta(x_{t_{n+k}}, t_{n+k}), the consistency loss (L2 or pseudo-Huber),
+       backward; then the optimizer step and the target's EMA update.
+    Cost per micro-batch: 1 batched CFG teacher forward (2B), 1 target forward, 1 student forward
+    and backward."""
+    family, schedule, student = nets.family, nets.schedule, opts["generator"]
+    accum = len(batches)
+    logs = LogSum(defer=acc.num_processes > 1)
+    items = []
+    for mb in batches:
+        stages.encode()
+        latents, emb = mb.encode()
+        t, t_prev = sample_solver_steps(latents.shape[0], nets.num_ddim_timesteps, mb.rng, latents.device,
+                                        schedule.num_train_timesteps)
+        x_t = schedule.add_noise(latents, fresh_noise(latents, mb.rng), t)
+        stages.forward()
+        with torch.no_grad(), acc.autocast():
+            x_prev = ddim_step(x_t, nets.real.x0(schedule, x_t, t, emb), t, t_prev, schedule).to(x_t.dtype)
+        items.append((x_t, t, x_prev, t_prev, emb))
+    params = student.params()
+    with nets.target.swapped_in(params), torch.no_grad(), acc.autocast():
+        targets = [consistency_output(x_prev, family.x0(nets.student_bare, x_prev, t_prev, emb, schedule), t_prev)
+                   for _, _, x_prev, t_prev, emb in items]
+    for m, ((x_t, t, _, _, emb), target) in enumerate(zip(items, targets)):
+        sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
+        with sync, acc.autocast():
+            pred = consistency_output(x_t, family.x0(nets.student, x_t, t, emb, schedule), t)
+            loss, lg = loss_consistency(pred, target, nets.huber_c, nets.loss_type)
+            stages.backward()
+            acc.backward(loss / accum)
+        logs.add(lg, it + 1)
+    logs.add({"grad_norm_g": student.step(acc, cfg.optimization.max_grad_norm)}, it + 1)
+    nets.target.step(params)
+    return logs
+
+
+# --------------------------------------------------------------------------- the unit: networks, checkpoint, memory
+
+TARGET = "lcm_target.safetensors"  # shadow.<i>, in the order of the student's trainable parameters
+
+
+@dataclass
+class LcmTrainables:
+    """LCM's trained networks, unwrapped: the student (+ its EMA, when distillation.ema_decay) and
+    the consistency target theta^-."""
+
+    student: nn.Module
+    ema: Optional[Any]
+    target: TargetEMA
+    shared: None = None  # the student is always its own copy
+    teacher_view: None = None
+
+
+def make_networks(copies: Any, *, student: str, ema_decay: Optional[float], target_decay: float) -> LcmTrainables:
+    """The student from the float32 teacher (copies: dmad.models.networks.TeacherCopies), full or
+    LoRA on its own frozen copy; its EMA; its target."""
+    s = copies.copy(student)
+    return LcmTrainables(s, make_ema(s, ema_decay), TargetEMA(trainable_parameters(s), target_decay))
+
+
+def _trainables(copies: Any, ident: Any, dist: Any) -> LcmTrainables:
+    return make_networks(copies, student=ident.student, ema_decay=dist.ema_decay,
+                         target_decay=dist.lcm_target_ema_decay)
+
+
+def prepare(nets: LcmTrainables, cfg: Any, acc: Any, real: RealScore, schedule: NoiseSchedule,
+            timesteps: list[int]) -> tuple[LcmNetworks, dict[str, Stepper]]:
+    """The student's optimizer and schedule (it steps every iteration), the student prepared by
+    accelerate, the target on the device, and what an iteration calls."""
+    opt, dist = cfg.optimization, cfg.distillation
+    opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr,
+                           (opt.adam_beta1, opt.adam_beta2), opt.adam_epsilon, opt.adam_weight_decay)
+    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
+    student, opt_g = acc.prepare(nets.student, opt_g)
+    nets.target.to(acc.device)
+    calls = LcmNetworks(student=student, student_bare=nets.student, real=real, target=nets.target,
+                        family=real.family, schedule=schedule, num_ddim_timesteps=dist.lcm_ddim_timesteps,
+                        huber_c=dist.lcm_huber_c, loss_type=dist.lcm_loss_type, timesteps=timesteps)
+    return calls, {"generator": Stepper(opt_g, sched_g, nets.ema)}
+
+
+def _save_files(nets: LcmTrainables, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({f"shadow.{i}": t.detach().contiguous().cpu() for i, t in enumerate(nets.target.shadow)},
+              str(out / TARGET), metadata={"decay": str(nets.target.decay)})
+
+
+def _load_files(nets: LcmTrainables, ckpt: Path) -> None:
+    from dmad.errors import CheckpointUnusable
+
+    found = read_shadow(ckpt / TARGET, nets.target.shadow)
+    if found is not None:
+        raise CheckpointUnusable(f"checkpoint {ckpt}: {TARGET} has {found} tensors for "
+                                 f"{len(nets.target.shadow)} student parameters")
+
+
+def _ledger_lines(x: LedgerInputs) -> list:
+    n = x.student_trainable
+    return [x.line("LCM target (EMA of the student)", 2 * n * 4,
+                   f"{n / 1e6:.1f} M trainable params fp32, twice: the EMA target and the student's own weights "
+                   f"kept while the target's pass runs with it swapped in")]
+
+
+UNIT = Method(
+    info=LCM, networks=("student",), files=(TARGET,),
+    trainables=_trainables, prepare=prepare, iteration=iteration,
+    modules=lambda nets: [("student", nets.student)],
+    save_files=_save_files, load_files=_load_files, state_tensors=lambda nets: list(nets.target.shadow),
+    graphs_at_peak=1,  # the student's: the teacher's and the target's passes run without gradients
+    ledger_lines=_ledger_lines, own_copy="LCM's student is its own copy (as diffusers' LCM-LoRA scripts)")

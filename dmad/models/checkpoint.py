@@ -5,11 +5,13 @@ checkpoints/iter_<N>/
                            loadable by UNet2DConditionModel.from_pretrained
   student_lora.safetensors LoRA student: the adapter's trainable weights (peft names)
   fake_score/ | fake_score_lora.safetensors      the same for the fake score
-  gan_head.safetensors, ema.safetensors (when EMA is on)
-  lcm_target.safetensors   method lcm: the EMA target network's tensors (shadow.<i>, in the order of
-                           the student's trainable parameters); an LCM checkpoint has no fake score,
-                           GAN head or critic optimizer
+  ema.safetensors          the student's EMA (when EMA is on): shadow.<i>, in the order of the
+                           student's trainable parameters
+  the method's own files   its unit names them (dmad.methods: DMAD's gan_head.safetensors; the peer
+                           method's EMA target); a method without a fake score saves none
   optimizer_generator.safetensors, optimizer_critic.safetensors, grad_scaler.json (fp16 only)
+                           one per optimizer of the method (generator: the student's; critic: DMAD's
+                           fake score + GAN head)
                            optimizer states as tensors + JSON (dmad.models.optim_state); checkpoints
                            of format 1 have optimizer_*.pt / grad_scaler.pt instead, torch.save files
                            read back with weights_only=True
@@ -27,16 +29,16 @@ import json
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
+from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
 
-LCM_TARGET = "lcm_target.safetensors"
 FORMAT_VERSION = 2  # 1: optimizer states as torch.save .pt files (still read, weights_only=True)
 READABLE_FORMATS = (1, 2)
 
@@ -112,7 +114,7 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     ema = ckpt / "ema.safetensors"
     if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)
         params = trainable_parameters(student)
-        found = _copy_shadow(ema, params)
+        found = read_shadow(ema, params)
         if found is not None:
             raise CheckpointUnusable(f"{ema}: {found} EMA tensors for {len(params)} student parameters")
     student.requires_grad_(False).eval()
@@ -152,28 +154,25 @@ class TrainingState:
     network_passes: dict = field(default_factory=dict)  # dmad.train.passes.PassCounter.state(); {} before 2026-12
 
 
-def save_checkpoint(out: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
-                    scaler, state: TrainingState) -> None:
-    """Write every file of a checkpoint into `out` (a fresh temp folder). `nets` are unwrapped."""
-    save_network(nets.student, out, "student", student_mode)
-    if nets.fake_score is not None:
-        save_network(nets.fake_score, out, "fake_score", fake_mode)
-        save_file({k: v.contiguous().cpu() for k, v in nets.gan_head.state_dict().items()},
-                  str(out / "gan_head.safetensors"))
-    if nets.ema is not None:
-        _save_ema(nets.ema, out / "ema.safetensors")
-    if nets.target is not None:
-        save_file({f"shadow.{i}": t.detach().contiguous().cpu() for i, t in enumerate(nets.target.shadow)},
-                  str(out / LCM_TARGET), metadata={"decay": str(nets.target.decay)})
-    save_optimizer(opt_g, out / "optimizer_generator.safetensors")
-    if opt_c is not None:
-        save_optimizer(opt_c, out / "optimizer_critic.safetensors")
+def save_checkpoint(out: Path, layout: CheckpointLayout, *, modules: Mapping[str, nn.Module], ema: Optional[Any],
+                    save_files: Callable[[Path], None], optimizers: Mapping[str, Stepper], scaler,
+                    state: TrainingState) -> None:
+    """Write every file of a checkpoint into `out` (a fresh temp folder): the layout's networks
+    (`modules` by name, unwrapped), the method's own files (save_files(out)), the EMA, the
+    optimizers (their schedules in training_state.json), the grad scaler and the RNG states."""
+    for name, mode in layout.networks:
+        save_network(modules[name], out, name, mode)
+    save_files(out)
+    if ema is not None:
+        _save_ema(ema, out / "ema.safetensors")
+    for name in layout.optimizers:
+        save_optimizer(optimizers[name].opt, out / f"optimizer_{name}.safetensors")
     if scaler is not None:
         save_scaler(scaler, out / "grad_scaler.json")
     save_file(_rng_state(), str(out / "rng.safetensors"))
     doc = {"format_version": FORMAT_VERSION, **state.__dict__}
-    doc["lr_generator"] = _jsonable(sched_g.state_dict())
-    doc["lr_critic"] = _jsonable(sched_c.state_dict()) if sched_c is not None else {}
+    for name in layout.optimizers:  # lr_generator, lr_critic ({} where the method has no such optimizer)
+        doc[f"lr_{name}"] = _jsonable(optimizers[name].sched.state_dict())
     (out / "training_state.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
@@ -267,52 +266,53 @@ class Expected:
     timesteps: list[int]  # the config's student timesteps
 
 
-def verify_checkpoint(ckpt: Path, student_mode: str, fake_mode: Optional[str],
-                      expected: Optional[Expected] = None) -> TrainingState:
-    """Before a resume picks `ckpt`: every file load_checkpoint reads is present, inside the
-    checkpoint and whole (safetensors headers and coverage; optimizer states memory-mapped, so
-    their tensors are not read), and training_state.json is well typed. Shapes are checked when
-    the weights load (load_checkpoint). `fake_mode` None: an LCM run's checkpoint (student, EMA
-    target, generator optimizer only). Raises CheckpointUnusable naming the first problem, or
-    CheckpointMismatch when the checkpoint is whole but was trained in a way this config cannot
-    continue (the method, and with `expected` the rest of check_fits)."""
+def verify_checkpoint(ckpt: Path, layout: CheckpointLayout, expected: Optional[Expected] = None) -> TrainingState:
+    """Before a resume picks `ckpt`: every file load_checkpoint reads for `layout` (the config's
+    method and network modes: dmad.methods.unit.Method.layout) is present, inside the checkpoint
+    and whole (safetensors headers and coverage; optimizer states memory-mapped, so their tensors
+    are not read), and training_state.json is well typed. Shapes are checked when the weights load
+    (load_checkpoint). Raises CheckpointUnusable naming the first problem, or CheckpointMismatch
+    when the checkpoint is whole but was trained in a way this config cannot continue (another
+    method, and with `expected` the rest of check_fits)."""
     state = read_training_state(ckpt)
-    lcm = fake_mode is None
-    has_head, has_target = (ckpt / "gan_head.safetensors").exists(), (ckpt / LCM_TARGET).exists()
-    if lcm and has_head and not has_target:
-        raise CheckpointMismatch(f"checkpoint {ckpt} is from a DMAD run (distillation.method dmd2); this config "
-                                 f"is method lcm")
-    if not lcm and has_target and not has_head:
-        raise CheckpointMismatch(f"checkpoint {ckpt} is from an LCM run (distillation.method lcm); this config "
-                                 f"is method dmd2")
-    networks = (("student", student_mode),) if lcm else (("student", student_mode), ("fake_score", fake_mode))
+    _check_method(ckpt, layout)
     if expected is not None:
-        _check_modes(ckpt, networks)
-    for name, mode in networks:
+        _check_modes(ckpt, layout.networks)
+    for name, mode in layout.networks:
         files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
         if not files:
             raise CheckpointUnusable(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
         for f in files:
             _check_safetensors(f, ckpt)
-    for name in (LCM_TARGET if lcm else "gan_head.safetensors", "rng.safetensors"):
+    for name in (*layout.files, "rng.safetensors"):
         _check_safetensors(ckpt / name, ckpt)
     if (ckpt / "ema.safetensors").exists():
         _check_safetensors(ckpt / "ema.safetensors", ckpt)
-    for name in ("generator",) if lcm else ("generator", "critic"):
+    for name in layout.optimizers:
         _optimizer_state(ckpt, name, header_only=True)
     if expected is not None:
-        check_fits(ckpt, state, student_mode, fake_mode, expected)
+        check_fits(ckpt, state, layout, expected)
     return state
 
 
-def check_fits(ckpt: Path, state: TrainingState, student_mode: str, fake_mode: Optional[str],
-               expected: Expected) -> None:
+def _check_method(ckpt: Path, layout: CheckpointLayout) -> None:
+    """CheckpointMismatch when `ckpt` holds another method's own files and none of this one's."""
+    from dmad.methods import UNITS
+
+    if any((ckpt / f).exists() for f in layout.files):
+        return
+    for unit in UNITS.values():
+        if unit.info.name != layout.info.name and all((ckpt / f).exists() for f in unit.files):
+            raise CheckpointMismatch(f"checkpoint {ckpt} is from {unit.info.a_run()} (distillation.method "
+                                     f"{unit.info.name}); this config is method {layout.info.name}")
+
+
+def check_fits(ckpt: Path, state: TrainingState, layout: CheckpointLayout, expected: Expected) -> None:
     """CheckpointMismatch when the config cannot continue this checkpoint: a full network where it
     has a LoRA (or the reverse), EMA asked for where it kept none, another LoRA rank, other
     student timesteps. Reads safetensors headers only."""
-    networks = (("student", student_mode),) + ((("fake_score", fake_mode),) if fake_mode else ())
-    _check_modes(ckpt, networks)
-    for name, mode in networks:
+    _check_modes(ckpt, layout.networks)
+    for name, mode in layout.networks:
         lora = ckpt / f"{name}_lora.safetensors"
         rank = _lora_rank(lora) if mode == "lora" and lora.exists() else None
         if rank is not None and rank != expected.lora_rank:
@@ -353,28 +353,6 @@ def _lora_rank(path: Path) -> Optional[int]:
         return None
 
 
-def _copy_shadow(path: Path, tensors: list[torch.Tensor]) -> Optional[int]:
-    """Copy the file's shadow.<i> tensors into `tensors` (an EMA of the student's trainable
-    parameters, in their order: ema.safetensors, lcm_target.safetensors). When the file holds
-    another set of names nothing is copied and its tensor count is returned."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f, torch.no_grad():
-        keys = set(f.keys())
-        if keys != {f"shadow.{i}" for i in range(len(tensors))}:
-            return len(keys)
-        for i, t in enumerate(tensors):
-            t.copy_(f.get_tensor(f"shadow.{i}"))
-    return None
-
-
-def _load_target(target, ckpt: Path) -> None:
-    found = _copy_shadow(ckpt / LCM_TARGET, target.shadow)
-    if found is not None:
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {LCM_TARGET} has {found} tensors for "
-                                 f"{len(target.shadow)} student parameters")
-
-
 def _format(ckpt: Path) -> int:
     return 1 if (ckpt / "optimizer_generator.pt").exists() and not (ckpt / "optimizer_generator.safetensors").exists() \
         else 2
@@ -403,42 +381,37 @@ def _scaler_state(ckpt: Path) -> dict | None:
     return None
 
 
-def load_checkpoint(ckpt: Path, *, nets, student_mode: str, fake_mode: str, opt_g, opt_c, sched_g, sched_c,
-                    scaler) -> TrainingState:
+def load_checkpoint(ckpt: Path, layout: CheckpointLayout, *, modules: Mapping[str, nn.Module], ema: Optional[Any],
+                    load_files: Callable[[Path], None], optimizers: Mapping[str, Stepper], scaler) -> TrainingState:
     """Restore everything save_checkpoint wrote, into already-built (unwrapped) networks. Any
     problem (a missing or damaged file, a shape or key that does not match these networks) is a
     CheckpointUnusable naming the checkpoint; a resume of 'latest' then tries an older one."""
     try:
-        return _load_checkpoint(ckpt, nets=nets, student_mode=student_mode, fake_mode=fake_mode, opt_g=opt_g,
-                                opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, scaler=scaler)
+        return _load_checkpoint(ckpt, layout, modules=modules, ema=ema, load_files=load_files, optimizers=optimizers,
+                                scaler=scaler)
     except CheckpointUnusable:
         raise
     except Exception as e:  # noqa: BLE001 - every way a file can fail to fit: one reason, no traceback
         raise CheckpointUnusable(f"checkpoint {ckpt} does not fit this run: {type(e).__name__}: {_first_line(e)}") from None
 
 
-def _load_checkpoint(ckpt: Path, *, nets, student_mode, fake_mode, opt_g, opt_c, sched_g, sched_c,
+def _load_checkpoint(ckpt: Path, layout: CheckpointLayout, *, modules, ema, load_files, optimizers,
                      scaler) -> TrainingState:
     # Preflight verified the files (verify_checkpoint); each load below fails on its own file anyway.
     state = read_training_state(ckpt)
-    load_network(nets.student, ckpt, "student", student_mode)
-    if nets.fake_score is not None:
-        load_network(nets.fake_score, ckpt, "fake_score", fake_mode)
-        nets.gan_head.load_state_dict(load_file(str(ckpt / "gan_head.safetensors")))
-    if nets.target is not None:
-        _load_target(nets.target, ckpt)
-    if nets.ema is not None:
+    for name, mode in layout.networks:
+        load_network(modules[name], ckpt, name, mode)
+    load_files(ckpt)
+    if ema is not None:
         if not (ckpt / "ema.safetensors").is_file():
             raise CheckpointUnusable(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
-        _load_ema(nets.ema, ckpt / "ema.safetensors")
-    opt_g.load_state_dict(_optimizer_state(ckpt, "generator"))
-    if opt_c is not None:
-        opt_c.load_state_dict(_optimizer_state(ckpt, "critic"))
+        _load_ema(ema, ckpt / "ema.safetensors")
+    for name in layout.optimizers:
+        optimizers[name].opt.load_state_dict(_optimizer_state(ckpt, name))
     scaler_state = _scaler_state(ckpt)
     if scaler is not None and scaler_state is not None:
         scaler.load_state_dict(scaler_state)
-    sched_g.load_state_dict(state.lr_generator)
-    if sched_c is not None:
-        sched_c.load_state_dict(state.lr_critic)
+    for name in layout.optimizers:
+        optimizers[name].sched.load_state_dict(getattr(state, f"lr_{name}"))
     _restore_rng(load_file(str(ckpt / "rng.safetensors")))
     return state

@@ -1,29 +1,30 @@
-"""Building a training session: accelerator, teacher, the three networks, optimizers, data; and
-restoring one from a checkpoint."""
+"""Building a training run: accelerator, data, teacher, the method's networks and optimizers
+(dmad.methods: its unit decides which), restored from a checkpoint when resuming; and placing the
+frozen teacher (cast, quantised, offloaded)."""
 from __future__ import annotations
 
 import datetime
 import logging
-import math
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from dmad.models.checkpoint import load_checkpoint
 from dmad.contract.config import TrainConfig
-from dmad.errors import UserInputError
 from dmad.contract.events import EventWriter
-from dmad.train.monitor import Monitor
-from dmad.models.networks import build_networks, make_lr_scheduler, make_optimizer, trainable_parameters
+from dmad.contract.methods import METRIC_COLUMNS
 from dmad.contract.prompts import PromptSet
+from dmad.contract.runs import CsvAppender, RunFolder
+from dmad.errors import UserInputError
+from dmad.methods import method_unit
+from dmad.methods.unit import Method, RealScore, Trainables
+from dmad.models.networks import TeacherCopies
+from dmad.models.teacher import DTYPES
+from dmad.train.monitor import Monitor
 from dmad.train.passes import PassCounter
 from dmad.train.ranks import NullCsv
-from dmad.contract.runs import CsvAppender, RunFolder
-from dmad.models.teacher import DTYPES
-from dmad.train.session import METRIC_COLUMNS, Session
-from dmad.train.step import DmadNetworks, LcmNetworks, RealScore, TimestepRange
-
+from dmad.train.saving import checkpoint_bytes, restore
+from dmad.train.session import DataStream, Progress, RunFiles, Session
+from dmad.train.trainer import Trainer
 
 
 def make_accelerator(mixed_precision: str):
@@ -130,25 +131,22 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
     return f"teacher {fam.name}: denoiser {den_dtype}, VAE {vae_dtype}; frozen networks in {where}{base}"
 
 
-def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter,
-                  log: logging.Logger, monitor: Monitor, acc=None, resume: Optional[str] = None,
-                  between_phases: Callable[[], None] = lambda: None,
-                  loaded: Callable[[int], None] = lambda iteration: None) -> Session:
-    """Everything the loop holds, in one go: data, teacher, networks, optimizers; restored from the
-    checkpoint `resume` (exact resume), with the data stream starting at the batch it reached.
-    `between_phases()` runs after each long step (control commands: a stop ends the build there);
-    `loaded(iteration)` once everything has loaded, before the run's logs are opened for writing
-    (the run commits to continuing from there: dmad.train.run_open.OpenRun.commit)."""
+def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: EventWriter, log: logging.Logger,
+          monitor: Monitor, acc=None, resume: Optional[str] = None, between_phases: Callable[[], None] = lambda: None,
+          loaded: Callable[[int], None] = lambda iteration: None) -> tuple[Session, Trainer]:
+    """Everything a run holds, in one go: data, teacher, the method's networks and optimizers;
+    restored from the checkpoint `resume` (exact resume), with the data stream starting at the
+    batch it reached. `between_phases()` runs after each long step (control commands: a stop ends
+    the build there); `loaded(iteration)` once everything has loaded, before the run's logs are
+    opened for writing (the run commits to continuing from there: dmad.train.run_open.OpenRun.commit)."""
     from accelerate.utils import set_seed
 
     from dmad.data.loading import open_dataset
-    from dmad.data.mixing import MixtureBatches
     from dmad.models.teacher import load_teacher
 
-    ident, res, opt, dist = cfg.identity, cfg.resources, cfg.optimization, cfg.distillation
+    ident, res = cfg.identity, cfg.resources
     acc = acc or make_accelerator(res.mixed_precision)
     set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
-    wdtype = DTYPES[res.mixed_precision]
     monitor.device = acc.device
     # the data first: too few usable images must stop the run before any model loads
     dataset, groups, skip_log = open_dataset(ident.train_data_dir, res.resolution, res.train_batch_size,
@@ -158,84 +156,78 @@ def build_session(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, ev
     teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
                            dtype=torch.float32)
     between_phases()
-    family = teacher.family
-    family.guidance = dist.real_guidance_scale  # what a guidance-embedding student and fake score are given
-    lcm = dist.method == "lcm"
-    nets = build_networks(teacher.denoiser, student=ident.student, fake_score=ident.fake_score,
-                          lora_rank=ident.lora_rank, lora_alpha=ident.lora_alpha,
-                          gradient_checkpointing=res.gradient_checkpointing, ema_decay=dist.ema_decay,
-                          gan_on_teacher=dist.gan_head_placement == "teacher_bottleneck", family=family,
-                          base_dtype=wdtype, share_frozen_base=res.share_frozen_base,
-                          lcm_target_decay=dist.lcm_target_ema_decay if lcm else None)
+    method = method_unit(cfg.distillation.method)
+    trained = _copies(cfg, teacher, method)  # from the float32 teacher, before it is cast
     check_buckets(groups, teacher, ident.train_data_dir)
-    caches = None
-    if res.cache_latents:
-        from dmad.data.encode import make_caches
-
-        caches = make_caches(dataset, teacher, wdtype)
-        log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
-    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload, nets.shared))
-    betas = (opt.adam_beta1, opt.adam_beta2)
-    opt_g = make_optimizer(trainable_parameters(nets.student), opt.optimizer, opt.generator_lr, betas,
-                           opt.adam_epsilon, opt.adam_weight_decay)
-    schedule = family.schedule(teacher.scheduler, res.resolution)
-    teacher_net = nets.teacher if nets.teacher is not None else teacher.denoiser  # shared base: adapters off
-    real = RealScore(teacher_net, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, family)
-    if lcm:  # the student steps every iteration; no critic
-        opt_c = sched_c = None
-        sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
-        student, opt_g = acc.prepare(nets.student, opt_g)
-        nets.target.to(acc.device)
-        method_nets = LcmNetworks(student=student, student_bare=nets.student, real=real, target=nets.target,
-                                  family=family, schedule=schedule, num_ddim_timesteps=dist.lcm_ddim_timesteps,
-                                  huber_c=dist.lcm_huber_c, loss_type=dist.lcm_loss_type)
-    else:
-        opt_g, opt_c, sched_g, sched_c, method_nets = _dmad_networks(cfg, acc, nets, opt_g, real, teacher_net,
-                                                                     family, schedule)
-    if nets.ema is not None:
-        nets.ema.to(acc.device)
-    timesteps = dist.resolved_student_timesteps()
+    caches = _caches(dataset, teacher, res, log)
+    tr = _trainer(cfg, acc, teacher, method, trained, log)
     between_phases()
-    state = _load_checkpoint(cfg, resume, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps) if resume else None
+    state = restore(tr, resume) if resume else None
     loaded(state.iter if state else 0)
     if state is not None:
         events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))
-    batches_used = state.batches_used if state else 0
-    sampler = MixtureBatches(groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
-                             consumed=batches_used)
     metrics = CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
-    passes = PassCounter({"teacher": teacher_net, "student": nets.student, "fake_score": nets.fake_score,
-                          "gan_head": nets.gan_head}, reference=teacher.denoiser,
-                         start=state.network_passes if state else None)
-    s = Session(cfg=cfg, folder=folder, events=events, log=log, accelerator=acc, weight_dtype=wdtype, teacher=teacher,
-                nets=nets, dmad=method_nets, opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, timesteps=timesteps,
-                prompt_set=prompt_set, dataset=dataset, sampler=sampler, skip_log=skip_log, caches=caches,
-                metrics=metrics, passes=passes, iter=state.iter if state else 0,
-                generator_steps=state.generator_steps if state else 0, batches_used=batches_used)
+    progress = Progress(iter=state.iter if state else 0, batches_used=state.batches_used if state else 0)
+    data = _data_stream(dataset, groups, skip_log, caches, teacher, res, acc, progress)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",
-             ident.pretrained_model_name_or_path, teacher.info.family, schedule.prediction_type,
-             ident.student, "none (lcm)" if lcm else ident.fake_score, acc.device, res.mixed_precision)
-    return s
+             ident.pretrained_model_name_or_path, teacher.info.family, tr.schedule.prediction_type, ident.student,
+             ident.fake_score if "fake_score" in tr.method.networks else f"none ({tr.method.info.name})",
+             acc.device, res.mixed_precision)
+    files = RunFiles(folder, events, log, metrics, prompt_set)
+    return Session(files, data, progress, checkpoint_bytes=lambda: checkpoint_bytes(tr)), tr
 
 
-def _dmad_networks(cfg: TrainConfig, acc, nets, opt_g, real: RealScore, teacher_net, family, schedule):
-    """DMAD's critic (fake score + GAN head) optimizer, both schedules, the prepared networks and the
-    DmadNetworks an iteration calls."""
-    opt, dist = cfg.optimization, cfg.distillation
-    betas = (opt.adam_beta1, opt.adam_beta2)
-    critic_params = trainable_parameters(nets.fake_score) + trainable_parameters(nets.gan_head)
-    opt_c = make_optimizer(critic_params, opt.optimizer, opt.critic_lr, betas, opt.adam_epsilon, opt.adam_weight_decay)
-    k = dist.critic_updates_per_generator_update
-    sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
-                                math.ceil(opt.max_train_steps / k))
-    sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
-    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
-    on_teacher = dist.gan_head_placement == "teacher_bottleneck"
-    gan_net = teacher_net if on_teacher else nets.fake_score
-    dmad = DmadNetworks(student=student, fake_score=fake, fake_score_bare=nets.fake_score, gan_head=head, real=real,
-                        gan_net=gan_net, tap=family.tap(gan_net), head_on_teacher=on_teacher, family=family,
-                        schedule=schedule, trange=TimestepRange(dist.min_timestep, dist.max_timestep))
-    return opt_g, opt_c, sched_g, sched_c, dmad
+def _copies(cfg: TrainConfig, teacher, method: Method) -> Trainables:
+    """What the method trains, made from the float32 teacher (copies, LoRA adapters, the shared base)."""
+    ident, res = cfg.identity, cfg.resources
+    family = teacher.family
+    family.guidance = cfg.distillation.real_guidance_scale  # what a guidance-embedding student and fake score get
+    copies = TeacherCopies(teacher.denoiser, ident.lora_rank, ident.lora_alpha, res.gradient_checkpointing, family,
+                           base_dtype=DTYPES[res.mixed_precision], share_frozen_base=res.share_frozen_base)
+    return method.trainables(copies, ident, cfg.distillation)
+
+
+def _trainer(cfg: TrainConfig, acc, teacher, method: Method, trained: Trainables, log: logging.Logger) -> Trainer:
+    """The teacher cast, quantised and placed (with the shared base its adapters sit on, if the
+    method's networks do); the guided teacher; the method's optimizers and prepared networks."""
+    res, dist = cfg.resources, cfg.distillation
+    wdtype = DTYPES[res.mixed_precision]
+    log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload, trained.shared))
+    schedule = teacher.family.schedule(teacher.scheduler, res.resolution)
+    teacher_net = trained.teacher_view if trained.teacher_view is not None else teacher.denoiser  # adapters off
+    real = RealScore(teacher_net, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, teacher.family)
+    timesteps = dist.resolved_student_timesteps()
+    nets, optimizers = method.prepare(trained, cfg, acc, real, schedule, timesteps)
+    if trained.ema is not None:
+        trained.ema.to(acc.device)
+    passes = PassCounter({"teacher": teacher_net, **dict(method.modules(trained))}, reference=teacher.denoiser)
+    return Trainer(cfg=cfg, accelerator=acc, teacher=teacher, weight_dtype=wdtype, method=method, trainables=trained,
+                   nets=nets, optimizers=optimizers, schedule=schedule, timesteps=timesteps, passes=passes)
+
+
+def _caches(dataset, teacher, res, log: logging.Logger):
+    """The latent / text cache of resources.cache_latents (None without)."""
+    if not res.cache_latents:
+        return None
+    from dmad.data.encode import make_caches
+
+    caches = make_caches(dataset, teacher, DTYPES[res.mixed_precision])
+    log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
+    return caches
+
+
+def _data_stream(dataset, groups, skip_log, caches, teacher, res, acc, progress: Progress) -> DataStream:
+    """The batches from `progress.batches_used` on; skipped items are reported at the iteration
+    they are met."""
+    from dmad.data.loading import make_loader
+    from dmad.data.mixing import MixtureBatches
+    from dmad.data.scan import report_skips
+
+    sampler = MixtureBatches(groups, res.train_batch_size, res.seed, acc.process_index, acc.num_processes,
+                             consumed=progress.batches_used)
+    loader = iter(make_loader(dataset, sampler, res.dataloader_num_workers))
+    batches = report_skips(loader, lambda skips: skip_log.loaded(progress.iter, skips))
+    return DataStream(dataset, sampler, skip_log, caches, teacher, acc.device, res.seed, res.vae_batch_size, batches)
 
 
 def size_step(teacher) -> int:
@@ -251,13 +243,3 @@ def check_buckets(groups, teacher, source) -> None:
             raise UserInputError(f"train_data_dir {source}: bucket {g.bucket[0]}x{g.bucket[1]} is not a multiple of "
                                  f"{step} pixels, which this teacher needs: set bucket_step to a multiple of {step} "
                                  f"in the dataset list")
-
-
-def _load_checkpoint(cfg: TrainConfig, resume: str, nets, opt_g, opt_c, sched_g, sched_c, acc, timesteps):
-    ident = cfg.identity
-    state = load_checkpoint(Path(resume), nets=nets, student_mode=ident.student, fake_mode=ident.fake_score,
-                            opt_g=opt_g, opt_c=opt_c, sched_g=sched_g, sched_c=sched_c, scaler=acc.scaler)
-    if state.student_timesteps != timesteps:
-        raise UserInputError(f"checkpoint {resume} was trained with student timesteps {state.student_timesteps}, "
-                             f"the config asks for {timesteps}")
-    return state

@@ -2,10 +2,11 @@
 
 open_run (dmad.train.run_open) writes config / prompt set / env / status, routes stdout to events
 only (DESIGN.md; the rest goes to stderr and logs/engine.log) and turns a failure into an error
-event, a failed status and an exit code. train_loop, per iteration: control commands, the batches, one iteration of the
-method (dmad.train.step.dmad_iteration), a metrics row every log_every_steps, then checkpoints and
-validation samples on their schedule. `dmad probe` points (dmad.train.probe_point) use the same
-open_run and train_loop, with nothing after each iteration.
+event, a failed status and an exit code. train_loop, per iteration: control commands, the batches,
+one iteration of the method (its unit's `iteration`: dmad/methods/dmd2.py for DMAD), a metrics row
+every log_every_steps, then checkpoints and validation samples on their schedule. `dmad probe`
+points (dmad.train.probe_point) use the same open_run and train_loop, with nothing after each
+iteration.
 """
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dmad.contract.config import TrainConfig
+from dmad.contract.methods import LR_COLUMNS, METRIC_COLUMNS
 from dmad.contract.runlog import one_off_problem
 from dmad.contract.runs import ControlReader
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
+from dmad.memory import readings as memory
+from dmad.methods.unit import LogSum, NonFiniteLoss, Stages
+from dmad.train.control import handle_control
+from dmad.train.monitor import device_reading
 from dmad.train.oom import Phase
 from dmad.train.ranks import any_rank, broadcast, mean_logs
 from dmad.train.run_files import StopFlag
 from dmad.train.run_open import open_run
-from dmad.train.session import METRIC_COLUMNS, Session
-from dmad.train.step import ITERATIONS, LogSum, NonFiniteLoss
+from dmad.train.saving import save_checkpoint
+from dmad.train.session import Session
+from dmad.train.trainer import Trainer
+from dmad.train.validation import render_samples, render_teacher
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[str], restart: bool = False,
@@ -36,11 +44,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
     while True:
         try:
             with open_run(cfg, run_dir, resume, argv, restart=restart, skipped=skipped) as run:
-                s = run.build()
+                s, tr = run.build()
                 run.phase.set("sampling")
-                s.render_teacher_reference(run.between_phases)  # before iteration 1; a no-op on resume
+                render_teacher(s, tr, run.between_phases)  # before iteration 1; a no-op on resume
                 run.between_phases()
-                run.exit_code = train_loop(s, run.stop, run.phase, run.control)
+                run.exit_code = train_loop(s, tr, run.stop, run.phase, run.control)
             return run.exit_code
         except CheckpointUnusable as e:
             if isinstance(e, CheckpointMismatch) or (not fallbacks and not skipped):
@@ -54,136 +62,129 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
 
 # --------------------------------------------------------------------------- the loop
 
-def train_loop(s: Session, stop: "StopFlag", phase: Phase, control: Optional[ControlReader] = None,
-               after_iteration: Optional[Callable[[Session], None]] = None) -> int:
+def train_loop(s: Session, tr: Trainer, stop: "StopFlag", phase: Phase, control: Optional[ControlReader] = None,
+               after_iteration: Optional[Callable[[Session, Trainer], None]] = None) -> int:
     """Iterations until max_train_steps or a stop: control commands, the batches (data time), one
-    iteration of the configured method (dmad.train.step), a metrics row every log_every_steps, then
+    iteration of the configured method (its unit: networks, optimizers, batches with their noise,
+    config and accelerator as arguments), a metrics row every log_every_steps, then
     `after_iteration` (default: checkpoints and validation samples on their schedule)."""
-    cfg = s.cfg
-    iteration = ITERATIONS[cfg.distillation.method]
+    cfg, p, files = tr.cfg, s.progress, s.files
+    max_steps = cfg.optimization.max_train_steps
     after_iteration = after_iteration or checkpoint_and_sample
-    control = control if control is not None else ControlReader(s.folder.control_jsonl)
+    control = control if control is not None else ControlReader(files.folder.control_jsonl)
     window = _Window()
-    s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
-    s.events.emit("phase", s.iter, phase="training")
-    while s.iter < cfg.optimization.max_train_steps:
-        stopping = _handle_control(s, control, stop)
+    files.folder.write_status("running", iter=p.iter, max_train_steps=max_steps)
+    files.events.emit("phase", p.iter, phase="training")
+    while p.iter < max_steps:
+        stopping = _control(s, tr, control, stop)
         if stopping:
-            return _stop(s, checkpoint=stopping == "stop")
+            return _stop(s, tr, checkpoint=stopping == "stop")
         t_iter = time.perf_counter()
-        first_batch = s.batches_used
-        batches = [next(s.data) for _ in range(cfg.resources.gradient_accumulation_steps)]
-        s.batches_used += len(batches)
+        batches = s.data.take(p.batches_used, cfg.resources.gradient_accumulation_steps)
+        p.batches_used += len(batches)
         window.data_time += time.perf_counter() - t_iter
-        with s.passes.counting():
-            logs = iteration(s, batches, first_batch, phase)
-        _check_finite(s, logs)
-        s.iter += 1
-        s.folder.note(iter=s.iter)  # the heartbeat writes it: status.json's iteration is never stale
+        stages = Stages(phase, p.iter, first=p.iter == p.start_iter)
+        with tr.passes.counting():
+            logs = tr.method.iteration(tr.nets, tr.optimizers, batches, p.iter, cfg, tr.accelerator, stages)
+        _check_finite(tr, logs, p.iter)
+        p.iter += 1
+        files.folder.note(iter=p.iter)  # the heartbeat writes it: status.json's iteration is never stale
         window.add(logs)
-        if s.iter % cfg.observation.log_every_steps == 0 or s.iter == cfg.optimization.max_train_steps:
-            _log_row(s, window)
-        after_iteration(s)
-    return _finish(s)
+        if p.iter % cfg.observation.log_every_steps == 0 or p.iter == max_steps:
+            _log_row(s, tr, window)
+        after_iteration(s, tr)
+    return _finish(s, tr)
 
 
-def checkpoint_and_sample(s: Session) -> None:
-    cfg = s.cfg
-    last = s.iter == cfg.optimization.max_train_steps
-    if s.iter % cfg.observation.checkpointing_steps == 0 or last:
-        s.save_checkpoint()
-    v = cfg.observation.validation_steps
-    if (v and s.iter % v == 0) or s.iter % cfg.observation.checkpointing_steps == 0 or last:
-        s.render_samples()
+def checkpoint_and_sample(s: Session, tr: Trainer) -> None:
+    obs, it = tr.cfg.observation, s.progress.iter
+    last = it == tr.cfg.optimization.max_train_steps
+    if it % obs.checkpointing_steps == 0 or last:
+        save_checkpoint(s, tr)
+    v = obs.validation_steps
+    if (v and it % v == 0) or it % obs.checkpointing_steps == 0 or last:
+        render_samples(s, tr)
 
 
 def _cache_counts(s: Session) -> dict:
     """What the latent/text cache gave this process (status.json `cache`), when the run has one."""
-    if s.caches is None:
+    if s.data.caches is None:
         return {}
-    c = s.caches.counts
-    s.log.info("cache: latents %d read, %d encoded; captions %d read, %d encoded", c["latent_hits"],
-               c["latent_encoded"], c["text_hits"], c["text_encoded"])
+    c = s.data.caches.counts
+    s.files.log.info("cache: latents %d read, %d encoded; captions %d read, %d encoded", c["latent_hits"],
+                     c["latent_encoded"], c["text_hits"], c["text_encoded"])
     return {"cache": dict(c)}
 
 
-def _finish(s: Session) -> int:
-    s.folder.write_status("finished", iter=s.iter, **_cache_counts(s))
-    s.events.emit("finished", s.iter, elapsed_s=round(time.time() - s.t_start, 3),
-                  network_passes=s.passes.equivalents())
+def _finish(s: Session, tr: Trainer) -> int:
+    it = s.progress.iter
+    s.files.folder.write_status("finished", iter=it, **_cache_counts(s))
+    s.files.events.emit("finished", it, elapsed_s=round(time.time() - s.progress.t_start, 3),
+                        network_passes=tr.passes.equivalents())
     return 0
 
 
-def _stop(s: Session, checkpoint: bool = True) -> int:
+def _stop(s: Session, tr: Trainer, checkpoint: bool = True) -> int:
     """stop: a checkpoint at this iteration and its samples (the last column of the grid), then
     stopped. stop_now: stopped at once, with the checkpoints there are."""
-    s.folder.write_status("stopping", iter=s.iter)
-    saved = checkpoint and s.last_saved != s.iter
+    folder, it = s.files.folder, s.progress.iter
+    folder.write_status("stopping", iter=it)
+    saved = checkpoint and s.progress.last_saved != it
     if saved:
-        s.save_checkpoint()
-        s.render_samples()
-    last = s.folder.latest_checkpoint() if s.is_main else None
-    s.folder.write_status("stopped", iter=s.iter, **_cache_counts(s))
-    s.events.emit("stopped", s.iter, last_checkpoint=last[0] if last else None, checkpoint_saved=saved,
-                  network_passes=s.passes.equivalents())
+        save_checkpoint(s, tr)
+        render_samples(s, tr)
+    last = folder.latest_checkpoint() if tr.is_main else None
+    folder.write_status("stopped", iter=it, **_cache_counts(s))
+    s.files.events.emit("stopped", it, last_checkpoint=last[0] if last else None, checkpoint_saved=saved,
+                        network_passes=tr.passes.equivalents())
     return 0
 
 
-def _handle_control(s: Session, control: ControlReader, stop: "StopFlag") -> Optional[str]:
-    """Applies control.jsonl commands; returns "stop" or "stop_now" when the run must stop, else
-    None. Pausing blocks here (models stay loaded; the monitor thread keeps the heartbeat fresh).
-    Rank 0 reads the commands and its stop flag; every rank applies them (checkpoints and samples
-    are collective)."""
-    paused = False
-    while True:
-        commands, stopping = _poll_control(s, control, stop)
-        for c in commands:
-            cmd = c.get("cmd")
-            if cmd in ("stop", "stop_now"):
-                stopping = "stop_now" if "stop_now" in (cmd, stopping) else "stop"
-            elif cmd == "pause" and not paused:
-                paused = True
-                s.folder.write_status("paused", iter=s.iter)
-                s.events.emit("paused", s.iter)
-            elif cmd == "resume" and paused:
-                paused = False
-                s.folder.write_status("running", iter=s.iter)
-                s.events.emit("resumed", s.iter)
-            elif cmd == "sample_now":
-                _sample_now(s, c)
-            elif cmd == "checkpoint_now":
-                s.save_checkpoint()
-        if stopping:
-            stop.set()
-            return stopping
-        if not paused:
-            return None
-        time.sleep(0.2)
+def _control(s: Session, tr: Trainer, control: ControlReader, stop: "StopFlag") -> Optional[str]:
+    """Control commands at an iteration boundary (dmad.train.control): "stop" or "stop_now" when the
+    run must stop, else None. Rank 0 reads the commands and its stop flag; every rank applies them
+    (checkpoints and samples are collective)."""
+    files, it = s.files, s.progress.iter
+
+    def announce(state: str, event: str) -> None:
+        files.folder.write_status(state, iter=it)
+        files.events.emit(event, it)
+
+    def run(command: dict) -> None:
+        if command.get("cmd") == "sample_now":
+            _sample_now(s, tr, command)
+        else:
+            save_checkpoint(s, tr)
+
+    stopping = handle_control(lambda: _poll_control(tr, control, stop), announce, run)
+    if stopping:
+        stop.set()
+    return stopping
 
 
-def _sample_now(s: Session, command: dict) -> None:
+def _sample_now(s: Session, tr: Trainer, command: dict) -> None:
     prompt, seed = command.get("prompt"), command.get("seed")
     if prompt is None and seed is None:
-        s.render_samples()
+        render_samples(s, tr)
         return
     problem = one_off_problem(prompt, seed)
     if problem:  # a hand-written line: said, not rendered
-        s.events.emit("warning", s.iter, message=f"control.jsonl: {problem}")
+        s.files.events.emit("warning", s.progress.iter, message=f"control.jsonl: {problem}")
         return
-    s.render_samples(prompt=prompt, seed=seed)
+    render_samples(s, tr, prompt=prompt, seed=seed)
 
 
-def _check_finite(s: Session, logs: LogSum) -> None:
-    if s.world > 1 and any_rank(s.accelerator, logs.bad is not None):
-        term, it = logs.bad or ("loss on another rank", s.iter + 1)
-        raise NonFiniteLoss(term, it)
+def _check_finite(tr: Trainer, logs: LogSum, it: int) -> None:
+    if tr.world > 1 and any_rank(tr.accelerator, logs.bad is not None):
+        term, at = logs.bad or ("loss on another rank", it + 1)
+        raise NonFiniteLoss(term, at)
 
 
-def _poll_control(s: Session, control: ControlReader, stop: "StopFlag") -> tuple[list[dict], Optional[str]]:
-    commands = control.poll() if s.is_main else []
-    stopping = "stop" if s.is_main and stop.is_set() else None
-    if s.world > 1:
-        commands, stopping = broadcast(s.accelerator, (commands, stopping))
+def _poll_control(tr: Trainer, control: ControlReader, stop: "StopFlag") -> tuple[list[dict], Optional[str]]:
+    commands = control.poll() if tr.is_main else []
+    stopping = "stop" if tr.is_main and stop.is_set() else None
+    if tr.world > 1:
+        commands, stopping = broadcast(tr.accelerator, (commands, stopping))
     return commands, stopping
 
 
@@ -203,24 +204,34 @@ class _Window(LogSum):
         self.iters += 1
 
 
-def _log_row(s: Session, w: _Window) -> None:
+def memory_row(device) -> dict:
+    """Framework peak since the previous row (then reset) and device-wide use (NVML; process
+    RSS on a CPU machine): two scopes, two columns, never mixed."""
+    peak = memory.framework_peak_gb(device)
+    memory.reset_framework_peak(device)
+    _, used, total, _ = device_reading(device)
+    # the total rides on the metric event only (the app draws it as a line), not in metrics.csv
+    return {"mem_peak_alloc_gb": peak, "mem_device_used_gb": used, "mem_device_total_gb": total}
+
+
+def _log_row(s: Session, tr: Trainer, w: _Window) -> None:
     if w.iters == 0:
         return
-    s.sync_device()  # so the window's wall time covers queued GPU work (one sync per log row)
+    tr.sync_device()  # so the window's wall time covers queued GPU work (one sync per log row)
     elapsed = time.perf_counter() - w.t0
-    if s.world > 1:  # the row is the mean over every process's samples; rank 0 writes it
-        w.sums, w.counts = mean_logs(s.accelerator, w.sums, w.counts)
-        if not s.is_main:
+    if tr.world > 1:  # the row is the mean over every process's samples; rank 0 writes it
+        w.sums, w.counts = mean_logs(tr.accelerator, w.sums, w.counts)
+        if not tr.is_main:
             w.reset()
             return
+    it, max_steps = s.progress.iter, tr.cfg.optimization.max_train_steps
     row = {k: w.sums[k] / w.counts[k] for k in w.sums}
-    row.update(s.memory_row())
-    row.update(iter=s.iter, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters,
-               lr_generator=s.sched_g.get_last_lr()[0],
-               lr_critic=s.sched_c.get_last_lr()[0] if s.sched_c is not None else None)
-    s.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
-    remaining = s.cfg.optimization.max_train_steps - s.iter
-    s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"},
-                  max_train_steps=s.cfg.optimization.max_train_steps, network_passes=s.passes.equivalents()["total"],
-                  eta_s=round(remaining * elapsed / w.iters, 1))
+    row.update(memory_row(tr.device))
+    row.update(iter=it, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters)
+    opts = tr.optimizers
+    row.update({c: opts[c[3:]].lr() if c[3:] in opts else None for c in LR_COLUMNS})  # lr_<optimizer>
+    s.files.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
+    remaining = max_steps - it
+    s.files.events.emit("metric", it, **{k: v for k, v in row.items() if k != "iter"}, max_train_steps=max_steps,
+                        network_passes=tr.passes.equivalents()["total"], eta_s=round(remaining * elapsed / w.iters, 1))
     w.reset()

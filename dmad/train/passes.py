@@ -69,7 +69,12 @@ class PassCounter:
             self.counts[name] = {"forward": 0, "backward": 0}
             self.weights[name] = sum(p.numel() for p in net.parameters()) / ref
             self._handles.append(net.register_forward_hook(self._hook, with_kwargs=True))
-        for name, c in (start or {}).items():
+        self.start_from(start)
+
+    def start_from(self, counts: Optional[dict]) -> None:
+        """Continue the counts a checkpoint kept (training_state.json's network_passes; None or {}
+        before they were counted): what is not a count of a network here is ignored."""
+        for name, c in (counts or {}).items():
             if name in self.counts and isinstance(c, dict):
                 for k in ("forward", "backward"):
                     if isinstance(c.get(k), int) and not isinstance(c.get(k), bool) and c[k] >= 0:

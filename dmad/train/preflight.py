@@ -173,12 +173,12 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
     named checkpoint is used as it is or refused. A whole checkpoint that this config cannot
     continue (CheckpointMismatch: another method, EMA, LoRA rank or student timesteps) is refused
     at once: the run's older checkpoints were trained the same way."""
+    from dmad.methods import method_unit
     from dmad.models.checkpoint import Expected, verify_checkpoint
     from dmad.errors import CheckpointMismatch, CheckpointUnusable
 
     ident, dist = cfg.identity, cfg.distillation
-    student_mode = ident.student
-    fake_mode = None if dist.method == "lcm" else ident.fake_score  # None: no fake score saved
+    layout = method_unit(dist.method).layout(ident)  # the files its method saves, its networks' modes
     expected = Expected(ema=dist.ema_decay is not None, lora_rank=ident.lora_rank,
                         timesteps=dist.resolved_student_timesteps())
     run = RunFolder(run_dir)
@@ -194,7 +194,7 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
             have = ", ".join(f"iter_{it}" for it, _ in found) or "none"
             raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
         try:
-            verify_checkpoint(path.resolve(), student_mode, fake_mode, expected)
+            verify_checkpoint(path.resolve(), layout, expected)
         except CheckpointMismatch as e:
             raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
         except CheckpointUnusable as e:
@@ -207,7 +207,7 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
     skipped = []
     for k, (it, ckpt) in enumerate(order):
         try:
-            verify_checkpoint(ckpt, student_mode, fake_mode, expected)
+            verify_checkpoint(ckpt, layout, expected)
         except CheckpointMismatch as e:
             raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
         except CheckpointUnusable as e:

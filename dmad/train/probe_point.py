@@ -20,55 +20,57 @@ import torch
 
 from dmad.memory import readings as memory
 from dmad.contract.runs import atomic_write_json
-from dmad.train.loop import train_loop
+from dmad.methods.dmd2 import FAKE_GUIDANCE, student_input
+from dmad.methods.unit import Stages
+from dmad.train.loop import memory_row, train_loop
 from dmad.train.run_open import open_run
-from dmad.train.step import FAKE_GUIDANCE
+from dmad.train.session import Session
+from dmad.train.trainer import Trainer
 
 
 def run_point(cfg: Any, run_dir: Path, baseline: bool) -> int:
     """The point's run: the training loop with nothing after each iteration (no checkpoints, no
     samples, no teacher reference), or the inference baseline; the exit code of a real run."""
     with open_run(cfg, run_dir, None, ["dmad", "probe-point"]) as run:
-        s = run.build()
-        run.exit_code = inference_loop(s, run.phase) if baseline else \
-            train_loop(s, run.stop, run.phase, run.control, after_iteration=lambda s: None)
+        s, tr = run.build()
+        run.exit_code = inference_loop(s, tr, run.phase) if baseline else \
+            train_loop(s, tr, run.stop, run.phase, run.control, after_iteration=lambda s, tr: None)
     return run.exit_code
 
 
-def inference_loop(s: Any, phase: Any) -> int:
-    """The baseline: per iteration, one batch encoded (VAE, text encoder), the student's one-step
-    prediction and the teacher's guided prediction and the fake score's, all without autograd;
-    one metrics row per iteration (the same columns as training)."""
-    cfg = s.cfg
-    s.folder.write_status("running", iter=s.iter, max_train_steps=cfg.optimization.max_train_steps)
-    s.events.emit("phase", s.iter, phase="inference-probe")
-    while s.iter < cfg.optimization.max_train_steps:
-        first = s.iter == 0
+def inference_loop(s: Session, tr: Trainer, phase: Any) -> int:
+    """The baseline: per iteration, one batch encoded (VAE, text encoder), the student's prediction
+    (from its input as training makes it) and the teacher's guided prediction and, for a method with
+    one (DMAD), the fake score's, all without autograd; one metrics row per iteration (the same
+    columns as training)."""
+    cfg, p, files, nets = tr.cfg, s.progress, s.files, tr.nets
+    files.folder.write_status("running", iter=p.iter, max_train_steps=cfg.optimization.max_train_steps)
+    files.events.emit("phase", p.iter, phase="inference-probe")
+    while p.iter < cfg.optimization.max_train_steps:
+        stages = Stages(phase, p.iter, first=p.iter == 0)
         t0 = time.perf_counter()
-        batch = next(s.data)
+        [mb] = s.data.take(p.batches_used, 1)
         t_data = time.perf_counter() - t0
-        rng = s.rng(s.batches_used)
-        s.batches_used += 1
+        p.batches_used += 1
         with torch.no_grad():
-            phase.set("vae-encode" if first else f"step-{s.iter + 1}")
-            latents, emb = s.encode_batch(batch, rng)
-            phase.set("first-forward" if first else phase.name)
-            with s.accelerator.autocast():
-                x_t, t = s.student_input(latents.shape, emb, s.iter, rng)
-                nets = s.dmad
+            stages.encode()
+            latents, emb = mb.encode()
+            stages.forward()
+            with tr.accelerator.autocast():
+                x_t, t = student_input(nets, latents.shape, emb, p.iter, cfg.resources.seed, mb.rng, tr.accelerator)
                 x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
                 nets.real.x0(nets.schedule, x0, t, emb)
-                if getattr(nets, "fake_score", None) is not None:  # DMAD's third network (LCM has none)
-                    nets.family.predict(nets.fake_score, x0.to(s.weight_dtype), t, emb, nets.schedule,
-                                        guidance=FAKE_GUIDANCE)
-        s.sync_device()
-        s.iter += 1
-        row = {"iter": s.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}
-        row.update(s.memory_row())
-        s.metrics.append({k: row.get(k) for k in s.metrics.columns})
-        s.events.emit("metric", s.iter, **{k: v for k, v in row.items() if k != "iter"})
-    s.folder.write_status("finished", iter=s.iter)
-    s.events.emit("finished", s.iter)
+                fake = getattr(nets, "fake_score", None)  # DMAD's third network
+                if fake is not None:
+                    nets.family.predict(fake, x0.to(tr.weight_dtype), t, emb, nets.schedule, guidance=FAKE_GUIDANCE)
+        tr.sync_device()
+        p.iter += 1
+        row = {"iter": p.iter, "step_time_s": time.perf_counter() - t0, "data_time_s": t_data}
+        row.update(memory_row(tr.device))
+        files.metrics.append({k: row.get(k) for k in files.metrics.columns})
+        files.events.emit("metric", p.iter, **{k: v for k, v in row.items() if k != "iter"})
+    files.folder.write_status("finished", iter=p.iter)
+    files.events.emit("finished", p.iter)
     return 0
 
 

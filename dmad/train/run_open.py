@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,9 @@ from dmad.contract.events import (CAUSE_DISK_FULL, CAUSE_EXCEPTION, CAUSE_INTERR
 from dmad.contract.prompts import load_prompt_set
 from dmad.contract.runs import ControlReader, RunFolder, RunLock
 from dmad.errors import EXIT_INVALID_INPUT, DmadError, StopRequested
-from dmad.train.build import build_session, make_accelerator
+from dmad.methods.unit import NonFiniteLoss
+from dmad.train.build import build, make_accelerator
+from dmad.train.control import handle_control
 from dmad.train.folder_undo import FolderSnapshot
 from dmad.train.launch import world_rank
 from dmad.train.monitor import Monitor
@@ -28,7 +29,7 @@ from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, broadcast,
 from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, disk_full,
                                   engine_started_at, is_disk_full, is_oom, prepare_folder, setup_logging)
 from dmad.train.session import Session
-from dmad.train.step import NonFiniteLoss
+from dmad.train.trainer import Trainer
 
 
 @dataclass
@@ -45,19 +46,20 @@ class OpenRun:
     phase: Phase
     stop: StopFlag
     control: ControlReader  # read from the engine's start: a Stop during loading counts
-    accelerator: Any  # joined process group with several processes, else None (build_session makes one)
+    accelerator: Any  # joined process group with several processes, else None (dmad.train.build.build makes one)
     resume: Optional[str]
     restart: bool = False  # --resume latest of a run with no checkpoint: from iteration 0 in the same folder
     session: Optional[Session] = None
+    trainer: Optional[Trainer] = None
     exit_code: int = 0
     committed: bool = False  # the run continues from a loaded state: a failure from here on is the run's
 
-    def build(self) -> Session:
+    def build(self) -> tuple[Session, Trainer]:
         self.phase.set("loading")
-        self.session = build_session(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
-                                     self.accelerator, self.resume, between_phases=self.between_phases,
-                                     loaded=self.commit)
-        return self.session
+        self.session, self.trainer = build(self.cfg, self.folder, self.prompt_set, self.events, self.log, self.monitor,
+                                           self.accelerator, self.resume, between_phases=self.between_phases,
+                                           loaded=self.commit)
+        return self.session, self.trainer
 
     def commit(self, iteration: int) -> None:
         """Everything has loaded and the run continues from `iteration` (the checkpoint's; 0 for a
@@ -75,37 +77,20 @@ class OpenRun:
         sample): stop raises StopRequested, pause waits here for resume or stop, and sample_now /
         checkpoint_now wait for the loop. Rank 0 reads; with several processes the outcome is
         broadcast when `collective` (every rank is at the same boundary)."""
-        stopping = False
-        if self.folder.is_writer:
-            stopping = self._apply_early(self.control.poll())
+        stopping = None
+        if self.folder.is_writer:  # sample_now and checkpoint_now wait: there is no student to sample or save yet
+            stopping = handle_control(self._poll, self._announce, self.control.defer)
         if collective and self.accelerator is not None:
             stopping = broadcast(self.accelerator, stopping)
         if stopping:
             raise StopRequested()
 
-    def _apply_early(self, commands: list[dict]) -> bool:
-        paused = False
-        while True:
-            for c in commands:
-                name = c.get("cmd")
-                if name in ("stop", "stop_now"):
-                    return True
-                if name == "pause" and not paused:
-                    paused = True
-                    self.folder.write_status("paused")
-                    self.events.emit("paused", None, phase=self.phase.name)
-                elif name == "resume" and paused:
-                    paused = False
-                    self.folder.write_status("running")
-                    self.events.emit("resumed", None, phase=self.phase.name)
-                elif name in ("sample_now", "checkpoint_now"):
-                    self.control.defer(c)  # there is no student to sample or save yet
-            if self.stop.is_set():
-                return True
-            if not paused:
-                return False
-            time.sleep(0.2)
-            commands = self.control.poll()
+    def _poll(self) -> tuple[list[dict], Optional[str]]:
+        return self.control.poll(), "stop" if self.stop.is_set() else None
+
+    def _announce(self, state: str, event: str) -> None:
+        self.folder.write_status(state)
+        self.events.emit(event, None, phase=self.phase.name)
 
 
 @contextlib.contextmanager
@@ -122,22 +107,9 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     rank, world = world_rank()
     acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
     main = rank == 0
-    lock = before = None
     refused = False  # a start refused before it committed (exit 2): the folder goes back as it was
-    if main:
-        reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
-        before = FolderSnapshot.take(run_dir)  # before the first write, mkdir included
-        folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
-        folder.check_confined()  # nothing is written before: a link out of the folder is refused
-        lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
-    if acc is not None:
-        acc.wait_for_everyone()  # rank 0 made the folder
-    if not main:
-        folder = ReadOnlyFolder(run_dir)
-    previous = folder.read_status() or {} if main else {}
-    offset = previous.get("control_offset")
-    control = ControlReader(folder.control_jsonl, offset=offset if isinstance(offset, int) else 0,
-                            since=engine_started_at())
+    folder, before, lock = _open_folder(run_dir, resume, restart, main, acc)
+    control = _control_reader(folder, main)
     real_stderr, sys.stderr = sys.stderr, PipeSafeStream(sys.stderr)  # before logging takes its handle
     log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
@@ -145,23 +117,12 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume, restart)
 
     def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
-        it = run.session.iter if run.session is not None else None
+        it = run.session.progress.iter if run.session is not None else None
         events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
 
     run.monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
     try:
-        if main:
-            run.prompt_set = prepare_folder(folder, cfg, resume, argv, events, world, reopened=restart)
-            for reason in skipped:
-                events.emit("warning", None, message=f"passed over a damaged checkpoint: {reason}")
-            if restart:
-                events.emit("warning", None, message=f"no complete checkpoint in {folder.checkpoints_dir}: "
-                                                     f"starting again from iteration 0")
-        if acc is not None:
-            acc.wait_for_everyone()  # rank 0 wrote the run's prompt set
-        if not main:
-            run.prompt_set = load_prompt_set(folder.prompt_set_json)
-        run.monitor.start()
+        _prepare(run, main, world, argv, skipped)
         yield run
     except StopRequested:
         run.exit_code = _stopped_early(run)
@@ -199,7 +160,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.stop.uninstall()
         run.monitor.stop()
         if run.session is not None:
-            run.session.metrics.close()
+            run.session.files.metrics.close()
         if not refused:
             _quietly(folder.update_status, control_offset=control.offset)  # the next engine starts after these
         events.close()
@@ -212,6 +173,50 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
             lock.release()
         if world == 1:
             _release_accelerate_state()
+
+
+def _open_folder(run_dir: Path, resume: Optional[str], restart: bool, main: bool, acc) -> tuple[Any, Any, Any]:
+    """(folder, the snapshot a refused start restores, the lock): rank 0 opens the run folder (or
+    makes it) and takes its lock before its first write; the other ranks read it once it exists."""
+    lock = before = None
+    if main:
+        reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
+        before = FolderSnapshot.take(run_dir)  # before the first write, mkdir included
+        folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
+        folder.check_confined()  # nothing is written before: a link out of the folder is refused
+        lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
+    if acc is not None:
+        acc.wait_for_everyone()  # rank 0 made the folder
+    if not main:
+        folder = ReadOnlyFolder(run_dir)
+    return folder, before, lock
+
+
+def _control_reader(folder, main: bool) -> ControlReader:
+    """control.jsonl from where the previous engine stopped reading; commands older than this
+    engine's start are ignored."""
+    previous = folder.read_status() or {} if main else {}
+    offset = previous.get("control_offset")
+    return ControlReader(folder.control_jsonl, offset=offset if isinstance(offset, int) else 0,
+                         since=engine_started_at())
+
+
+def _prepare(run: OpenRun, main: bool, world: int, argv: list[str], skipped: Sequence[str]) -> None:
+    """Rank 0 writes the run's files (config, prompt set, env, command) and says what this start passed
+    over; every rank reads the run's prompt set; the monitor starts."""
+    if main:
+        run.prompt_set = prepare_folder(run.folder, run.cfg, run.resume, argv, run.events, world,
+                                        reopened=run.restart)
+        for reason in skipped:
+            run.events.emit("warning", None, message=f"passed over a damaged checkpoint: {reason}")
+        if run.restart:
+            run.events.emit("warning", None, message=f"no complete checkpoint in {run.folder.checkpoints_dir}: "
+                                                     f"starting again from iteration 0")
+    if run.accelerator is not None:
+        run.accelerator.wait_for_everyone()  # rank 0 wrote the run's prompt set
+    if not main:
+        run.prompt_set = load_prompt_set(run.folder.prompt_set_json)
+    run.monitor.start()
 
 
 def _release_accelerate_state() -> None:
@@ -237,7 +242,7 @@ def _stopped_early(run: OpenRun) -> int:
     """A stop before training began: no checkpoint is written (a resumed run keeps the one it
     resumed from); the folder can be resumed, or started again when it has none."""
     s = run.session
-    it = s.iter if s is not None else None
+    it = s.progress.iter if s is not None else None
     last = run.folder.latest_checkpoint() if run.folder.is_writer else None
     run.folder.write_status("stopped", iter=it)
     run.events.emit("stopped", it, last_checkpoint=last[0] if last else None, phase=run.phase.name)
@@ -249,7 +254,7 @@ def _fail(folder: RunFolder, events: EventWriter, s: Optional[Session], reason: 
     """Error event + failed status; one line on stderr unless the CLI prints the exception itself.
     Each write is tried on its own: a full disk must not hide the reason."""
     last = folder.latest_checkpoint()
-    it = s.iter if s is not None else None
+    it = s.progress.iter if s is not None else None
     _quietly(events.emit, "error", it, reason=reason, exit_code=code, last_checkpoint=last[0] if last else None,
              **data)
     _quietly(folder.write_status, "failed", failure_reason=reason, exit_code=code)

@@ -1,7 +1,8 @@
 """What a training session renders: the teacher reference before iteration 1, the prompt set with
 the student's own timesteps (at checkpoints, every validation_steps, and on sample_now), and one
-image of a prompt typed in the app (sample_now with a prompt). Rank 0 only (Session.render_*
-wraps these in the barrier). A failure is a warning event: sampling never ends training.
+image of a prompt typed in the app (sample_now with a prompt). Every rank calls render_samples and
+render_teacher; rank 0 renders (in its own copy of the global RNGs) while the others wait. A failure
+is a warning event: sampling never ends training.
 """
 from __future__ import annotations
 
@@ -18,73 +19,106 @@ from dmad.contract.prompts import PromptItem
 from dmad.contract.runs import SAMPLES_META, TMP_PREFIX, atomic_write_json
 from dmad.models.networks import trainable_parameters
 from dmad.train.run_files import is_oom
+from dmad.train.session import Session
+from dmad.train.trainer import Trainer
 
 ONE_OFF = "oneoff"  # samples/oneoff/iter_<N>-<k>.png + .json: prompts typed in the app
 
 
+def render_samples(s: Session, tr: Trainer, prompt: Optional[str] = None, seed: Optional[int] = None) -> None:
+    """Validation images of the prompt set (or one image of `prompt`: sample_now with a prompt)."""
+    if tr.is_main:
+        try:
+            with tr.own_rng():
+                render_one_off(s, tr, prompt, seed) if prompt else render_prompt_set(s, tr)
+        finally:
+            tr.barrier()
+    else:
+        tr.barrier()
+
+
+def render_teacher(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None) -> None:
+    """samples/teacher/, once per run, before iteration 1 (a no-op on resume).
+    `between_images(collective=False)` runs after each image."""
+    if tr.is_main:
+        try:
+            with tr.own_rng():
+                render_teacher_reference(s, tr, between_images)
+        finally:
+            tr.barrier()
+    else:
+        tr.barrier()
+
+
 @contextlib.contextmanager
-def _ema_weights(s) -> Iterator[None]:
+def _ema_weights(tr: Trainer) -> Iterator[None]:
     """The student holds its EMA weights (what samples show) inside the block, its own after."""
-    params = trainable_parameters(s.nets.student)
-    if s.nets.ema is not None:
-        s.nets.ema.store(params)
-        s.nets.ema.copy_to(params)
+    nets = tr.trainables
+    params = trainable_parameters(nets.student)
+    if nets.ema is not None:
+        nets.ema.store(params)
+        nets.ema.copy_to(params)
     try:
         yield
     finally:
-        if s.nets.ema is not None:
-            s.nets.ema.restore(params)
+        if nets.ema is not None:
+            nets.ema.restore(params)
 
 
 @contextlib.contextmanager
-def _warn_on_failure(s, what: str) -> Iterator[None]:
+def _warn_on_failure(s: Session, what: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:  # noqa: BLE001 - reported, training goes on
         if is_oom(e) and torch.cuda.is_available():
             torch.cuda.empty_cache()
-        s.log.warning("%s at iteration %d failed: %r", what, s.iter, e, exc_info=True)
-        s.events.emit("warning", s.iter, message=f"{what} failed: {type(e).__name__}: {e}")
+        it = s.progress.iter
+        s.files.log.warning("%s at iteration %d failed: %r", what, it, e, exc_info=True)
+        s.files.events.emit("warning", it, message=f"{what} failed: {type(e).__name__}: {e}")
 
 
-def _render(s, out: Path, prompt_set) -> list[str]:
+def _render(s: Session, tr: Trainer, out: Path, prompt_set) -> list[str]:
     from dmad.models.checkpoint import student_weight_files
     from dmad.sample.render import library_versions, render_student_samples, sha256_files
 
-    t = s.teacher
+    t, it = tr.teacher, s.progress.iter
     # between checkpoints the weights exist only in memory: no checkpoint, no hash
-    ckpt = s.folder.checkpoint_path(s.iter) if s.last_saved == s.iter else None
-    with _ema_weights(s):
+    ckpt = s.files.folder.checkpoint_path(it) if s.progress.last_saved == it else None
+    ema = tr.trainables.ema is not None
+    with _ema_weights(tr):
         return render_student_samples(
-            out, student=s.nets.student, vae=t.vae, family=t.family,
-            encode=lambda p: t.family.encode(t.modules, p, s.device),
-            schedule=s.schedule, timesteps=s.timesteps, prompt_set=prompt_set, iteration=s.iter,
-            device=s.device, dtype=torch.float32, versions=library_versions(),
-            checkpoint=ckpt.name if ckpt else None, ema=s.nets.ema is not None, method=s.cfg.distillation.method,
+            out, student=tr.trainables.student, vae=t.vae, family=t.family,
+            encode=lambda p: t.family.encode(t.modules, p, tr.device),
+            schedule=tr.schedule, timesteps=tr.timesteps, prompt_set=prompt_set, iteration=it,
+            device=tr.device, dtype=torch.float32, versions=library_versions(),
+            checkpoint=ckpt.name if ckpt else None, ema=ema, method=tr.cfg.distillation.method,
             weights_sha256=sha256_files(student_weight_files(ckpt)) if ckpt else None)
 
 
-def render_prompt_set(s) -> None:
+def render_prompt_set(s: Session, tr: Trainer) -> None:
     """samples/iter_<N>/: the run's prompt set with the student's own timesteps (EMA when on)."""
-    out = s.folder.samples_dir / f"iter_{s.iter}"
+    it = s.progress.iter
+    out = s.files.folder.samples_dir / f"iter_{it}"
     with _warn_on_failure(s, "sampling"):
-        paths = _render(s, out, s.prompt_set)
-        s.events.emit("samples", s.iter, folder=str(out), paths=paths, model="student", ema=s.nets.ema is not None)
+        paths = _render(s, tr, out, s.files.prompt_set)
+        s.files.events.emit("samples", it, folder=str(out), paths=paths, model="student",
+                            ema=tr.trainables.ema is not None)
 
 
-def render_one_off(s, prompt: str, seed: Optional[int]) -> None:
+def render_one_off(s: Session, tr: Trainer, prompt: str, seed: Optional[int]) -> None:
     """samples/oneoff/iter_<N>-<k>.png and .json (the provenance meta.json of a one-item prompt
     set, with one_off true): the run's prompt set's resolution and the student's timesteps; the
     seed given, else the set's base seed."""
-    folder = s.folder.samples_dir / ONE_OFF
+    it = s.progress.iter
+    folder = s.files.folder.samples_dir / ONE_OFF
     with _warn_on_failure(s, "one-off sample"):
         folder.mkdir(parents=True, exist_ok=True)
         item = PromptItem(id=ONE_OFF, topic="one-off prompt", prompt=prompt, seed=seed)
-        prompt_set = s.prompt_set.model_copy(update={"items": [item]})
-        tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{s.iter}"
+        prompt_set = s.files.prompt_set.model_copy(update={"items": [item]})
+        tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{it}"
         try:
-            _render(s, tmp, prompt_set)
-            name = _free_name(folder, f"iter_{s.iter}")
+            _render(s, tr, tmp, prompt_set)
+            name = _free_name(folder, f"iter_{it}")
             meta = json.loads((tmp / SAMPLES_META).read_text(encoding="utf-8"))
             meta.update(one_off=True, items={ONE_OFF: {**meta["items"][ONE_OFF], "file": f"{name}.png"}})
             os.replace(tmp / f"{ONE_OFF}.png", folder / f"{name}.png")
@@ -92,8 +126,8 @@ def render_one_off(s, prompt: str, seed: Optional[int]) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         used = meta["items"][ONE_OFF]["seed"]
-        s.events.emit("samples", s.iter, folder=str(folder), paths=[str(folder / f"{name}.png")], model="student",
-                      ema=s.nets.ema is not None, one_off=True, prompt=prompt, seed=used)
+        s.files.events.emit("samples", it, folder=str(folder), paths=[str(folder / f"{name}.png")], model="student",
+                            ema=tr.trainables.ema is not None, one_off=True, prompt=prompt, seed=used)
 
 
 def _free_name(folder: Path, stem: str) -> str:
@@ -103,11 +137,13 @@ def _free_name(folder: Path, stem: str) -> str:
     return f"{stem}-{k}"
 
 
-def render_teacher_reference(s, between_images: Optional[Callable[..., None]] = None) -> None:
+def render_teacher_reference(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None) -> None:
     """samples/teacher/, once per run (dmad.sample.render.ensure_teacher_samples). `between_images`
     (called with collective=False after each image): a stop command ends the phase there."""
     from dmad.sample.render import ensure_teacher_samples
 
     check = (lambda: between_images(collective=False)) if between_images is not None else None
-    ensure_teacher_samples(s.folder.samples_dir / "teacher", teacher=s.teacher, prompt_set=s.prompt_set,
-                           device=s.device, events=s.events, log=s.log, iteration=s.iter, between_images=check)
+    f = s.files
+    ensure_teacher_samples(f.folder.samples_dir / "teacher", teacher=tr.teacher, prompt_set=f.prompt_set,
+                           device=tr.device, events=f.events, log=f.log, iteration=s.progress.iter,
+                           between_images=check)

@@ -27,6 +27,7 @@ from app.panels.training import TrainingPanel
 from app.widgets.plot_board import PlotBoard
 from dmad.contract.config import load_config
 from dmad.contract.events import make_event
+from dmad.contract.methods import DEFAULT_METHOD, METHODS, unused_settings
 from dmad.contract.runs import RunFolder, atomic_write_json
 from dmad.errors import UserInputError
 from tests.app.test_plots import board  # noqa: F401 - the shown PlotBoard fixture
@@ -109,12 +110,12 @@ def test_a_method_typed_in_the_json_greys_the_form_too(qtbot, panel):
 
 
 def test_the_unused_map_names_real_schema_fields(panel):
-    for method, keys in methods.UNUSED.items():
-        assert set(keys) <= set(panel.form.rows), method
-    assert sorted(methods.UNUSED[methods.LCM]) == sorted(UNUSED_WITH_LCM)
-    assert sorted(methods.UNUSED[methods.DMD2]) == sorted(LCM_ONLY)
-    assert panel.form.rows[METHOD].spec.options == tuple(methods.LABELS)  # every method has a name
-    assert methods.DEFAULT == panel.form.rows[METHOD].spec.default
+    for method, info in METHODS.items():
+        assert set(info.settings) <= set(panel.form.rows), method
+    assert sorted(unused_settings("lcm")) == sorted(UNUSED_WITH_LCM)
+    assert sorted(unused_settings("dmd2")) == sorted(LCM_ONLY)
+    assert panel.form.rows[METHOD].spec.options == tuple(METHODS)  # every method has a name
+    assert DEFAULT_METHOD == methods.DEFAULT == panel.form.rows[METHOD].spec.default
 
 
 # ------------------------------------------------------------ presets
@@ -198,19 +199,19 @@ def test_an_lcm_stream_plots_loss_lcm_and_no_critic_plots(qtbot, board):
     assert board.method() == "lcm"
     assert shown(board) == ["lcm", "gradients", "lr"]
     assert [board.tabs.tabText(i) for i in range(2)] == ["Losses", "Gradients · LR"]
-    x, y = board.consistency.curve("loss_lcm").getData()
+    x, y = board.plot_named("lcm").curve("loss_lcm").getData()
     assert list(x) == list(range(1, 21)) and y[0] == pytest.approx(0.2)
     assert board.loss_keys() == ["loss_lcm"]
-    assert board.consistency.legend.entry("loss_lcm").toolTip().startswith(LCM_TIP + "\n")
+    assert board.plot_named("lcm").legend.entry("loss_lcm").toolTip().startswith(LCM_TIP + "\n")
     board.tabs.setCurrentIndex(1)
     assert board.gradients.keys_with_data() == ["grad_norm_g"]  # no entry for the critic's empty column
     assert board.lr.keys_with_data() == ["lr_generator"]
-    assert board.tabs.currentWidget().isVisible() and not board.accuracy.isVisible()
+    assert board.tabs.currentWidget().isVisible() and not board.plot_named("accuracy").isVisible()
 
 
 def test_the_runs_config_sets_the_plots_before_any_metric(qtbot, board):
     board.set_method("lcm")
-    assert shown(board) == ["lcm", "gradients", "lr"] and board.consistency.is_empty()
+    assert shown(board) == ["lcm", "gradients", "lr"] and board.plot_named("lcm").is_empty()
     board.set_method("dmd2")
     assert shown(board) == ["generator", "critic", "accuracy", "gradients", "lr"]
     board.set_method(None)
@@ -245,9 +246,9 @@ def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_pat
     panel.open_run(run.path)
     board = panel.loss_plot
     assert shown(board) == ["lcm", "gradients", "lr"]  # from config.json, before the replay draws anything
-    qtbot.waitUntil(lambda: board.consistency.keys_with_data() == ["loss_lcm"], timeout=WAIT_MS)
-    assert list(board.consistency.curve("loss_lcm").getData()[0]) == list(range(1, 11))
-    assert board.critic.isHidden() and board.generator.isHidden() and board.accuracy.isHidden()
+    qtbot.waitUntil(lambda: board.plot_named("lcm").keys_with_data() == ["loss_lcm"], timeout=WAIT_MS)
+    assert list(board.plot_named("lcm").curve("loss_lcm").getData()[0]) == list(range(1, 11))
+    assert all(board.plot_named(name).isHidden() for name in ("critic", "generator", "accuracy"))
     dmad = RunFolder.create(tmp_path / "dmad_run")  # an empty DMAD run: its own layout, not the last run's
     atomic_write_json(dmad.config_json, {"config_version": 2, "distillation": {"method": "dmd2"}})
     atomic_write_json(dmad.status_json, {"state": "stopped", "pid": os.getpid(), "host": socket.gethostname(),
@@ -255,7 +256,7 @@ def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_pat
     dmad.events_jsonl.write_text("")
     panel.open_run(dmad.path)
     assert shown(board) == ["generator", "critic", "accuracy", "gradients", "lr"]
-    assert board.consistency.isHidden() and board.critic.is_empty()
+    assert board.plot_named("lcm").isHidden() and board.plot_named("critic").is_empty()
 
 
 def test_an_lcm_run_compared_with_a_dmad_run_gets_its_own_plot(qtbot, board, tmp_path):
@@ -268,8 +269,8 @@ def test_an_lcm_run_compared_with_a_dmad_run_gets_its_own_plot(qtbot, board, tmp
     board.add_overlay_dir(run.path)
     qtbot.waitUntil(lambda: board.overlay_names() == ["lcm_run"], timeout=WAIT_MS)
     assert shown(board) == ["generator", "critic", "lcm", "accuracy", "gradients", "lr"]
-    assert list(board.consistency.overlay_curves("lcm_run")) == ["loss_lcm"]
-    assert board.critic.overlay_curves("lcm_run") == {}  # its empty DMAD columns are no curves
+    assert list(board.plot_named("lcm").overlay_curves("lcm_run")) == ["loss_lcm"]
+    assert board.plot_named("critic").overlay_curves("lcm_run") == {}  # its empty DMAD columns are no curves
     board.remove_overlay("lcm_run")
     assert "lcm" not in shown(board)
 

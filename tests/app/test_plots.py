@@ -95,40 +95,42 @@ def test_each_group_has_its_own_plot_with_distinct_2px_colours(qtbot, board):
         pens = [plot.curve(k).opts["pen"] for k in plot.curve_keys()]
         assert all(pg_pen.widthF() >= 2 for pg_pen in pens)
         assert len({pen.color().name() for pen in pens}) == len(pens)  # no two series alike
-    assert "loss_dm + w_g·loss_g_gan" in " ".join(board.generator.legend.labels())  # why loss_g lies on loss_dm
-    assert "every K-th iteration" in board.generator.getPlotItem().getAxis("bottom").labelText  # why it ends early
-    x, y = board.accuracy.curve("d_real_acc").getData()
+    generator, accuracy = board.plot_named("generator"), board.plot_named("accuracy")
+    assert "loss_dm + w_g·loss_g_gan" in " ".join(generator.legend.labels())  # why loss_g lies on loss_dm
+    assert "every K-th iteration" in generator.getPlotItem().getAxis("bottom").labelText  # why it ends early
+    x, y = accuracy.curve("d_real_acc").getData()
     assert list(x) == list(range(1, 31)) and set(y) == {0.75}
     assert list(board.gradients.curve("dm_grad_norm").getData()[0]) == list(range(3, 31, 3))
     assert list(board.lr.curve("lr_critic").getData()[1]) == [2e-5] * 30
-    qtbot.waitUntil(lambda: y_range(board.accuracy)[0] <= 0.0 and y_range(board.accuracy)[1] >= 1.0, timeout=WAIT_MS)
-    assert y_range(board.accuracy)[1] < 1.1  # a fixed 0..1, not fitted to the 0.25 and 0.75 it shows
+    qtbot.waitUntil(lambda: y_range(accuracy)[0] <= 0.0 and y_range(accuracy)[1] >= 1.0, timeout=WAIT_MS)
+    assert y_range(accuracy)[1] < 1.1  # a fixed 0..1, not fitted to the 0.25 and 0.75 it shows
 
 
 def test_a_hidden_page_is_drawn_when_chosen(qtbot, board):
     fed(board)
-    assert board.accuracy.keys_with_data() == []  # not drawn while nobody can see it
+    assert board.plot_named("accuracy").keys_with_data() == []  # not drawn while nobody can see it
     board.tabs.setCurrentIndex(1)
-    assert board.accuracy.keys_with_data() == ["d_real_acc", "d_fake_acc"]
+    assert board.plot_named("accuracy").keys_with_data() == ["d_real_acc", "d_fake_acc"]
 
 
 # ---------------------------------------------------------------- legend, hover
 
 def test_clicking_a_legend_entry_hides_and_shows_its_series(qtbot, board):
     fed(board)
-    entry = board.generator.legend.entry("loss_g")
-    curve = board.generator.curve("loss_g")
+    generator = board.plot_named("generator")
+    entry = generator.legend.entry("loss_g")
+    curve = generator.curve("loss_g")
     assert entry.isVisible() and curve.isVisible()
     qtbot.mouseClick(entry, Qt.LeftButton)
     assert not curve.isVisible() and entry.font().strikeOut()
-    assert board.generator.readout.show_at(9) and not any("loss_g =" in r for r in board.generator.readout.rows)
+    assert generator.readout.show_at(9) and not any("loss_g =" in r for r in generator.readout.rows)
     qtbot.mouseClick(entry, Qt.LeftButton)
     assert curve.isVisible() and not entry.font().strikeOut()
 
 
 def test_hovering_shows_every_shown_series_value(qtbot, board):
     fed(board)
-    plot = board.generator
+    plot = board.plot_named("generator")
     qtbot.waitUntil(lambda: plot.view.viewRange()[0][1] >= 30, timeout=WAIT_MS)
     hover(plot, 12.2)
     qtbot.waitUntil(lambda: bool(plot.readout.rows), timeout=WAIT_MS)
@@ -137,7 +139,7 @@ def test_hovering_shows_every_shown_series_value(qtbot, board):
     assert plot.readout.box.isVisible() and plot.readout.line.value() == 12
     QApplication.sendEvent(plot.widget.viewport(), QEvent(QEvent.Leave))
     assert not plot.readout.box.isVisible()
-    critic = board.critic
+    critic = board.plot_named("critic")
     critic.readout.show_at(31.0)  # past the end: the last point, and where it is
     assert critic.readout.rows[0] == "iteration 30" and critic.readout.rows[1] == "loss_fake  0.4"
 
@@ -165,14 +167,15 @@ def test_an_empty_plot_says_so_without_ticks(qtbot, board):
         assert plot.is_empty() and plot.empty_text.isVisible()
         assert not plot.x_axis.style["showValues"] and not plot.y_axis.style["showValues"]
     fed(board, range(1, 5))
-    assert not board.critic.is_empty() and board.critic.y_axis.style["showValues"]
+    critic = board.plot_named("critic")
+    assert not critic.is_empty() and critic.y_axis.style["showValues"]
 
 
 def test_one_point_gets_a_small_range_centred_on_it(qtbot, board):
     store = SeriesStore()
     store.add_metric(7, {"loss_fake": 2.0}, t=T0)
     board.refresh(store, store.take_dirty())
-    plot = board.critic
+    plot = board.plot_named("critic")
     qtbot.waitUntil(lambda: not plot.is_empty() and plot.view.viewRange()[0][0] > 0, timeout=WAIT_MS)
     (x0, x1), (y0, y1) = plot.view.viewRange()
     assert x0 < 7 < x1 and x1 - x0 <= 3 and abs((x0 + x1) / 2 - 7) < 1e-6
@@ -185,8 +188,9 @@ def test_one_point_gets_a_small_range_centred_on_it(qtbot, board):
 
 def test_every_plot_spans_the_same_iterations(qtbot, board):
     fed(board, range(1, 32))  # the generator's last point is 30, the critic's 31
-    qtbot.waitUntil(lambda: board.critic.view.viewRange()[0][1] >= 31, timeout=WAIT_MS)
-    qtbot.waitUntil(lambda: board.generator.view.viewRange()[0] == board.critic.view.viewRange()[0], timeout=WAIT_MS)
+    generator, critic = board.plot_named("generator"), board.plot_named("critic")
+    qtbot.waitUntil(lambda: critic.view.viewRange()[0][1] >= 31, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: generator.view.viewRange()[0] == critic.view.viewRange()[0], timeout=WAIT_MS)
 
 
 def test_a_new_run_starts_with_fresh_ranges_and_legend(qtbot, tmp_path):
@@ -196,7 +200,7 @@ def test_a_new_run_starts_with_fresh_ranges_and_legend(qtbot, tmp_path):
     panel.show()
     big = write_run(tmp_path, "big", range(1, 301), scale=100.0)
     panel.open_run(big.path)
-    plot = panel.loss_plot.critic
+    plot = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(plot.curve("loss_fake")) == 300, timeout=WAIT_MS)
     plot.view.setRange(xRange=(100, 200), yRange=(5, 50))  # the user zoomed in: auto-range is off
     qtbot.mouseClick(plot.legend.entry("loss_c"), Qt.LeftButton)  # and hid a series
@@ -240,16 +244,16 @@ def test_the_x_axis_switches_to_wall_clock_time(qtbot, board):
     store = fed(board)
     board.x_axis.setCurrentIndex(board.x_axis.findData("elapsed"))
     board.refresh(store, set(store.names()))  # what the panel's feed does on display_changed
-    x, _ = board.critic.curve("loss_fake").getData()
+    x, _ = board.plot_named("critic").curve("loss_fake").getData()
     assert list(x) == [2.0 * (it - 1) for it in range(1, 31)]  # seconds since the first metric event
-    assert board.critic.getPlotItem().getAxis("bottom").labelText == "elapsed wall-clock time"
-    assert board.generator.getPlotItem().getAxis("bottom").labelText.startswith("elapsed wall-clock time · ")
-    assert board.critic.x_axis.tickStrings([0, 30, 90, 3900], 1, 30) == ["0s", "30s", "1m30s", "1h05m"]
-    board.critic.readout.show_at(20.0)
-    assert board.critic.readout.rows[0] == "20s · iteration 11"
+    assert board.plot_named("critic").getPlotItem().getAxis("bottom").labelText == "elapsed wall-clock time"
+    assert board.plot_named("generator").getPlotItem().getAxis("bottom").labelText.startswith("elapsed wall-clock time · ")
+    assert board.plot_named("critic").x_axis.tickStrings([0, 30, 90, 3900], 1, 30) == ["0s", "30s", "1m30s", "1h05m"]
+    board.plot_named("critic").readout.show_at(20.0)
+    assert board.plot_named("critic").readout.rows[0] == "20s · iteration 11"
     board.set_x_mode("iteration")
     board.refresh(store, set(store.names()))
-    assert list(board.critic.curve("loss_fake").getData()[0]) == list(range(1, 31))
+    assert list(board.plot_named("critic").curve("loss_fake").getData()[0]) == list(range(1, 31))
 
 
 def test_smoothing_follows_new_points_incrementally(qtbot, board):
@@ -259,7 +263,7 @@ def test_smoothing_follows_new_points_incrementally(qtbot, board):
     board.refresh(store, set(store.names()))
     board.refresh(store, fill(store, range(21, 41)))
     raw = np.array([0.1 + 0.01 * it for it in range(1, 41)])
-    _, y = board.critic.curve("loss_fake").getData()
+    _, y = board.plot_named("critic").curve("loss_fake").getData()
     assert list(y) == pytest.approx(list(ema(raw, 0.8)))
     board.tabs.setCurrentIndex(1)
     assert list(board.lr.curve("lr_critic").getData()[1]) == [2e-5] * 40  # learning rates are never smoothed
@@ -275,18 +279,18 @@ def test_another_run_is_overlaid_dashed_and_removed(qtbot, board):
     with open(demo / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     want = [int(r["iter"]) for r in rows if r["loss_dm"]]
-    curves = board.generator.overlay_curves("demo_run")
+    curves = board.plot_named("generator").overlay_curves("demo_run")
     assert set(curves) == {"loss_dm", "loss_g_gan", "loss_g"}
     assert curves["loss_dm"].opts["pen"].style() == Qt.DashLine
     assert list(curves["loss_dm"].getData()[0]) == want
-    assert "demo_run (dashed)" in board.generator.legend.labels()
+    assert "demo_run (dashed)" in board.plot_named("generator").legend.labels()
     assert board.memory_plot.overlay_curves("demo_run") == {}  # another machine's memory is not comparable
-    board.generator.readout.show_at(6.0)
-    assert any(r.startswith("loss_dm · demo_run") for r in board.generator.readout.rows)
+    board.plot_named("generator").readout.show_at(6.0)
+    assert any(r.startswith("loss_dm · demo_run") for r in board.plot_named("generator").readout.rows)
     board.remove_overlay("demo_run")
-    assert board.overlay_names() == [] and board.generator.overlay_curves("demo_run") == {}
+    assert board.overlay_names() == [] and board.plot_named("generator").overlay_curves("demo_run") == {}
     assert all(c.getViewBox() is None for c in curves.values())  # gone from the plot, not just hidden
-    assert "demo_run (dashed)" not in board.generator.legend.labels()
+    assert "demo_run (dashed)" not in board.plot_named("generator").legend.labels()
 
 
 def test_a_folder_without_metrics_is_refused_in_one_line(qtbot, board, tmp_path):
@@ -299,7 +303,7 @@ def test_a_folder_without_metrics_is_refused_in_one_line(qtbot, board, tmp_path)
 
 def test_export_writes_a_png_and_a_csv(qtbot, board, tmp_path):
     fed(board)
-    plot = board.generator
+    plot = board.plot_named("generator")
     plot.export_png(tmp_path / "gen.png")
     plot.export_csv(tmp_path / "gen.csv")
     qtbot.waitUntil(lambda: not plot.exporter.busy(), timeout=WAIT_MS)
@@ -350,7 +354,7 @@ def test_the_panel_redraws_a_recorded_run_on_the_wall_clock_axis(qtbot, tmp_path
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     panel.open_run(run)
-    critic = panel.loss_plot.critic
+    critic = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(critic.curve("loss_c")) == 60, timeout=WAIT_MS)
     panel.loss_plot.x_axis.setCurrentIndex(panel.loss_plot.x_axis.findData("elapsed"))  # through the feed
     qtbot.waitUntil(lambda: critic.curve("loss_c").getData()[0][-1] > 1000, timeout=WAIT_MS)

@@ -120,7 +120,7 @@ def test_smoothing_and_log_scale(qtbot, panel, tmp_path):
     assert list(y) == pytest.approx(expect)
     assert list(ema(raw, 0.9)) == pytest.approx(expect)
     panel.loss_plot.log_y.setChecked(True)
-    assert panel.loss_plot.generator.getPlotItem().ctrl.logYCheck.isChecked()
+    assert panel.loss_plot.plot_named("generator").getPlotItem().ctrl.logYCheck.isChecked()
 
 
 def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path):

@@ -15,8 +15,8 @@ from tests.conftest import dmad_captured, dmad_env, dmad_in_process
 torch = pytest.importorskip("torch")
 
 from dmad.contract.events import is_iteration_metric, parse_line, read_events  # noqa: E402
+from dmad.contract.methods import METRIC_COLUMNS  # noqa: E402
 from dmad.contract.paths import engine_argv  # noqa: E402
-from dmad.train.session import METRIC_COLUMNS  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:

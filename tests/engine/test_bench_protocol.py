@@ -180,7 +180,7 @@ def test_the_pass_counter_counts_images_and_backward_passes():
 def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path, dm_weight):
     """Two DMAD iterations on the tiny teacher (batch 1, a 1-step student, the student steps every
     iteration, the GAN head on the fake score's bottleneck), counted by the engine, against the
-    iteration's own code (dmad.train.step): per iteration the student runs forward and backward
+    iteration's own code (dmad.methods.dmd2.iteration): per iteration the student runs forward and backward
     once; distribution matching runs the guided teacher on 2 images (CFG) and the fake score once
     without a graph; the student's GAN term runs the fake score and the head with a graph; the
     critic runs the fake score twice with a graph (its denoising on the student's sample, and the

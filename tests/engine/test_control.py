@@ -17,20 +17,25 @@ from dmad.contract.events import read_events  # noqa: E402
 from dmad.contract.runs import RunFolder, append_control  # noqa: E402
 
 
+def _after_iteration(monkeypatch, send) -> None:
+    """Calls send(iteration) at the end of each iteration's optimizer steps (the loop's finiteness
+    check), before the next iteration's control commands are read."""
+    import dmad.train.loop
+
+    real = dmad.train.loop._check_finite
+
+    def check(tr, logs, it):
+        send(it + 1)
+        return real(tr, logs, it)
+
+    monkeypatch.setattr(dmad.train.loop, "_check_finite", check)
+
+
 def _train_sending(write_config, tmp_path, monkeypatch, at: int, **command) -> Path:
     """Trains (up to 100 iterations, no scheduled checkpoint) and appends `command` to
     control.jsonl during iteration `at`."""
-    from dmad.train.session import Session
-
     run = tmp_path / "run"
-    real = Session.step_critic
-
-    def step(self):
-        if self.iter + 1 == at:
-            append_control(run, **command)
-        return real(self)
-
-    monkeypatch.setattr(Session, "step_critic", step)
+    _after_iteration(monkeypatch, lambda it: append_control(run, **command) if it == at else None)
     cfg = write_config({"optimization": {"max_train_steps": 100}, "observation": {"checkpointing_steps": 1000}})
     assert dmad(["train", "--config", str(cfg), "--run-dir", str(run)]) == 0
     return run
@@ -60,22 +65,18 @@ def test_stop_now_ends_without_a_checkpoint(write_config, tmp_path, monkeypatch)
 
 
 def test_sample_now_with_a_one_off_prompt(write_config, tmp_path, monkeypatch):
-    from dmad.train.session import Session
-
     run = tmp_path / "run"
-    real = Session.step_critic
 
-    def step(self):
-        if self.iter + 1 == 2:
+    def send(it):
+        if it == 2:
             append_control(run, "sample_now", prompt="a large red circle", seed=5)
             append_control(run, "sample_now", prompt="a large red circle", seed=5)
             with open(run / "control.jsonl", "a") as f:  # by hand: not a prompt
                 f.write(json.dumps({"cmd": "sample_now", "prompt": 123}) + "\n")
-        if self.iter + 1 == 4:
+        if it == 4:
             append_control(run, "stop_now")
-        return real(self)
 
-    monkeypatch.setattr(Session, "step_critic", step)
+    _after_iteration(monkeypatch, send)
     cfg = write_config({"optimization": {"max_train_steps": 100}, "observation": {"checkpointing_steps": 1000}})
     assert dmad(["train", "--config", str(cfg), "--run-dir", str(run)]) == 0
     oneoff = run / "samples" / "oneoff"

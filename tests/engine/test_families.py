@@ -172,12 +172,13 @@ def test_cond_helpers():
 def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
     """Under mixed precision a LoRA student / fake score keeps only its adapter in fp32 (master
     weights); the frozen base copy is bf16, half the memory, and still runs under autocast."""
-    from dmad.models.networks import build_networks, trainable_parameters
+    from dmad.methods.dmd2 import make_networks
+    from dmad.models.networks import TeacherCopies, trainable_parameters
 
     t = load_teacher(str(teachers[name]))
-    nets = build_networks(t.denoiser, student="lora", fake_score="lora", lora_rank=4, lora_alpha=None,
-                          gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=t.family,
-                          base_dtype=torch.bfloat16)
+    copies = TeacherCopies(t.denoiser, lora_rank=4, lora_alpha=None, gradient_checkpointing=False, family=t.family,
+                           base_dtype=torch.bfloat16)
+    nets = make_networks(copies, student="lora", fake_score="lora", gan_on_teacher=False, ema_decay=None)
     for net in (nets.student, nets.fake_score):
         trainable = {id(p) for p in trainable_parameters(net)}
         assert trainable and all(p.dtype == torch.float32 for p in trainable_parameters(net))
@@ -190,9 +191,7 @@ def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
         out = t.family.x0(nets.student, x, torch.tensor([500]), cond, schedule)
     out.float().pow(2).mean().backward()
     assert all(p.grad is not None for p in trainable_parameters(nets.student))
-    full = build_networks(t.denoiser, student="full", fake_score="lora", lora_rank=4, lora_alpha=None,
-                          gradient_checkpointing=False, ema_decay=None, gan_on_teacher=False, family=t.family,
-                          base_dtype=torch.bfloat16)
+    full = make_networks(copies, student="full", fake_score="lora", gan_on_teacher=False, ema_decay=None)
     assert all(p.dtype == torch.float32 for p in full.student.parameters())  # a full copy trains every weight
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, LCMScheduler
 
-from dmad.contract.config import Distillation, lcm_grid
+from dmad.contract.config import Distillation
+from dmad.contract.methods import lcm_grid
 from dmad.methods.lcm import (TargetEMA, boundary_scalings, consistency_output, ddim_step, loss_consistency,
                               sample_solver_steps, solver_grid)
 from dmad.methods.noise import SampleRNG
@@ -155,8 +156,10 @@ def test_the_memory_ledger_of_an_lcm_run_has_no_critic_and_counts_the_target():
 
 def test_an_lcm_config_refuses_a_dmad_checkpoint_in_one_line(tmp_path):
     import json
+    from types import SimpleNamespace
 
     from dmad.errors import CheckpointUnusable
+    from dmad.methods import lcm
     from dmad.models.checkpoint import FORMAT_VERSION, verify_checkpoint
 
     ckpt = tmp_path / "iter_2"
@@ -168,4 +171,4 @@ def test_an_lcm_config_refuses_a_dmad_checkpoint_in_one_line(tmp_path):
     (ckpt / "gan_head.safetensors").write_bytes(b"")  # what only a DMAD checkpoint has
     with pytest.raises(CheckpointUnusable, match=r"is from a DMAD run \(distillation.method dmd2\); this config is "
                                                  r"method lcm$"):
-        verify_checkpoint(ckpt, "full", None)
+        verify_checkpoint(ckpt, lcm.UNIT.layout(SimpleNamespace(student="full", fake_score="full")))

@@ -150,8 +150,8 @@ def test_a_fresh_run_refused_while_loading_leaves_no_folder(write_config, tmp_pa
 
 
 def test_a_start_again_refused_while_loading_keeps_the_failed_run_as_it_was(write_config, tmp_path, monkeypatch):
+    import dmad.methods.dmd2
     import dmad.models.teacher
-    from dmad.train.session import Session
 
     config, run = write_config(), tmp_path / "runs" / "again"
 
@@ -159,7 +159,7 @@ def test_a_start_again_refused_while_loading_keeps_the_failed_run_as_it_was(writ
         raise ZeroDivisionError("a bug before the first checkpoint")
 
     with monkeypatch.context() as m:
-        m.setattr(Session, "student_input", boom)
+        m.setattr(dmad.methods.dmd2, "student_input", boom)
         assert _train(config, run) == 1
     before = _hashes(run)
 

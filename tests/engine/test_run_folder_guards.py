@@ -230,16 +230,17 @@ def test_pause_resume_and_sample_now_during_loading_are_honoured(write_config, t
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_starts_again(write_config, tmp_path, monkeypatch, capsys):
-    from dmad.train.session import Session
+    from dmad.train.session import DataStream
 
-    real = Session.encode_batch
+    real, calls = DataStream.encode, []
 
     def fail_at_2(self, *args, **kwargs):
-        if self.iter == 2:
+        calls.append(1)
+        if len(calls) == 3:  # iteration 3: one micro-batch each
             raise ZeroDivisionError("a bug")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Session, "encode_batch", fail_at_2)
+    monkeypatch.setattr(DataStream, "encode", fail_at_2)
     config = write_config({"optimization": {"max_train_steps": 4}, "observation": {"checkpointing_steps": 10}})
     run = tmp_path / "run"
     assert _train(config, run) == 1

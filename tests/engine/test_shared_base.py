@@ -30,17 +30,19 @@ def teachers(tmp_path_factory) -> dict[str, Path]:
 
 def _both(teacher_path: Path, gradient_checkpointing: bool = False):
     """(teacher, separate Networks, shared Networks) from the same seed; the shared networks sit on
-    their own loaded teacher (build_networks puts the adapters on the denoiser it is given)."""
-    from dmad.models.networks import build_networks
+    their own loaded teacher (make_networks puts the adapters on the denoiser it is given)."""
+    from dmad.methods.dmd2 import make_networks
+    from dmad.models.networks import TeacherCopies
     from dmad.models.teacher import load_teacher
 
     out = []
     for share in (False, True):
         teacher = load_teacher(str(teacher_path))
         torch.manual_seed(7)
-        nets = build_networks(teacher.denoiser, student="lora", fake_score="lora", lora_rank=4, lora_alpha=None,
-                              gradient_checkpointing=gradient_checkpointing, ema_decay=None, gan_on_teacher=False,
-                              family=teacher.family, share_frozen_base=share)
+        copies = TeacherCopies(teacher.denoiser, lora_rank=4, lora_alpha=None,
+                               gradient_checkpointing=gradient_checkpointing, family=teacher.family,
+                               share_frozen_base=share)
+        nets = make_networks(copies, student="lora", fake_score="lora", gan_on_teacher=False, ema_decay=None)
         out.append((teacher, nets))
     return out
 
@@ -76,7 +78,7 @@ def test_views_compute_what_separate_copies_compute(family, teachers):
                     p.copy_(torch.linspace(-0.05, 0.05, p.numel()).view_as(p))
     with torch.no_grad():
         plain = fam.predict(t_sep.denoiser, x, t, emb, schedule)
-        assert torch.equal(fam.predict(sh.teacher, x, t, emb, schedule), plain)   # adapters off: the teacher
+        assert torch.equal(fam.predict(sh.teacher_view, x, t, emb, schedule), plain)   # adapters off: the teacher
         assert torch.equal(fam.predict(t_sh.denoiser, x, t, emb, schedule), plain)  # and so at rest
         for a, b in ((sep.student, sh.student), (sep.fake_score, sh.fake_score)):
             out = fam.predict(b, x, t, emb, schedule)
@@ -241,7 +243,7 @@ def test_each_view_runs_the_base_in_its_own_mode(teachers):
     drops[0].register_forward_pre_hook(lambda mod, a: seen.append(mod.training))
     x, t, emb, schedule = _inputs(teacher)
     with torch.no_grad():
-        for net in (sh.student, sh.teacher, sh.fake_score, sh.teacher):
+        for net in (sh.student, sh.teacher_view, sh.fake_score, sh.teacher_view):
             teacher.family.predict(net, x, t, emb, schedule)
     assert seen == [True, False, True, False]
 
@@ -265,4 +267,4 @@ def test_a_quantised_shared_base_is_the_quantised_teacher_and_keeps_fp32_adapter
     x, t, emb, schedule = _inputs(t_sep)
     fam = t_sep.family
     with torch.no_grad():
-        assert torch.equal(fam.predict(sh.teacher, x, t, emb, schedule), fam.predict(t_sep.denoiser, x, t, emb, schedule))
+        assert torch.equal(fam.predict(sh.teacher_view, x, t, emb, schedule), fam.predict(t_sep.denoiser, x, t, emb, schedule))

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from dmad.contract.config import load_config  # noqa: E402
 from dmad.errors import DmadError  # noqa: E402
 from dmad.contract.events import is_iteration_metric, read_events  # noqa: E402
-from dmad.train.session import Session  # noqa: E402
+from dmad.train.session import DataStream  # noqa: E402
 from dmad.train.loop import run_training  # noqa: E402
 
 
@@ -47,20 +47,23 @@ def test_oom_while_loading(write_config, tmp_path, monkeypatch, capsys):
 
 
 def test_oom_in_the_first_forward(write_config, tmp_path, monkeypatch):
-    monkeypatch.setattr(Session, "student_input", _oom)  # the student's first forward
+    import dmad.methods.dmd2
+
+    monkeypatch.setattr(dmad.methods.dmd2, "student_input", _oom)  # the student's first forward
     code, run = _run(write_config, tmp_path)
     assert code == 3 and _error(run).data["phase"] == "first-forward"
 
 
 def test_oom_at_a_later_step_names_the_iteration(write_config, tmp_path, monkeypatch):
-    real = Session.encode_batch
+    real, calls = DataStream.encode, []
 
     def encode(self, *args, **kwargs):
-        if self.iter == 2:
+        calls.append(1)
+        if len(calls) == 3:  # iteration 3: one micro-batch each
             _oom()
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Session, "encode_batch", encode)
+    monkeypatch.setattr(DataStream, "encode", encode)
     code, run = _run(write_config, tmp_path)
     assert code == 3
     err = _error(run)
@@ -73,7 +76,9 @@ def test_unexpected_exception_is_one_line_with_the_log(write_config, tmp_path, m
     def boom(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(Session, "student_input", boom)
+    import dmad.methods.dmd2
+
+    monkeypatch.setattr(dmad.methods.dmd2, "student_input", boom)
     cfg = load_config(write_config())
     run = tmp_path / "run"
     with pytest.raises(DmadError) as exc:

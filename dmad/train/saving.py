@@ -1,0 +1,91 @@
+"""Checkpoints of a training run: written (save_checkpoint: every rank calls it, rank 0 writes),
+sized (checkpoint_bytes) and read back when resuming (restore). What the files are is
+dmad.models.checkpoint's and the method's (its unit names its networks and files).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dmad.errors import UserInputError
+from dmad.methods.unit import NonFiniteLoss
+from dmad.models.checkpoint import TrainingState, config_fingerprint, load_checkpoint, save_checkpoint as write
+from dmad.train.session import Session
+from dmad.train.trainer import Trainer
+
+
+def training_state(s: Session, tr: Trainer) -> TrainingState:
+    p = s.progress
+    return TrainingState(iter=p.iter, generator_steps=tr.optimizers["generator"].steps, batches_used=p.batches_used,
+                         student_timesteps=tr.timesteps, prediction_type=tr.schedule.prediction_type,
+                         config_fingerprint=config_fingerprint(tr.cfg.model_dump(mode="json")),
+                         lr_generator={}, lr_critic={}, network_passes=tr.passes.state())
+
+
+def save_checkpoint(s: Session, tr: Trainer) -> None:
+    """Every rank calls it (the weights are the same everywhere); rank 0 writes."""
+    p = s.progress
+    if p.last_saved == p.iter:
+        return
+    for name, net in tr.method.modules(tr.trainables):
+        # One pass over the weights per checkpoint, so a saved checkpoint is always a good one
+        # (on every rank: the weights are the same, so every rank stops alike).
+        params = list(net.parameters())
+        if not all(torch.isfinite(q).all() for q in params):
+            raise NonFiniteLoss(f"{name} weights", p.iter)
+    tr.barrier()
+    if not tr.is_main:
+        p.last_saved = p.iter
+        tr.barrier()
+        return
+    try:
+        _write_checkpoint(s, tr)
+    finally:
+        tr.barrier()
+
+
+def _write_checkpoint(s: Session, tr: Trainer) -> None:
+    folder, p, unit = s.files.folder, s.progress, tr.method
+    tmp = folder.begin_checkpoint(p.iter)
+    try:
+        write(tmp, unit.layout(tr.cfg.identity), modules=dict(unit.modules(tr.trainables)), ema=tr.trainables.ema,
+              save_files=lambda out: unit.save_files(tr.trainables, out), optimizers=tr.optimizers,
+              scaler=tr.accelerator.scaler, state=training_state(s, tr))
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint (a full disk) must not hold the space
+        raise
+    path = folder.commit_checkpoint(p.iter, tmp, tr.cfg.observation.checkpoints_total_limit)
+    p.last_saved = p.iter
+    folder.write_status(folder.read_status().get("state", "running"), last_checkpoint=p.iter)
+    s.files.events.emit("checkpoint", p.iter, path=str(path), student_timesteps=tr.timesteps)
+
+
+def checkpoint_bytes(tr: Trainer) -> int:
+    """About what a checkpoint takes on disk: the saved weights and the optimizer states."""
+    unit, nets = tr.method, tr.trainables
+    tensors = [t for _, net in unit.modules(nets) for t in net.state_dict().values()]
+    if nets.ema is not None:
+        tensors += list(nets.ema.shadow_params)
+    tensors += unit.state_tensors(nets)
+    for opt in (o.opt for o in tr.optimizers.values()):
+        tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def restore(tr: Trainer, resume: str) -> TrainingState:
+    """Weights, the method's own files, EMA, optimizers, schedules, grad scaler and RNG states from
+    the checkpoint `resume` (exact resume), and its counts of generator steps and network passes;
+    the rest of its counters are returned."""
+    unit, nets = tr.method, tr.trainables
+    state = load_checkpoint(Path(resume), unit.layout(tr.cfg.identity), modules=dict(unit.modules(nets)),
+                            ema=nets.ema, load_files=lambda ckpt: unit.load_files(nets, ckpt),
+                            optimizers=tr.optimizers, scaler=tr.accelerator.scaler)
+    if state.student_timesteps != tr.timesteps:
+        raise UserInputError(f"checkpoint {resume} was trained with student timesteps {state.student_timesteps}, "
+                             f"the config asks for {tr.timesteps}")
+    tr.optimizers["generator"].steps = state.generator_steps
+    tr.passes.start_from(state.network_passes)
+    return state
