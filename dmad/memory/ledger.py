@@ -200,7 +200,6 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     with gradients are alive at the peak and whether its LoRA networks may share the frozen base."""
     from dmad.methods import method_unit
     from dmad.methods.unit import LedgerInputs
-    from dmad.models.families import FAMILIES
     from dmad.models.networks import shares_base
 
     wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
@@ -208,38 +207,15 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     word = _denoiser_word(info)
     unit = method_unit(method)
     shared = unit.shares_base and shares_base(student, fake_score, share_frozen_base)
-    graphs = unit.graphs_at_peak
     encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
-    n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
-    vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
-    vb = 4 if vae_fp32 else wb
+    n_text = sum(encoders.values())
     tb, tdt = teacher_bytes_per_param(info.family, teacher_precision, mixed_precision)
-    if info.denoiser == "unet":
-        latent = resolution // info.vae_scale_factor
-        base = info.unet_block_out_channels[0]
-        act = (ACTIVATION_VALUES * graphs * train_batch_size * latent * latent * base * wb
-               * (CHECKPOINTING_FACTOR if gradient_checkpointing else 1.0))
-        act_how = (f"{ACTIVATION_VALUES} values x batch {train_batch_size} x {latent}x{latent} latent px x "
-                   f"{base} base channels x {graphs} UNet graph{'s' if graphs > 1 else ''}, {dt}"
-                   + (f", x{CHECKPOINTING_FACTOR} for gradient checkpointing" if gradient_checkpointing else "")
-                   + "; memory-efficient attention assumed")
-    else:
-        values, how = transformer_activation_values(info, resolution, gradient_checkpointing)
-        act = values * graphs * train_batch_size * wb
-        act_how = (f"{how} x batch {train_batch_size} x {graphs} transformer graph{'s' if graphs > 1 else ''}, {dt}; "
-                   f"memory-efficient attention assumed")
-    teacher_gib = n_den * tb / GIB
-    teacher_how = f"{info.family}: {n_den / 1e6:.0f} M params in {tdt}, no grads"
-    if shared:
-        frozen_name = f"frozen base: teacher + student + fake score ({word})"
-        teacher_how += ("; held once: the teacher's own denoiser, with the student's and the fake score's LoRA "
-                        "adapters on it (resources.share_frozen_base)")
-    else:
-        frozen_name = f"teacher {word} (frozen)"
-    names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
-    sd_labels = info.family in ("sd1", "sd2") and not teacher_cpu_offload
+    teacher_how = f"{info.family}: {n_den / 1e6:.0f} M params in {tdt}, no grads" + (
+        "; held once: the teacher's own denoiser, with the student's and the fake score's LoRA adapters on it "
+        "(resources.share_frozen_base)" if shared else "")
+    frozen_name = f"frozen base: teacher + student + fake score ({word})" if shared else f"teacher {word} (frozen)"
     why = unit.own_copy or ("" if shared else _why_not_shared(student, fake_score, share_frozen_base))
-    lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, teacher_gib, teacher_how)]
+    lines = [] if teacher_cpu_offload else [LedgerLine(frozen_name, n_den * tb / GIB, teacher_how)]
     lines.append(_trainable("student", student, info, lora_rank, optimizer, mixed_precision, shared, why))
     lines += unit.ledger_lines(LedgerInputs(
         fake_score=fake_score, optimizer_states=OPTIMIZER_STATES[optimizer],
@@ -247,14 +223,7 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
         student_trainable=n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank,
         trainable=lambda name, mode: _trainable(name, mode, info, lora_rank, optimizer, mixed_precision, shared, why),
         line=lambda name, nbytes, how: LedgerLine(name, nbytes / GIB, how)))
-    if sd_labels:
-        lines.append(LedgerLine("VAE + text encoder (frozen)", (n_vae * vb + n_text * wb) / GIB,
-                                f"{(n_vae + n_text) / 1e6:.0f} M params in {dt}"))
-    else:
-        vdt = "fp32 (kept float32 by the family)" if vae_fp32 else dt
-        lines.append(LedgerLine("VAE (frozen)", n_vae * vb / GIB, f"{n_vae / 1e6:.1f} M params in {vdt}"))
-        if not teacher_cpu_offload:
-            lines.append(LedgerLine("text encoders (frozen)", n_text * wb / GIB, f"{names}, in {dt}"))
+    lines += _vae_and_encoder_lines(info, mixed_precision, teacher_cpu_offload)
     saved = None if not shared or gradient_checkpointing else _saved_base_weights(
         n_den, info.family, teacher_precision=teacher_precision, mixed_precision=mixed_precision,
         teacher_cpu_offload=teacher_cpu_offload, teacher_bytes=tb, teacher_dtype=tdt)
@@ -268,7 +237,8 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                                 f"teacher_cpu_offload: the largest offloaded network ({largest}) on the GPU during "
                                 f"its own call" + ("; the shared base is on the GPU for each teacher, student and "
                                                    "fake-score call, one at a time" if shared else "")))
-    lines.append(LedgerLine("activations", act / GIB, act_how))
+    lines.append(_activations_line(info, unit.graphs_at_peak, train_batch_size, resolution, gradient_checkpointing,
+                                   mixed_precision))
     subtotal = ledger_total(lines)
     lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
                             f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
@@ -276,9 +246,55 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
         cpu_name = f"frozen base {word} + text encoders (CPU RAM)" if shared else \
             f"teacher {word} + text encoders (CPU RAM)"
         lines.append(LedgerLine(cpu_name, (n_den * tb + n_text * wb) / GIB,
-                                f"teacher_cpu_offload: {teacher_how}; {names} in {dt}; host memory, not in the "
+                                f"teacher_cpu_offload: {teacher_how}; "
+                                + " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
+                                + f" in {dt}; host memory, not in the "
                                 f"total", scope="cpu"))
     return Ledger(lines, info.family)
+
+
+def _activations_line(info: "TeacherInfo", graphs: int, batch: int, resolution: int, checkpointing: bool,
+                      mixed_precision: str) -> LedgerLine:
+    """The activations of `graphs` graphs with gradients alive at the peak (UNet: ACTIVATION_VALUES
+    per latent pixel per base channel; transformer: transformer_activation_values)."""
+    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    if info.denoiser == "unet":
+        latent = resolution // info.vae_scale_factor
+        base = info.unet_block_out_channels[0]
+        act = (ACTIVATION_VALUES * graphs * batch * latent * latent * base * wb
+               * (CHECKPOINTING_FACTOR if checkpointing else 1.0))
+        how = (f"{ACTIVATION_VALUES} values x batch {batch} x {latent}x{latent} latent px x "
+               f"{base} base channels x {graphs} UNet graph{'s' if graphs > 1 else ''}, {dt}"
+               + (f", x{CHECKPOINTING_FACTOR} for gradient checkpointing" if checkpointing else "")
+               + "; memory-efficient attention assumed")
+    else:
+        values, per_sample = transformer_activation_values(info, resolution, checkpointing)
+        act = values * graphs * batch * wb
+        how = (f"{per_sample} x batch {batch} x {graphs} transformer graph{'s' if graphs > 1 else ''}, {dt}; "
+               f"memory-efficient attention assumed")
+    return LedgerLine("activations", act / GIB, how)
+
+
+def _vae_and_encoder_lines(info: "TeacherInfo", mixed_precision: str, offload: bool) -> list[LedgerLine]:
+    """The frozen VAE (fp32 where the family keeps it so: SDXL) and text encoders (mixed precision;
+    with teacher_cpu_offload the encoders are in the CPU line instead); SD 1.x/2.x on the GPU keep
+    their one "VAE + text encoder" line."""
+    from dmad.models.families import FAMILIES
+
+    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
+    n_text, n_vae = sum(encoders.values()), info.param_counts["vae"]
+    vae_fp32 = FAMILIES[info.family].vae_fp32 if info.family in FAMILIES else False
+    vb = 4 if vae_fp32 else wb
+    if info.family in ("sd1", "sd2") and not offload:
+        return [LedgerLine("VAE + text encoder (frozen)", (n_vae * vb + n_text * wb) / GIB,
+                           f"{(n_vae + n_text) / 1e6:.0f} M params in {dt}")]
+    vdt = "fp32 (kept float32 by the family)" if vae_fp32 else dt
+    lines = [LedgerLine("VAE (frozen)", n_vae * vb / GIB, f"{n_vae / 1e6:.1f} M params in {vdt}")]
+    if not offload:
+        names = " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
+        lines.append(LedgerLine("text encoders (frozen)", n_text * wb / GIB, f"{names}, in {dt}"))
+    return lines
 
 
 def format_ledger(lines: list[LedgerLine]) -> str:
