@@ -23,6 +23,12 @@ from dmad.contract.paths import resources_dir
 
 CONFIG_VERSION = 2  # migrate() brings older files up to it
 
+# The floating-point formats weights and activations are held in: bytes per value and torch's dtype
+# name (the one table; the ledger and the engine's casts read it). resources.mixed_precision names
+# the format it computes in; resources.teacher_precision names one directly (or auto, int8, fp8).
+FLOAT_FORMATS = {"fp32": (4, "float32"), "bf16": (2, "bfloat16"), "fp16": (2, "float16")}
+COMPUTE_FORMAT = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
 
 def _usable_path(v: str) -> str:
     problem = path_problem(v)

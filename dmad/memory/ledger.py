@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from dmad.contract.memory import Ledger, LedgerLine, ledger_document, ledger_total
+from dmad.contract.config import COMPUTE_FORMAT, FLOAT_FORMATS
 from dmad.memory.readings import GIB
 
 if TYPE_CHECKING:
     from dmad.models.teacher import TeacherInfo
 
 
-BYTES = {"no": 4, "fp16": 2, "bf16": 2}
-DTYPE_NAME = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
-TEACHER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {mp: FLOAT_FORMATS[fmt][0] for mp, fmt in COMPUTE_FORMAT.items()}  # per value, by mixed_precision
+DTYPE_NAME = COMPUTE_FORMAT
 # Weight-only int8 / fp8 (dmad.models.quant.quantize_linears): each nn.Linear weight in 1 byte plus
 # a float32 scale per output channel, every other parameter (convolutions, norms, embeddings,
 # biases) in bf16. Per family: (share of the denoiser's parameters that are nn.Linear weights,
@@ -92,8 +92,8 @@ def teacher_bytes_per_param(family: str, precision: str, mixed_precision: str) -
     linear weights in 1 byte + their float32 per-channel scales + the rest in bf16."""
     if precision == "auto":
         return BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
-    if precision in TEACHER_BYTES:
-        return TEACHER_BYTES[precision], precision
+    if precision in FLOAT_FORMATS:
+        return FLOAT_FORMATS[precision][0], precision
     share, outs = LINEAR_SHARE[family]
     return (share * 1 + (1 - share) * 2 + outs * 4,
             f"{precision} weight-only ({share:.2%} of params are linear weights at 1 B + fp32 per-channel scales, "

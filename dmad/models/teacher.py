@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from dmad.contract.config import COMPUTE_FORMAT, FLOAT_FORMATS
 from dmad.contract.jsonfile import check_path, printable
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES, make_family
@@ -44,8 +45,12 @@ CONFIG_FILES = {"unet": "config.json", "vae": "config.json", "text_encoder": "co
                 "scheduler": "scheduler_config.json"}
 WEIGHT_NAMES = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model", "text_encoder": "model"}
 LDM_PREFIXES = {"unet": "model.diffusion_model.", "vae": "first_stage_model.", "text_encoder": "cond_stage_model."}
-# The compute dtype of each resources.mixed_precision.
-DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """torch's dtype of a float format ("fp32", "bf16", "fp16") or of a resources.mixed_precision
+    ("no", "fp16", "bf16": the format it computes in); dmad.contract.config.FLOAT_FORMATS."""
+    return getattr(torch, FLOAT_FORMATS[COMPUTE_FORMAT.get(precision, precision)][1])
 
 
 class Teacher:

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from dmad.contract.config import TrainConfig
+from dmad.contract.config import FLOAT_FORMATS, TrainConfig
 from dmad.contract.events import EventWriter
 from dmad.contract.methods import METRIC_COLUMNS
 from dmad.contract.prompts import PromptSet
@@ -18,7 +18,7 @@ from dmad.errors import UserInputError
 from dmad.methods import method_unit
 from dmad.methods.unit import Method, RealScore, Trainables
 from dmad.models.networks import TeacherCopies
-from dmad.models.teacher import DTYPES
+from dmad.models.teacher import torch_dtype
 from dmad.train.monitor import Monitor
 from dmad.train.passes import PassCounter
 from dmad.train.ranks import NullCsv
@@ -49,9 +49,6 @@ def _encode_uncond(teacher, device):
         return None
     with torch.no_grad():
         return teacher.family.uncond(teacher.modules, device)
-
-
-TEACHER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def quantize_teacher(net: torch.nn.Module, precision: str, shared=None) -> int:
@@ -106,9 +103,9 @@ def place_teacher(teacher, device: torch.device, wdtype: torch.dtype, precision:
             if precision in ("int8", "fp8"):
                 quantized = quantize_teacher(m, precision, shared)
             elif shared is not None:
-                shared.cast_frozen(TEACHER_DTYPES.get(precision, wdtype))
+                shared.cast_frozen(torch_dtype(precision) if precision in FLOAT_FORMATS else wdtype)
             else:
-                m.to(dtype=TEACHER_DTYPES.get(precision, wdtype))
+                m.to(dtype=torch_dtype(precision) if precision in FLOAT_FORMATS else wdtype)
         elif m is teacher.vae:
             m.to(dtype=torch.float32 if fam.vae_fp32 else wdtype)
         else:
@@ -183,7 +180,7 @@ def _copies(cfg: TrainConfig, teacher, method: Method) -> Trainables:
     family = teacher.family
     family.guidance = cfg.distillation.real_guidance_scale  # what a guidance-embedding student and fake score get
     copies = TeacherCopies(teacher.denoiser, ident.lora_rank, ident.lora_alpha, res.gradient_checkpointing, family,
-                           base_dtype=DTYPES[res.mixed_precision], share_frozen_base=res.share_frozen_base)
+                           base_dtype=torch_dtype(res.mixed_precision), share_frozen_base=res.share_frozen_base)
     return method.trainables(copies, ident, cfg.distillation)
 
 
@@ -191,7 +188,7 @@ def _trainer(cfg: TrainConfig, acc, teacher, method: Method, trained: Trainables
     """The teacher cast, quantised and placed (with the shared base its adapters sit on, if the
     method's networks do); the guided teacher; the method's optimizers and prepared networks."""
     res, dist = cfg.resources, cfg.distillation
-    wdtype = DTYPES[res.mixed_precision]
+    wdtype = torch_dtype(res.mixed_precision)
     log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload, trained.shared))
     schedule = teacher.family.schedule(teacher.scheduler, res.resolution)
     teacher_net = trained.teacher_view if trained.teacher_view is not None else teacher.denoiser  # adapters off
@@ -211,7 +208,7 @@ def _caches(dataset, teacher, res, log: logging.Logger):
         return None
     from dmad.data.encode import make_caches
 
-    caches = make_caches(dataset, teacher, DTYPES[res.mixed_precision])
+    caches = make_caches(dataset, teacher, torch_dtype(res.mixed_precision))
     log.info("latent cache: %s", ", ".join(map(str, dataset.cache_dirs)))
     return caches
 
