@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
+from app.engine.command import DmadCommand
 from app.panels.config import ConfigPanel
 from app.engine.process import failure_report
 from app.panels.probe import COLUMNS, SCOPE_AXIS, ProbePanel
@@ -174,7 +175,8 @@ def test_a_newer_request_supersedes_a_slow_stale_one(qtbot, config_panel):
         resolution_field(panel).setText("128")
     assert [s.inputs["resolution"] for s in shown] == [128]
     qtbot.waitUntil(lambda: gone(slow_pid), timeout=WAIT_MS)  # the stale request was killed
-    qtbot.wait(300)
+    # and both commands are deleted: nothing is left that could still deliver an answer
+    qtbot.waitUntil(lambda: not panel.ledger_view.findChildren(DmadCommand), timeout=WAIT_MS)
     assert [s.inputs["resolution"] for s in shown] == [128] and panel.ledger_view.ledger().total_gib == 16.0
 
 
