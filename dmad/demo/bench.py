@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dmad.demo.bench_rows import Row, RowKey, RowStore, evaluate, prompt_captions
-from dmad.demo.bench_runs import METHODS, Method, lcm_readings, passes_total, plan_lcm, train
+from dmad.demo.bench_runs import METHODS, PARTS, PEER, Method, lcm_readings, passes_total, plan_lcm, train
 from dmad.demo.bench_sampling import load_student, sample_student, sample_teacher, student_timesteps_for, timed
 from dmad.errors import UserInputError
 
@@ -167,7 +167,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     # seeds, the teacher and guidance as loaded, what the references and the students are made of
     protocol = {"seeds": asdict(sset), "teacher": cfg.identity.pretrained_model_name_or_path, "cfg": cfg_scale,
                 "references": references_digest(refs),
-                "training": training_digest([config, lcm_config or resource("configs", METHODS["lcm"].config)],
+                "training": training_digest([config, lcm_config or resource("configs", METHODS[PEER].config)],
                                             list(s.train_overrides))}
     b = _Bench(s, out, log, teacher, classifier, refs, noise, RowStore(out / "rows", protocol), result, cfg_scale,
                cfg.resources.resolution)
@@ -176,11 +176,11 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     for seed in s.training_seeds:
         dmad = _train(b, METHODS["dmad"], seed, config)
         _student_rows(b, METHODS["dmad"], seed, dmad, curve=True)
-        for key in ("gan_only", "dm_only"):
+        for key in PARTS:
             if key in s.methods:
                 _student_rows(b, METHODS[key], seed, _train(b, METHODS[key], seed, config))
-        if "lcm" in s.methods:
-            _lcm(b, seed, dmad, lcm_config)
+        if PEER in s.methods:
+            _peer(b, seed, dmad, lcm_config)
     result.summary = summarize(result.rows)
     result.comparisons = compare_seeds(result.rows, s)
     from dmad.demo.bench_targets import check_targets
@@ -278,13 +278,13 @@ def _train(b: _Bench, method: Method, seed: int, config: Path, extra: tuple[str,
     return run
 
 
-def _lcm(b: _Bench, seed: int, dmad: dict, lcm_config: Optional[Path]) -> None:
-    """LCM with two budgets in one run (dmad.demo.bench_runs.plan_lcm): both budgets' checkpoints read
+def _peer(b: _Bench, seed: int, dmad: dict, lcm_config: Optional[Path]) -> None:
+    """The peer, LCM, with two budgets in one run (dmad.demo.bench_runs.plan_lcm): both budgets' checkpoints read
     at every step count, the others at the most steps (its learning curve)."""
     from dmad.contract.paths import resource
     from dmad.demo.bench_runs import two_budgets
 
-    method = METHODS["lcm"]
+    method = METHODS[PEER]
     plan = plan_lcm(Path(lcm_config) if lcm_config else resource("configs", method.config), b.s.train_overrides,
                     dmad, not b.teacher.family.guidance_embedded(b.teacher.denoiser), b.s.lcm_step_cap, b.s.lcm_budget_s)
     run = _train(b, method, seed, plan.config, plan.overrides(), control=two_budgets(plan.budget_s, plan.equal),
@@ -339,7 +339,7 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     s = replace(QUICK if quick else FULL, methods=parse_methods(methods), set=set_name)
     if seeds is not None:
         s = replace(s, training_seeds=parse_seeds(seeds))
-    if lcm_config and "lcm" not in s.methods:
+    if lcm_config and PEER not in s.methods:
         raise UserInputError("--lcm-config needs lcm in --methods")
     if json_out:
         check_output_folder(Path(json_out).expanduser().resolve().parent, "--json", new=False)
