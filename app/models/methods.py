@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dmad.contract.jsonfile import read_json_or_problem
-from dmad.contract.methods import DEFAULT_METHOD, METHODS, empty_columns, unused_settings
+from dmad.contract.methods import DEFAULT_METHOD, METHODS, canonical_method, empty_columns, unused_settings
 
 METHOD_KEY = ("distillation", "method")
 DEFAULT = DEFAULT_METHOD  # what a config without the key means
@@ -22,20 +22,21 @@ EMPTY_COLUMNS = {name: empty_columns(name) for name in METHODS}
 
 
 def method_of(config: Any) -> Any:
-    """The method a raw config names: its distillation.method as written (an invalid value stays as it
-    is, for the engine to reject), DEFAULT when the key is absent."""
+    """The method a raw config names: its distillation.method (an older word read as today's; an
+    invalid value stays as it is, for the engine to reject), DEFAULT when the key is absent."""
     group = config.get("distillation") if isinstance(config, dict) else None
-    return group.get("method", DEFAULT) if isinstance(group, dict) else DEFAULT
+    return canonical_method(group.get("method", DEFAULT)) if isinstance(group, dict) else DEFAULT
 
 
 def short_name(method: Any) -> str:
     """"DMAD", the method's short name; a value the app does not know is shown as it is."""
-    info = METHODS.get(method) if isinstance(method, str) else None
+    info = METHODS.get(canonical_method(method)) if isinstance(method, str) else None
     return info.short if info is not None else str(method)
 
 
 def label(method: Any) -> str:
-    return LABELS.get(method, str(method)) if isinstance(method, str) else str(method)
+    """"DMAD (dmad)"; an older word (a samples meta.json's "dmd2") as today's method."""
+    return LABELS.get(canonical_method(method), str(method)) if isinstance(method, str) else str(method)
 
 
 def unused_note(method: Any) -> str:

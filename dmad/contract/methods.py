@@ -8,17 +8,20 @@ iteration, its checkpoint files, its memory ledger lines) is the unit of the sam
 dmad/methods/ (dmad.methods.UNITS); the app reads only this module (the Config form's method combo
 and greyed-out settings, the Training plots, the runs table, the config diff).
 
-dmd2 is DMAD: distribution matching against the teacher's guided score and a trained fake score,
+dmad is DMAD: distribution matching against the teacher's guided score and a trained fake score,
 plus a GAN head (the critic: fake score + GAN head, stepping every iteration; the student every
 K-th). lcm is latent consistency distillation, the peer method: a consistency loss against an EMA
 target after one guided DDIM step of the teacher; no fake score, no GAN head, no critic.
+
+Until 2026-12 DMAD's value was "dmd2" (the paper it follows); configs, run folders and samples
+written then still say so, and `canonical_method` reads that word as "dmad" everywhere.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dmad.contract.group import Group
 
@@ -62,7 +65,7 @@ class MethodInfo:
 
     @property
     def label(self) -> str:
-        """The name and the value: "DMAD (dmd2)"."""
+        """The name and the value: "DMAD (dmad)", "LCM (lcm)"."""
         return f"{self.short} ({self.name})"
 
     def a_run(self) -> str:
@@ -97,7 +100,7 @@ ACCURACY = Plot(
     y_fixed=(0.0, 1.0), y_guide=0.5, log_ok=False)
 
 DMAD = MethodInfo(
-    name="dmd2", short="DMAD",
+    name="dmad", short="DMAD",
     what="distribution matching + adversarial (DMD2): a fake score and a GAN head, the critic, train beside the "
          "student",
     columns=("loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c", "dm_grad_norm", "d_real_acc",
@@ -139,6 +142,13 @@ LCM = MethodInfo(
 # distillation.method -> its description; the order is the app's (combo box, plots) and the columns'.
 METHODS: dict[str, MethodInfo] = {m.name: m for m in (DMAD, LCM)}
 DEFAULT_METHOD = DMAD.name  # what a config without distillation.method means
+LEGACY_NAMES = {"dmd2": DMAD.name}  # older files' words for a method
+
+
+def canonical_method(name):
+    """The method a config, a run folder or a samples meta.json names, older words ("dmd2") read as
+    today's ("dmad"); anything else as it is (an unknown value stays for the validator to reject)."""
+    return LEGACY_NAMES.get(name, name) if isinstance(name, str) else name
 
 
 def _union(parts) -> list[str]:
@@ -204,7 +214,7 @@ class Distillation(Group):
     consistency distillation (LCM) as the peer method."""
 
     method: Literal[tuple(METHODS)] = Field(  # type: ignore[valid-type]  # the registry's names
-        DEFAULT_METHOD, description="Distillation method. dmd2: DMAD (distribution matching against the teacher's guided "
+        DEFAULT_METHOD, description="Distillation method. dmad: DMAD (distribution matching against the teacher's guided "
                             "score and a trained fake score, plus a GAN term). lcm: latent consistency distillation "
                             "(LCM paper, diffusers' train_lcm_distill scripts): a skipping-step DDIM solver with the "
                             "guided teacher, a consistency loss (L2 or pseudo-Huber) against an EMA target of the student; no fake "
@@ -242,11 +252,16 @@ class Distillation(Group):
     lcm_target_ema_decay: float = Field(0.95, ge=0.0, lt=1.0, description="lcm: decay of the target network, an EMA "
                                                                           "of the student updated after each step.")
 
+    @field_validator("method", mode="before")
+    @classmethod
+    def _today_s_name(cls, v):
+        return canonical_method(v)  # "dmd2" in an older config or run folder is "dmad"
+
     @model_validator(mode="after")
     def _consistent(self) -> "Distillation":
         if self.min_timestep >= self.max_timestep:
             raise ValueError(f"min_timestep ({self.min_timestep}) must be below max_timestep ({self.max_timestep})")
-        if self.method == "dmd2" and self.dm_weight == 0 and self.generator_gan_weight == 0:
+        if self.method == DMAD.name and self.dm_weight == 0 and self.generator_gan_weight == 0:
             raise ValueError("dm_weight and generator_gan_weight are both 0: nothing would train the student")
         ts = self.student_timesteps
         if ts is not None:

@@ -174,7 +174,7 @@ def _saved_base_weights(n_den: int, family: str, *, teacher_precision: str, mixe
 def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
                     gradient_checkpointing: bool, train_batch_size: int, resolution: int,
                     optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False,
-                    share_frozen_base: bool = True, method: str = "dmd2") -> Ledger:
+                    share_frozen_base: bool = True, method: str = "dmad") -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;

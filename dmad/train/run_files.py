@@ -16,6 +16,7 @@ import torch
 
 from dmad.contract.config import TrainConfig
 from dmad.contract.events import EventWriter
+from dmad.contract.methods import canonical_method
 from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
 from dmad.contract.runs import RunFolder
 from dmad.errors import DiskFull, UserInputError
@@ -231,6 +232,8 @@ def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
             continue
         for k, v in fields.items():
             before = old.get(group, {}).get(k) if isinstance(old.get(group), dict) else None
+            if (group, k) == ("distillation", "method"):
+                before = canonical_method(before)  # a run from before "dmd2" was called "dmad" is unchanged
             if before != v and k != "resume_from_checkpoint":
                 out.append(f"{group}.{k} {before!r} -> {v!r}")
     return out

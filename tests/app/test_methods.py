@@ -27,7 +27,7 @@ from app.panels.training import TrainingPanel
 from app.widgets.plot_board import PlotBoard
 from dmad.contract.config import load_config
 from dmad.contract.events import make_event
-from dmad.contract.methods import DEFAULT_METHOD, METHODS, unused_settings
+from dmad.contract.methods import DEFAULT_METHOD, METHODS, canonical_method, unused_settings
 from dmad.contract.runs import RunFolder, atomic_write_json
 from dmad.errors import UserInputError
 from tests.app.test_plots import board  # noqa: F401 - the shown PlotBoard fixture
@@ -53,7 +53,7 @@ DMAD_COLUMNS = ("loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "l
 
 @pytest.fixture
 def panel(qtbot, tmp_path) -> ConfigPanel:
-    p = ConfigPanel(unsaved_dir=tmp_path / "unsaved")  # opens on the CPU demo preset (dmd2)
+    p = ConfigPanel(unsaved_dir=tmp_path / "unsaved")  # opens on the CPU demo preset (dmad)
     qtbot.addWidget(p)
     return p
 
@@ -71,9 +71,9 @@ def preset_named(start: str):
 def test_the_method_is_a_combo_with_readable_names(panel):
     combo = panel.form.rows[METHOD].editor.control()
     assert isinstance(combo, QComboBox)
-    assert [combo.itemText(i) for i in range(combo.count())] == ["DMAD (dmd2)", "LCM (lcm)"]
-    assert [combo.itemData(i) for i in range(combo.count())] == ["dmd2", "lcm"]
-    assert combo.currentText() == "DMAD (dmd2)"
+    assert [combo.itemText(i) for i in range(combo.count())] == ["DMAD (dmad)", "LCM (lcm)"]
+    assert [combo.itemData(i) for i in range(combo.count())] == ["dmad", "lcm"]
+    assert combo.currentText() == "DMAD (dmad)"
     assert greyed(panel) == LCM_ONLY  # the demo is DMAD: only the lcm_* settings are idle
 
 
@@ -90,9 +90,9 @@ def test_choosing_lcm_greys_out_the_critic_settings_and_keeps_their_values(panel
         assert "unused with method lcm" in row.label.toolTip()
     assert "unused" not in panel.form.rows[("distillation", "lcm_huber_c")].editor.toolTip()
     assert critic_lr.text() == "0.0001" and panel.config()["optimization"]["critic_lr"] == 1e-4  # kept
-    combo.setCurrentIndex(combo.findData("dmd2"))
+    combo.setCurrentIndex(combo.findData("dmad"))
     assert greyed(panel) == LCM_ONLY
-    assert "unused with method dmd2" in panel.form.rows[("distillation", "lcm_huber_c")].editor.toolTip()
+    assert "unused with method dmad" in panel.form.rows[("distillation", "lcm_huber_c")].editor.toolTip()
     assert "unused" not in panel.form.rows[("optimization", "critic_lr")].editor.toolTip()
 
 
@@ -113,7 +113,7 @@ def test_the_unused_map_names_real_schema_fields(panel):
     for method, info in METHODS.items():
         assert set(info.settings) <= set(panel.form.rows), method
     assert sorted(unused_settings("lcm")) == sorted(UNUSED_WITH_LCM)
-    assert sorted(unused_settings("dmd2")) == sorted(LCM_ONLY)
+    assert sorted(unused_settings("dmad")) == sorted(LCM_ONLY)
     assert panel.form.rows[METHOD].spec.options == tuple(METHODS)  # every method has a name
     assert DEFAULT_METHOD == methods.DEFAULT == panel.form.rows[METHOD].spec.default
 
@@ -122,7 +122,7 @@ def test_the_unused_map_names_real_schema_fields(panel):
 
 def test_every_preset_says_its_method_and_its_config_agrees():
     listed = presets()
-    assert {p.method for p in listed} == {"dmd2", "lcm"}
+    assert {p.method for p in listed} == {"dmad", "lcm"}
     for preset in listed:
         assert load_config(preset.path).distillation.method == preset.method, preset.name
         assert preset.menu_text() == f"{preset.name} \u00b7 {'LCM' if preset.method == 'lcm' else 'DMAD'}"
@@ -152,7 +152,7 @@ def test_the_chooser_shows_the_method(panel):
     assert actions[0].text() == "CPU demo \u00b7 DMAD"
     lcm = next(a for a in actions if a.text().endswith("\u00b7 LCM"))
     assert lcm.text().startswith("CPU demo \u2014 LCM") and lcm.toolTip().startswith("Method: LCM (lcm), latent")
-    assert actions[0].toolTip().startswith("Method: DMAD (dmd2)")
+    assert actions[0].toolTip().startswith("Method: DMAD (dmad)")
 
 
 def test_the_lcm_preset_loads_as_a_valid_lcm_config(panel):
@@ -164,7 +164,7 @@ def test_the_lcm_preset_loads_as_a_valid_lcm_config(panel):
     assert load_config(panel.materialize()).distillation.method == "lcm"  # what Start would run
 
 
-@pytest.mark.parametrize("entry, words", [({"method": "dmd3"}, "has method 'dmd3'; expected one of dmd2, lcm"),
+@pytest.mark.parametrize("entry, words", [({"method": "dmd3"}, "has method 'dmd3'; expected one of dmad, lcm"),
                                           ({"method": None}, "has method None"),
                                           ({}, "needs name, file, description and method")])
 def test_a_broken_preset_method_is_one_line_naming_the_index(tmp_path, entry, words):
@@ -212,7 +212,7 @@ def test_an_lcm_stream_plots_loss_lcm_and_no_critic_plots(qtbot, board):
 def test_the_runs_config_sets_the_plots_before_any_metric(qtbot, board):
     board.set_method("lcm")
     assert shown(board) == ["lcm", "gradients", "lr"] and board.plot_named("lcm").is_empty()
-    board.set_method("dmd2")
+    board.set_method("dmad")
     assert shown(board) == ["generator", "critic", "accuracy", "gradients", "lr"]
     board.set_method(None)
     assert board.method() == methods.DEFAULT
@@ -250,6 +250,7 @@ def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_pat
     assert list(board.plot_named("lcm").curve("loss_lcm").getData()[0]) == list(range(1, 11))
     assert all(board.plot_named(name).isHidden() for name in ("critic", "generator", "accuracy"))
     dmad = RunFolder.create(tmp_path / "dmad_run")  # an empty DMAD run: its own layout, not the last run's
+    # written before the method was called "dmad": its older word still means DMAD
     atomic_write_json(dmad.config_json, {"config_version": 2, "distillation": {"method": "dmd2"}})
     atomic_write_json(dmad.status_json, {"state": "stopped", "pid": os.getpid(), "host": socket.gethostname(),
                                          "heartbeat": time.time()})
@@ -307,7 +308,7 @@ def test_the_config_diff_says_which_values_a_method_does_not_read(qtbot):
     assert ("optimization.critic_lr", "0.0001", "1e-05  (unused with method lcm)") in dialog.rows()
     assert "1 of them unused by one run's distillation method" in dialog.summary.text()
     dialog.show_all.setChecked(True)
-    assert ("distillation.lcm_huber_c", "0.001  (unused with method dmd2)", "0.001") in dialog.rows()
+    assert ("distillation.lcm_huber_c", "0.001  (unused with method dmad)", "0.001") in dialog.rows()
 
 
 def test_provenance_names_the_method_of_a_student_image(tmp_path):
@@ -320,3 +321,19 @@ def test_provenance_names_the_method_of_a_student_image(tmp_path):
     index = scan_samples(run)
     assert ("distilled by", "LCM (lcm)") in provenance(index, 0, 1)
     assert not any(label == "distilled by" for label, _ in provenance(index, 0, 0))  # the teacher is not distilled
+
+
+def test_an_older_config_that_says_dmd2_opens_as_dmad(qtbot, panel, tmp_path):
+    """DMAD's value was "dmd2" until 2026-12: such a config file is still valid and still DMAD."""
+    raw = panel.config()
+    raw["distillation"]["method"] = "dmd2"
+    path = tmp_path / "older.json"
+    atomic_write_json(path, raw)
+    assert panel.load_file(path)
+    assert panel.is_valid(), panel.validity_message()
+    assert greyed(panel) == LCM_ONLY  # DMAD's settings, not an unknown method's
+    assert (methods.label("dmd2"), methods.short_name("dmd2")) == ("DMAD (dmad)", "DMAD")  # an older samples meta.json
+    assert canonical_method("dmd2") == "dmad" and canonical_method("dmd3") == "dmd3"
+    from dmad.contract.methods import Distillation
+
+    assert Distillation.model_validate({"method": "dmd2"}).method == "dmad"  # what the engine trains

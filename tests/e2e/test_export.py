@@ -93,7 +93,7 @@ def test_full_student_exports_to_a_pipeline_that_reproduces_the_engine_exactly(f
     assert out == full_run / "export" / "iter_2-diffusers"
     doc = json.loads((out / "dmad_export.json").read_text())
     assert doc["student_timesteps"] == [999, 499] and doc["weights"] == "ema" and doc["checkpoint"] == "iter_2"
-    assert doc["method"] == "dmd2"
+    assert doc["method"] == "dmad"
     assert doc["num_inference_steps_gives_timesteps"] is True
     assert "num_inference_steps=2" in (out / "README.md").read_text()
     assert not [p for p in out.rglob("*") if p.suffix in (".bin", ".ckpt", ".pt", ".pth")]  # safetensors only

@@ -130,13 +130,13 @@ def test_resuming_a_dmad_checkpoint_as_lcm_is_refused_in_one_line(lcm_run, tmp_p
     if variant != "full":
         pytest.skip("one variant is enough")
     cfg = _deep_update(tiny_config_dict(tiny_teacher, tiny_data, tiny_prompt_set, tmp_path / "runs"),
-                       {"distillation": {"method": "dmd2", "student_steps": 4}})
+                       {"distillation": {"method": "dmad", "student_steps": 4}})
     path = tmp_path / "dmad.json"
     path.write_text(json.dumps(cfg), encoding="utf-8")
     code, _, err = dmad_captured(capsys, "train", "--config", str(path), "--resume", str(run / "checkpoints" / "iter_4"))
     assert code != 0
     line = err.strip().splitlines()[-1]
-    assert "is from an LCM run (distillation.method lcm); this config is method dmd2" in line
+    assert "is from an LCM run (distillation.method lcm); this config is method dmad" in line
     assert "Traceback" not in err
 
 

@@ -58,7 +58,7 @@ def test_rerendering_a_checkpoint_is_byte_identical_and_never_replaces_a_folder(
     # the student's own timesteps from its checkpoint, never the prompt set's 2 teacher steps
     assert meta["timesteps"] == [999] and meta["steps"] == 1 and meta["cfg"] is None
     assert meta["checkpoint"] == train_meta["checkpoint"] == "iter_2" and meta["ema"] is True
-    assert meta["method"] == train_meta["method"] == "dmd2"
+    assert meta["method"] == train_meta["method"] == "dmad"
     assert meta["weights_sha256"] == train_meta["weights_sha256"] and len(meta["weights_sha256"]) == 64
     assert meta["deterministic_algorithms"] is True and meta["items"]["blue"]["seed"] == 1
     assert first["model"] == "student" and first["checkpoint"] == "iter_2"
@@ -98,7 +98,7 @@ def test_sweep_writes_a_labelled_grid_and_its_json(run, tmp_path, capsys):
     assert doc["rows"] == {"key": "steps", "values": [1, 2, 4]} and doc["columns"] == {"key": "cfg", "values": [1.0, 3.0]}
     assert [(c["steps"], c["cfg"]) for c in doc["cells"]] == [(1, 1.0), (1, 3.0), (2, 1.0), (2, 3.0), (4, 1.0), (4, 3.0)]
     assert doc["cells"][0]["timesteps"] == [999] and doc["cells"][4]["timesteps"] == [999, 749, 499, 249]
-    assert doc["prompt_id"] == "blue" and doc["seed"] == 1 and doc["method"] == "dmd2"
+    assert doc["prompt_id"] == "blue" and doc["seed"] == 1 and doc["method"] == "dmad"
     with Image.open(grid) as im:  # 3 rows x 2 columns of 128 px cells (32 px scaled x4) plus labels
         assert im.size[0] > 2 * 128 and im.size[1] > 3 * 128
         cells = im.convert("RGB")

@@ -116,7 +116,7 @@ def test_thirty_steps_write_the_whole_run_folder(write_config, dmad_cli, tmp_pat
     meta = json.loads((run / "samples/iter_30/meta.json").read_text())
     assert meta["timesteps"] == [999, 499] and meta["prompt_set"] == "tiny" and set(meta["items"]) == {"red", "blue"}
     assert meta["checkpoint"] == "iter_30" and meta["ema"] is True and len(meta["weights_sha256"]) == 64
-    assert meta["method"] == "dmd2"  # which method trained the weights that made these images
+    assert meta["method"] == "dmad"  # which method trained the weights that made these images
     assert json.loads((run / "samples/iter_15/meta.json").read_text())["checkpoint"] is None  # validation only
     assert json.loads((run / "samples/teacher/meta.json").read_text())["checkpoint"] == "teacher"
     with Image.open(run / "samples/iter_30/red.png") as im:

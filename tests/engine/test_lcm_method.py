@@ -169,6 +169,6 @@ def test_an_lcm_config_refuses_a_dmad_checkpoint_in_one_line(tmp_path):
         "student_timesteps": [999, 759, 499, 259], "prediction_type": "epsilon", "config_fingerprint": "x",
         "lr_generator": {}, "lr_critic": {}}))
     (ckpt / "gan_head.safetensors").write_bytes(b"")  # what only a DMAD checkpoint has
-    with pytest.raises(CheckpointUnusable, match=r"is from a DMAD run \(distillation.method dmd2\); this config is "
+    with pytest.raises(CheckpointUnusable, match=r"is from a DMAD run \(distillation.method dmad\); this config is "
                                                  r"method lcm$"):
         verify_checkpoint(ckpt, lcm.UNIT.layout(SimpleNamespace(student="full", fake_score="full")))

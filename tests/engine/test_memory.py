@@ -359,7 +359,7 @@ def test_format_and_json_name_the_family(real_infos, model):
                                   gradient_checkpointing=False, teacher_precision="auto", teacher_cpu_offload=True,
                                   share_frozen_base=True),
         identity=SimpleNamespace(student="lora", fake_score="lora", lora_rank=64, model_family="auto"),
-        optimization=SimpleNamespace(optimizer="adamw"), distillation=SimpleNamespace(method="dmd2"))
+        optimization=SimpleNamespace(optimizer="adamw"), distillation=SimpleNamespace(method="dmad"))
     out = ledger_json(cfg, lines)
     assert out["family"] == info.family
     assert out["total_gib"] == pytest.approx(sum(x["gib"] for x in out["lines"] if x["scope"] == "gpu"), abs=1e-3)

@@ -502,3 +502,22 @@ def test_sample_and_export_never_write_through_a_link_out_of_the_run(run_copy, t
     assert dmad(["export", "--run", str(run), "--format", "diffusers"]) == 2
     assert "export is a symbolic link to" in _one_line(capsys)
     assert not any(p.name.startswith("iter_4-diffusers") for p in outside.iterdir())
+
+
+def test_a_resume_compares_configs_by_meaning_not_by_the_methods_older_word(tmp_path):
+    """A run written when DMAD's value was "dmd2", resumed today ("dmad"): not a changed config;
+    a real change is still named."""
+    from dmad.contract.config import TrainConfig
+    from dmad.contract.runs import RunFolder, atomic_write_json
+    from dmad.train.run_files import _config_changes
+
+    resolved = TrainConfig.model_validate({"identity": {"pretrained_model_name_or_path": "t",
+                                                        "train_data_dir": "d"}}).model_dump(mode="json")
+    folder = RunFolder.create(tmp_path / "run")
+    older = {g: dict(f) if isinstance(f, dict) else f for g, f in resolved.items()}
+    older["distillation"]["method"] = "dmd2"
+    atomic_write_json(folder.config_json, older)
+    assert resolved["distillation"]["method"] == "dmad" and _config_changes(folder, resolved) == []
+    older["optimization"]["generator_lr"] = 1.0
+    atomic_write_json(folder.config_json, older)
+    assert _config_changes(folder, resolved) == [f"optimization.generator_lr 1.0 -> {resolved['optimization']['generator_lr']!r}"]
