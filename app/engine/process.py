@@ -205,7 +205,7 @@ class EngineProcess(QObject):
     def _summary(self, code: int) -> str:
         err = self._error_event["data"] if self._error_event else {}
         if code == 0:
-            return _final_summary(self._final_event)
+            return final_summary(self._final_event)
         if code == 2 and self._error_line:
             return self._error_line
         if err.get("reason"):
@@ -216,7 +216,8 @@ class EngineProcess(QObject):
         return f"the engine exited with code {code} ({exit_meaning(code)})" + (f": {tail[-1]}" if tail else "")
 
 
-def _final_summary(ev: Optional[dict]) -> str:
+def final_summary(ev: Optional[dict]) -> str:
+    """The one line that says how a run ended, from its final event (stopped / finished)."""
     if ev is None:
         return "the engine exited normally"
     if ev["kind"] == "stopped":

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from app.engine.process import failure_report, phase_text
+from app.engine.process import failure_report, final_summary, phase_text
 from app.models.evented import Emitter
 from dmad.contract.runs import LIVE_STATES, effective_state
 
@@ -282,6 +282,8 @@ class RunLifecycle:
             self._fail(ev["data"].get("exit_code"), str(ev["data"].get("reason", "")))
         elif state:
             self._set(state=state)
+            if state in ("stopped", "finished") and not self.engine_running:
+                self.noted.emit(final_summary(ev))  # a run followed from its folder: no engine of ours says it
 
     def _fail(self, code: Optional[int], summary: str, log_lines: Optional[tuple[str, ...]] = None) -> None:
         """The run failed: the code and the reason are kept, the banner says it all."""

@@ -69,6 +69,8 @@ FAKE_ENGINE = textwrap.dedent(r'''
                     out.flush()
             except BrokenPipeError:
                 echo = False
+            if it % 50 == 0:
+                (run / "written").write_text(str(it))  # how many lines it has got through: the test's marker
             time.sleep(0.002)
         with open(run / "events.jsonl", "a") as f:
             f.write(make_event("stopped", it).to_line() + "\n")
@@ -209,7 +211,9 @@ def test_detached_engine_outlives_its_owner_and_never_blocks_on_a_full_pipe(qtbo
     eng.detach()
     assert not eng.is_running() and eng.process_id() is None
     eng.deleteLater()  # the app's side is gone; the engine is not
-    qtbot.wait(1500)  # ~1,500 lines of 4 KiB written into a pipe nobody reads: it must not block
+    # 300 lines of 4 KiB (1.2 MB, far past a 64 KiB pipe) into a pipe nobody reads: it must not block
+    qtbot.waitUntil(lambda: (run / "written").is_file() and int((run / "written").read_text() or 0) >= 300,
+                    timeout=WAIT_MS)
     append_control(run, "stop")
     qtbot.waitUntil(lambda: '"stopped"' in (run / "events.jsonl").read_text(), timeout=WAIT_MS)
     stopped = json.loads((run / "events.jsonl").read_text().splitlines()[-1])
@@ -260,13 +264,15 @@ def test_follower_waits_for_the_file_and_for_a_torn_last_line(qtbot, tmp_path):
     path = tmp_path / "events.jsonl"
     f = EventFollower(path, poll_ms=20)
     got = _collect(f)
-    f.start(live=True)
-    qtbot.wait(100)  # the file does not exist yet: nothing, no error
-    assert got == []
+    with qtbot.waitSignal(f.caught_up, timeout=WAIT_MS):  # it has read to the end of what is there
+        f.start(live=True)
+    f.poll()
+    assert got == []  # the file does not exist yet: nothing, no error
     first, second = _line("metric", 1, loss_dm=1.0), _line("metric", 2, loss_dm=0.5)
     path.write_bytes(first + second[:20])
     qtbot.waitUntil(lambda: len(got) == 1, timeout=WAIT_MS)
-    qtbot.wait(100)
+    f.poll()
+    f.poll()  # two more reads of the same bytes
     assert [e["iter"] for e in got] == [1]  # the torn line is not an event yet
     with open(path, "ab") as out:
         out.write(second[20:] + b"not json\n")

@@ -178,11 +178,21 @@ def test_history_never_moves_an_opened_run_and_what_follows_does(lc, run):
         assert lc.state == state
     lc.file_event(ev("finished", 3))
     assert seen.take_without_changed() == [("state", "paused"), ("state", "running"), ("state", "finished"),
-                                           "file end?"]  # read what it wrote last, then stop
+                                           "file end?",  # read what it wrote last, then stop
+                                           ("noted", "finished 3 iterations")]  # no engine of ours to say it
     lc.file_ended()
     assert not lc.following and seen.take() == ["status?"]
     lc.status_read(run, alive("running"), False)  # not rewritten yet: a final event is never undone
     assert lc.state == "finished" and seen.take() == []
+
+
+def test_a_followed_run_stopped_from_here_says_where_it_stopped(lc, run):
+    """A run this app did not start (left running, opened again): its stopped event is the only word."""
+    seen = opened(lc, run, alive("running"), [ev("started", None, max_train_steps=1600), ev("metric", 140)])
+    lc.command_sent("stop")
+    lc.file_event(ev("stopped", 155, last_checkpoint=155, checkpoint_saved=True))
+    assert lc.state == "stopped"
+    assert ("noted", "stopped at iteration 155 (checkpoint iter_155)") in seen.take_without_changed()
 
 
 def test_a_stop_is_not_undone_by_a_status_json_that_still_says_running(lc, run):
