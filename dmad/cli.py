@@ -400,9 +400,19 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
                         restart=pf.restart, fallbacks=r.fallbacks if r else (), skipped=r.skipped if r else ())
 
 
+MAX_PROCESSES_PER_MACHINE = 256  # one process per GPU (8-16 on the largest machines); gloo on CPU cores
+MAX_MACHINES = 4096
+
+
 def _check_processes(args: argparse.Namespace) -> None:
     if args.num_processes < 1 or args.num_machines < 1:
         raise UserInputError("--num-processes and --num-machines must be at least 1")
+    if args.num_machines > MAX_MACHINES:
+        raise UserInputError(f"--num-machines {args.num_machines}: at most {MAX_MACHINES}")
+    if args.num_processes > MAX_PROCESSES_PER_MACHINE * args.num_machines:
+        raise UserInputError(f"--num-processes {args.num_processes}: at most {MAX_PROCESSES_PER_MACHINE} a machine "
+                             f"(one process per GPU), {MAX_PROCESSES_PER_MACHINE * args.num_machines} on "
+                             f"{args.num_machines} machine(s)")
     if not 0 <= args.machine_rank < args.num_machines:
         raise UserInputError(f"--machine-rank {args.machine_rank}: must be 0 .. {args.num_machines - 1}")
     if args.num_processes % args.num_machines:

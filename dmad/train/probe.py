@@ -42,6 +42,17 @@ COLUMNS = ["point", "kind", "pid", "batch", "grad_accum", "effective_batch", "re
            "process_peak_rss_gb", "step_time_s", "data_time_s", "compute_time_s", "ledger_gb", "error", "run_dir"]
 
 
+# --batch and --resolution set these config fields; their values must be what the config accepts
+PROBED_FIELDS = {"batch": "train_batch_size", "resolution": "resolution"}
+
+
+def _most(what: str) -> Optional[int]:
+    """The config's own upper bound of the field --`what` sets (resources.train_batch_size: 4096)."""
+    resources = TrainConfig.model_fields["resources"].annotation
+    field = resources.model_fields.get(PROBED_FIELDS.get(what, ""))
+    return next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None) if field else None
+
+
 def parse_ints(text: Optional[str], what: str, multiple_of: int = 1) -> Optional[list[int]]:
     if text is None:
         return None
@@ -49,10 +60,13 @@ def parse_ints(text: Optional[str], what: str, multiple_of: int = 1) -> Optional
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UserInputError(f"--{what} {text!r}: expected comma-separated whole numbers, e.g. 1,2,4") from None
-    bad = [v for v in values if v < 1 or v % multiple_of]
+    most = _most(what)
+    bad = [v for v in values if v < 1 or v % multiple_of or (most is not None and v > most)]
     if not values or bad:
         need = f"positive multiples of {multiple_of}" if multiple_of > 1 else "positive"
-        raise UserInputError(f"--{what} {text!r}: values must be {need}" + (f" (not {bad[0]})" if bad else ""))
+        need += f", at most {most}" if most is not None else ""
+        shown = str(bad[0]) if bad and len(str(bad[0])) <= 20 else f"{str(bad[0])[:20]}..." if bad else ""
+        raise UserInputError(f"--{what} {text[:100]!r}: values must be {need}" + (f" (not {shown})" if bad else ""))
     return sorted(set(values))
 
 

@@ -48,9 +48,11 @@ def test_recommendation_follows_the_triage_order():
 
 def test_lists_are_checked():
     assert parse_ints("4,1,2,2", "batch") == [1, 2, 4] and parse_ints(None, "batch") is None
-    for bad, what in (("a,b", "batch"), ("0", "batch"), ("500", "resolution"), ("", "batch")):
+    for bad, what in (("a,b", "batch"), ("0", "batch"), ("500", "resolution"), ("", "batch"),
+                      ("99999999999999999999", "batch"), ("4097", "batch"), ("8200", "resolution")):
         with pytest.raises(UserInputError, match=f"--{what}"):
             parse_ints(bad, what, 8 if what == "resolution" else 1)
+    assert parse_ints("4096", "batch") == [4096] and parse_ints("8192", "resolution", 8) == [8192]  # the config's own limits
 
 
 torch = pytest.importorskip("torch")
