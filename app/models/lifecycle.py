@@ -62,7 +62,7 @@ class RunLifecycle:
         self.changed = Emitter()
         self.state_changed = Emitter()
         self.failed = Emitter()           # (Failure) the run failed: the banner shows it
-        self.noted = Emitter()            # (line) how our engine's run ended, for the note line
+        self.noted = Emitter()            # (line) how the run ended (our engine's word, else its final event)
         self.refused = Emitter()          # (run_dir, line) the engine would not continue the run (exit 2)
         self.status_wanted = Emitter()    # () read status.json now, then status_read
         self.file_end_wanted = Emitter()  # () read events.jsonl to its end, stop following, then file_ended

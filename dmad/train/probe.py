@@ -65,8 +65,9 @@ def parse_ints(text: Optional[str], what: str, multiple_of: int = 1) -> Optional
     if not values or bad:
         need = f"positive multiples of {multiple_of}" if multiple_of > 1 else "positive"
         need += f", at most {most}" if most is not None else ""
-        shown = str(bad[0]) if bad and len(str(bad[0])) <= 20 else f"{str(bad[0])[:20]}..." if bad else ""
-        raise UserInputError(f"--{what} {text[:100]!r}: values must be {need}" + (f" (not {shown})" if bad else ""))
+        first = str(bad[0]) if bad else ""
+        first = first if len(first) <= 20 else first[:20] + "..."  # a 4,000-digit number is not one line
+        raise UserInputError(f"--{what} {text[:100]!r}: values must be {need}" + (f" (not {first})" if bad else ""))
     return sorted(set(values))
 
 
