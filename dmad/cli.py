@@ -479,16 +479,18 @@ def _one_line(text: str) -> str:
 
 
 def _crash_log(exc: BaseException, run_dir: Optional[Path]) -> Path:
-    """Append the traceback to <run>/logs/engine.log, or a temp file when there is no run folder."""
+    """Append the traceback to <run>/logs/engine.log, or a temp file when there is no run folder
+    or its log would be written through a link that leaves it."""
+    from dmad.contract.runs import RunFolder
+
     text = f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] dmad {' '.join(sys.argv[1:])}\n" + "".join(
         traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:  # is_dir itself raises for a name the OS refuses: the log then goes to a temp file
-        usable = run_dir is not None and run_dir.is_dir()
+        log = run_dir / "logs" / "engine.log" if run_dir is not None and run_dir.is_dir() else None
     except (OSError, ValueError):
-        usable = False
-    if usable:
+        log = None
+    if log is not None and RunFolder(run_dir).inside(log):
         try:
-            log = run_dir / "logs" / "engine.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "a", encoding="utf-8") as f:
                 f.write(text)

@@ -165,6 +165,15 @@ class TrainConfig(Group):
 
 # --------------------------------------------------------------------------- loading with clear errors
 
+def field_most(section: str, name: str) -> Optional[int]:
+    """The config's own upper bound of `section`.`name` (resources.train_batch_size: 4096), for
+    numbers read from elsewhere (a command line, a checkpoint) that must stay within what a config
+    may say; None when the field has none."""
+    group = TrainConfig.model_fields[section].annotation
+    field = group.model_fields.get(name)
+    return next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None) if field else None
+
+
 def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     """The valid keys at `loc` (the parent of an unknown key), for did-you-mean."""
     cur: Any = model

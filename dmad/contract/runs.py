@@ -40,7 +40,7 @@ STATES = ("created", "running", "paused", "stopping", "stopped", "finished", "fa
 LIVE_STATES = ("running", "paused", "stopping")  # a process should be behind these
 TMP_PREFIX = ".tmp-"
 SAMPLES_META = "meta.json"  # samples/<folder>/meta.json: every image's provenance, written after the images
-_ITER_DIR = re.compile(r"^iter_(\d+)$")
+_ITER_DIR = re.compile(r"^iter_([0-9]{1,12})$")  # ASCII digits: \d also takes "²"
 
 
 # ---------------------------------------------------------------- atomic writes
@@ -384,6 +384,17 @@ class RunFolder:
             pass  # absent or unreadable: fall back to what is on disk
         found = self.list_checkpoints()
         return found[-1] if found else None
+
+    def checkpoints_from_latest(self) -> list[tuple[int, Path]]:
+        """The one rule for "latest", shared by resume, sample, export and the app: the checkpoint
+        latest.json names (else the newest on disk), then the older ones, newest first, for a
+        caller to fall back to when one proves damaged. A checkpoint newer than latest belongs to
+        a branch the run left (it resumed from an older checkpoint and went on from there): it is
+        never latest and never a fallback."""
+        latest = self.latest_checkpoint()
+        if latest is None:
+            return []
+        return [latest] + [c for c in reversed(self.list_checkpoints()) if c[0] < latest[0]]
 
     def inside(self, path: PathLike) -> bool:
         """Whether `path`, symbolic links followed, is inside this run folder."""

@@ -67,9 +67,11 @@ def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
         state = {}
         for f in files:
             state.update(load_file(str(f)))
+        _require_finite(state, ckpt, f"its {name} weights")
         module.load_state_dict(state, strict=True)
         return
     state = load_file(str(ckpt / f"{name}_lora.safetensors"))
+    _require_finite(state, ckpt, f"its {name} LoRA weights")
     result = module.load_state_dict(state, strict=False)
     expected = {n for n, p in module.named_parameters() if p.requires_grad}
     if result.unexpected_keys or expected - set(state):
@@ -98,6 +100,7 @@ def _load_ema(ema, path: Path) -> None:
         meta = f.metadata()
         for i, t in enumerate(ema.shadow_params):
             t.copy_(f.get_tensor(f"shadow.{i}"))
+    _require_finite({f"shadow.{i}": t for i, t in enumerate(ema.shadow_params)}, path.parent, "its EMA weights")
     ema.optimization_step = int(meta["optimization_step"])
 
 
@@ -106,6 +109,16 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     `dmad export`, the demo bench): a copy of the teacher's denoiser (dmad.models.teacher.Teacher), full or LoRA as identity.student
     says, with the checkpoint's weights, then its EMA weights when it has them. Eval mode, no
     grads. Returns (student, whether EMA weights were used)."""
+    try:
+        return _load_student(teacher, identity, ckpt)
+    except CheckpointUnusable:
+        raise
+    except Exception as e:  # noqa: BLE001 - a file that does not fit this student: one reason, no traceback
+        raise CheckpointUnusable(f"checkpoint {ckpt} does not fit this run's student: {type(e).__name__}: "
+                                 f"{_first_line(e)}") from None
+
+
+def _load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     from dmad.models.networks import make_trainable_copy, trainable_parameters
 
     student = make_trainable_copy(teacher.denoiser, identity.student, identity.lora_rank, identity.lora_alpha, False,
@@ -117,6 +130,7 @@ def load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
         found = read_shadow(ema, params)
         if found is not None:
             raise CheckpointUnusable(f"{ema}: {found} EMA tensors for {len(params)} student parameters")
+        _require_finite({f"shadow.{i}": t for i, t in enumerate(params)}, ckpt, "its EMA weights")
     student.requires_grad_(False).eval()
     return student, ema.is_file()
 
@@ -212,7 +226,38 @@ def read_training_state(ckpt: Path) -> TrainingState:
         if not ok:
             raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name}: {k} must be a{'n' if kind is int else ''} "
                                      f"{kind.__name__}{' >= 0' if kind is int else ''}, got {json.dumps(v)[:60]}")
+    _check_ranges(ckpt, path.name, doc)
     return TrainingState(**doc)
+
+
+def _check_ranges(ckpt: Path, name: str, doc: dict) -> None:
+    """Counters a run could have reached: the iteration its folder is named for (iter_<N>) and
+    within max_train_steps' bound, at most one generator step and one accumulation's batches per
+    iteration. A value beyond them (batches_used 10**30 would be skipped through for hours; an
+    iter of 999 in iter_4 would end the run at once) makes the checkpoint unusable."""
+    from dmad.contract.config import field_most
+
+    named = ckpt.name[len("iter_"):] if ckpt.name.startswith("iter_") else ""
+    most_iter = field_most("optimization", "max_train_steps")
+    bounds = {"iter": (int(named) if named.isascii() and named.isdigit() else None, most_iter),
+              "generator_steps": (None, doc["iter"]),
+              "batches_used": (None, doc["iter"] * field_most("resources", "gradient_accumulation_steps"))}
+    for key, (exact, most) in bounds.items():
+        v = doc[key]
+        if exact is not None and v != exact:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {name}: {key} is {str(v)[:20]}, not the {exact} its "
+                                     f"folder is named for")
+        if most is not None and v > most:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {name}: {key} {str(v)[:20]} is more than a run at "
+                                     f"iteration {doc['iter']} can have reached (at most {most})")
+
+
+def _require_finite(tensors: Mapping[str, torch.Tensor], ckpt: Path, what: str) -> None:
+    """NaN or Inf weights make a checkpoint unusable: a resume would fail at its next iteration
+    and a sample would be noise, so a resume of latest passes over it to an older one."""
+    for key, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {what} has NaN or Inf values ({key[:80]})")
 
 
 def _first_line(e: BaseException) -> str:
@@ -295,6 +340,59 @@ def verify_checkpoint(ckpt: Path, layout: CheckpointLayout, expected: Optional[E
     return state
 
 
+@dataclass(frozen=True)
+class Picked:
+    """The checkpoint a command uses, what it passed over to get there and what is left to fall
+    back to should this one fail to load."""
+
+    iteration: int
+    path: Path
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over, and why
+    fallbacks: tuple[Path, ...] = ()  # older checkpoints, newest first
+
+
+def pick_checkpoint(candidates: list[tuple[int, Path]], layout: CheckpointLayout, expected: Optional[Expected] = None,
+                    finite: tuple[str, ...] = (), named: bool = False) -> Picked:
+    """The first of `candidates` that verifies (verify_checkpoint; with `finite`, those networks'
+    weights are also read and must hold no NaN or Inf): for "latest" the list is
+    RunFolder.checkpoints_from_latest(), the rule resume, sample, export and the app share, and a
+    damaged checkpoint is passed over for an older one. A checkpoint the user `named` (the only
+    candidate) is used as it is or refused with its own reason. A CheckpointMismatch is raised at once: the run's older
+    checkpoints were trained the same way."""
+    skipped: list[str] = []
+    for k, (it, ckpt) in enumerate(candidates):
+        try:
+            verify_checkpoint(ckpt, layout, expected)
+            for name in finite:
+                _check_finite_files(ckpt, name, dict(layout.networks)[name])
+        except CheckpointMismatch:
+            raise
+        except CheckpointUnusable as e:
+            if named:
+                raise
+            skipped.append(str(e))
+            continue
+        return Picked(it, ckpt, tuple(skipped), tuple(p for _, p in candidates[k + 1:]))
+    if not candidates:
+        raise CheckpointUnusable("no complete checkpoint")
+    raise CheckpointUnusable(f"no usable checkpoint in {candidates[0][1].parent} ({len(candidates)} damaged; "
+                             f"newest: {skipped[0]})")
+
+
+def _check_finite_files(ckpt: Path, name: str, mode: str) -> None:
+    """A network's weights (and the EMA of the student's) hold no NaN or Inf: read one tensor at a
+    time, so a large model is checked without a second copy in memory."""
+    from safetensors import safe_open
+
+    files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
+    if name == "student" and (ckpt / "ema.safetensors").is_file():
+        files.append(ckpt / "ema.safetensors")
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for key in h.keys():
+                _require_finite({key: h.get_tensor(key)}, ckpt, f.relative_to(ckpt).as_posix())
+
+
 def _check_method(ckpt: Path, layout: CheckpointLayout) -> None:
     """CheckpointMismatch when `ckpt` holds another method's own files and none of this one's."""
     from dmad.methods import UNITS
@@ -361,13 +459,18 @@ def _format(ckpt: Path) -> int:
 def _optimizer_state(ckpt: Path, name: str, header_only: bool = False) -> dict:
     """optimizer_<name>.safetensors (format 2), or the .pt file of a format 1 checkpoint."""
     if _format(ckpt) == 1:
-        return _load_plain(ckpt / f"optimizer_{name}.pt", ckpt, mmap=header_only)
-    path = ckpt / f"optimizer_{name}.safetensors"
-    _check_safetensors(path, ckpt)
-    try:
-        return read_optimizer(path, tensors=not header_only)
-    except Exception as e:  # noqa: BLE001 - metadata that is not ours
-        raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is damaged: {_first_line(e)}") from None
+        state = _load_plain(ckpt / f"optimizer_{name}.pt", ckpt, mmap=header_only)
+    else:
+        path = ckpt / f"optimizer_{name}.safetensors"
+        _check_safetensors(path, ckpt)
+        try:
+            state = read_optimizer(path, tensors=not header_only)
+        except Exception as e:  # noqa: BLE001 - metadata that is not ours
+            raise CheckpointUnusable(f"checkpoint {ckpt}: {path.name} is damaged: {_first_line(e)}") from None
+    if not header_only and isinstance(state.get("state"), dict):
+        _require_finite({f"{i}.{k}": v for i, d in state["state"].items() if isinstance(d, dict)
+                         for k, v in d.items() if isinstance(v, torch.Tensor)}, ckpt, f"its {name} optimizer state")
+    return state
 
 
 def _scaler_state(ckpt: Path) -> dict | None:

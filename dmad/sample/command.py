@@ -54,27 +54,43 @@ def open_run(run: str):
     return folder
 
 
-def resolve_target(folder, spec: str) -> Target:
-    """--checkpoint latest | teacher | N -> what to render."""
-    from dmad.models.checkpoint import read_training_state
+def resolve_target(folder, spec: str, cfg) -> Target:
+    """--checkpoint latest | teacher | N -> what to render. latest follows the rule resume and export
+    share (RunFolder.checkpoints_from_latest): a damaged checkpoint, or one whose student holds NaN
+    or Inf, is passed over for an older one with a warning; a named one is used or refused."""
+    from dmad.errors import CheckpointUnusable
+    from dmad.methods import method_unit
+    from dmad.models.checkpoint import pick_checkpoint, read_training_state
 
     if spec == "teacher":
         return Target("teacher", None, None)
     available = folder.list_checkpoints()
     names = ", ".join(str(i) for i, _ in available) or "none"
     if spec == "latest":
-        if not available:
+        candidates = folder.checkpoints_from_latest()
+        if not candidates:
             raise UserInputError(f"--checkpoint latest: no complete checkpoint in {folder.checkpoints_dir}")
-        it, path = available[-1]
     elif ITERATION.fullmatch(spec):
-        it, path = int(spec), folder.checkpoint_path(int(spec))
-        if not (path / "training_state.json").is_file():
-            raise UserInputError(f"--checkpoint {spec}: no checkpoint iter_{it} in {folder.checkpoints_dir} "
+        candidates = [(i, p) for i, p in available if i == int(spec)]  # inside the run: no link to another one
+        if not candidates:
+            raise UserInputError(f"--checkpoint {spec}: no checkpoint iter_{int(spec)} in {folder.checkpoints_dir} "
                                  f"(available: {names})")
     else:
         raise UserInputError(f"--checkpoint {printable(spec)[:40]!r}: expected latest, teacher or an iteration number "
                              f"(available: {names})")
-    return Target(f"iter_{it}", path, list(read_training_state(path).student_timesteps))
+    try:
+        picked = pick_checkpoint(candidates, method_unit(cfg.distillation.method).layout(cfg.identity),
+                                 finite=("student",), named=spec != "latest")
+    except CheckpointUnusable as e:
+        raise UserInputError(f"--checkpoint {spec}: {e}") from None
+    for reason in picked.skipped:
+        print(f"dmad: warning: passed over a damaged checkpoint: {_one_line(reason)}", file=sys.stderr, flush=True)
+    path = picked.path
+    return Target(f"iter_{picked.iteration}", path, list(read_training_state(path).student_timesteps))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def parse_sweep(tokens: list[str]) -> list[tuple[str, list]]:
@@ -170,7 +186,8 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
     from dmad.contract.prompts import load_prompt_set
 
     folder = open_run(run)
-    target = resolve_target(folder, checkpoint)
+    cfg = load_config(folder.config_json)
+    target = resolve_target(folder, checkpoint, cfg)
     ps = load_prompt_set(prompt_set or folder.prompt_set_json)
     sweeps = parse_sweep(sweep) if sweep else None
     item = None
@@ -185,7 +202,6 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
         folder.check_confined()
     out = Path(out).expanduser().resolve() if out else folder.samples_dir
     check_output_folder(out, "--out", new=False)  # before the models load
-    cfg = load_config(folder.config_json)
 
     import torch
 

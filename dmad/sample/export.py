@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,43 +72,68 @@ class ExportSource:
     checkpoint: Path
 
 
-def resolve_source(run_dir: str, checkpoint: str) -> ExportSource:
-    """The run folder and checkpoint named on the command line; UserInputError for anything missing.
-    Torch-free: the CLI answers these errors in a fraction of a second."""
+def resolve_source(run_dir: str, checkpoint: str, fmt: Optional[str] = None, out: Optional[Path] = None) -> ExportSource:
+    """The run folder and checkpoint named on the command line, the checkpoint's files verified
+    (headers, and the student's weights finite); UserInputError for anything missing or damaged,
+    before any model loads."""
     from dmad.contract.config import load_config
     folder = RunFolder.open(check_path(run_dir, "--run").expanduser().resolve())
     cfg = load_config(folder.config_json)
     if checkpoint == "latest":
-        latest = folder.latest_checkpoint()
-        if latest is None:
+        candidates = folder.checkpoints_from_latest()
+        if not candidates:
             raise UserInputError(f"no complete checkpoint in {folder.checkpoints_dir}")
-        it, path = latest
     else:
         if not ITERATION.fullmatch(checkpoint):
             raise UserInputError(f"--checkpoint {printable(checkpoint)[:40]!r}: expected 'latest' or an iteration "
                                  f"number")
-        it = int(checkpoint)
         found = dict(folder.list_checkpoints())
-        if it not in found:
+        if int(checkpoint) not in found:
             have = ", ".join(str(i) for i in sorted(found)) or "none"
-            raise UserInputError(f"--checkpoint {it}: no checkpoint iter_{it} in {folder.checkpoints_dir} "
-                                 f"(complete checkpoints: {have})")
-        path = found[it]
-    if not (path / "training_state.json").is_file():
-        raise UserInputError(f"checkpoint {path} is incomplete (no training_state.json)")
+            raise UserInputError(f"--checkpoint {int(checkpoint)}: no checkpoint iter_{int(checkpoint)} in "
+                                 f"{folder.checkpoints_dir} (complete checkpoints: {have})")
+        candidates = [(int(checkpoint), found[int(checkpoint)])]
+    check_format(folder.path, cfg, fmt)  # a request that cannot be met needs no checkpoint read
+    if out is not None:
+        check_output_folder(out, "--out")
+    it, path = _usable(candidates, cfg, checkpoint)
     return ExportSource(run=folder.path, cfg=cfg, iter=it, checkpoint=path)
+
+
+def _usable(candidates: list[tuple[int, Path]], cfg, spec: str) -> tuple[int, Path]:
+    """The checkpoint to export, by the rule resume and sample share: latest passes over a damaged
+    one (or one whose student holds NaN or Inf) with a warning; a named one is used or refused."""
+    from dmad.errors import CheckpointUnusable
+    from dmad.methods import method_unit
+    from dmad.models.checkpoint import pick_checkpoint
+
+    try:
+        picked = pick_checkpoint(candidates, method_unit(cfg.distillation.method).layout(cfg.identity),
+                                 finite=("student",), named=spec != "latest")
+    except CheckpointUnusable as e:
+        raise UserInputError(f"--checkpoint {spec}: {e}") from None
+    for reason in picked.skipped:
+        print(f"dmad: warning: passed over a damaged checkpoint: {' '.join(reason.split())}", file=sys.stderr,
+              flush=True)
+    return picked.iteration, picked.path
 
 
 def default_out(src: ExportSource, fmt: str) -> Path:
     return src.run / "export" / f"iter_{src.iter}-{fmt}"
 
 
-def check_request(src: ExportSource, fmt: str, out: Path) -> None:
+def check_format(run: Path, cfg, fmt: Optional[str]) -> None:
+    if fmt is None:
+        return
     if fmt not in FORMATS:
         raise UserInputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if fmt == "lora" and src.cfg.identity.student != "lora":
-        raise UserInputError(f"--format lora: the student of {src.run} is a full UNet (identity.student "
-                             f"'{src.cfg.identity.student}'), not a LoRA; use --format diffusers")
+    if fmt == "lora" and cfg.identity.student != "lora":
+        raise UserInputError(f"--format lora: the student of {run} is a full UNet (identity.student "
+                             f"'{cfg.identity.student}'), not a LoRA; use --format diffusers")
+
+
+def check_request(src: ExportSource, fmt: str, out: Path) -> None:
+    check_format(src.run, src.cfg, fmt)
     check_output_folder(out, "--out")  # below a file, unwritable, taken: found before the models load
 
 
@@ -511,8 +537,9 @@ def export(src: ExportSource, fmt: str, out: Path) -> Path:
 
 def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:
     """The `dmad export` command: prints the output folder on stdout."""
-    src = resolve_source(run, checkpoint)
-    target = Path(out).expanduser().resolve() if out else default_out(src, fmt)
+    given = Path(out).expanduser().resolve() if out else None
+    src = resolve_source(run, checkpoint, fmt, given)
+    target = given or default_out(src, fmt)
     if not out:  # into the run folder: never through a link that leaves it
         RunFolder(src.run).check_confined()
     check_request(src, fmt, target)  # before torch is imported: bad requests answer fast

@@ -174,7 +174,7 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
     continue (CheckpointMismatch: another method, EMA, LoRA rank or student timesteps) is refused
     at once: the run's older checkpoints were trained the same way."""
     from dmad.methods import method_unit
-    from dmad.models.checkpoint import Expected, verify_checkpoint
+    from dmad.models.checkpoint import Expected, pick_checkpoint
     from dmad.errors import CheckpointMismatch, CheckpointUnusable
 
     ident, dist = cfg.identity, cfg.distillation
@@ -188,35 +188,24 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
         raise UserInputError(f"--resume {resume}: not a run folder (no config.json): {run_dir}")
     found = run.list_checkpoints()
     path = Path(resume)
-    if resume != "latest" and path.resolve() != run_dir:
-        match = [it for it, p in found if p.resolve() == path.resolve()]
-        if not match:
+    named = resume != "latest" and path.resolve() != run_dir
+    if named:
+        order = [(it, p) for it, p in found if p.resolve() == path.resolve()]
+        if not order:
             have = ", ".join(f"iter_{it}" for it, _ in found) or "none"
             raise UserInputError(f"--resume {resume}: not a complete checkpoint of {run_dir} (checkpoints: {have})")
-        try:
-            verify_checkpoint(path.resolve(), layout, expected)
-        except CheckpointMismatch as e:
-            raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
-        except CheckpointUnusable as e:
-            raise UserInputError(f"--resume {resume}: {e}") from None
-        return ResumeTarget(iteration=match[0], checkpoint=path.resolve())
-    latest = run.latest_checkpoint()
-    order = ([latest] if latest else []) + [c for c in reversed(found) if latest is None or c[1] != latest[1]]
-    if not order:
-        return None
-    skipped = []
-    for k, (it, ckpt) in enumerate(order):
-        try:
-            verify_checkpoint(ckpt, layout, expected)
-        except CheckpointMismatch as e:
-            raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
-        except CheckpointUnusable as e:
-            skipped.append(str(e))
-            continue
-        return ResumeTarget(iteration=it, checkpoint=ckpt, fallbacks=tuple(p for _, p in order[k + 1:]),
-                            skipped=tuple(skipped))
-    raise UserInputError(f"--resume {resume}: no usable checkpoint in {run.checkpoints_dir} ({len(order)} damaged; "
-                         f"newest: {skipped[0]})")
+    else:
+        order = run.checkpoints_from_latest()
+        if not order:
+            return None
+    try:
+        picked = pick_checkpoint(order, layout, expected, named=named)
+    except CheckpointMismatch as e:
+        raise UserInputError(f"--resume {resume}: {e}{_OWN_CONFIG.format(run=run_dir)}") from None
+    except CheckpointUnusable as e:
+        raise UserInputError(f"--resume {resume}: {e}") from None
+    return ResumeTarget(iteration=picked.iteration, checkpoint=picked.path, fallbacks=picked.fallbacks,
+                        skipped=picked.skipped)
 
 
 _OWN_CONFIG = ": continue with the run's own config ({run}/config.json) or start a new run; nothing was changed"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dmad.contract.config import TrainConfig, load_config
+from dmad.contract.config import TrainConfig, field_most, load_config
 from dmad.contract.memory import PROBE_FILE
 from dmad.contract.paths import engine_argv
 from dmad.errors import UserInputError
@@ -48,9 +48,7 @@ PROBED_FIELDS = {"batch": "train_batch_size", "resolution": "resolution"}
 
 def _most(what: str) -> Optional[int]:
     """The config's own upper bound of the field --`what` sets (resources.train_batch_size: 4096)."""
-    resources = TrainConfig.model_fields["resources"].annotation
-    field = resources.model_fields.get(PROBED_FIELDS.get(what, ""))
-    return next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None) if field else None
+    return field_most("resources", PROBED_FIELDS[what]) if what in PROBED_FIELDS else None
 
 
 def parse_ints(text: Optional[str], what: str, multiple_of: int = 1) -> Optional[list[int]]:
