@@ -420,6 +420,8 @@ def _check_processes(args: argparse.Namespace) -> None:
                              f"--num-machines {args.num_machines}")
     if args.num_machines > 1 and not args.main_process_ip:
         raise UserInputError("--num-machines > 1 needs --main-process-ip (the address of machine 0)")
+    if args.main_process_port is not None and not 1 <= args.main_process_port <= 65535:
+        raise UserInputError(f"--main-process-port {args.main_process_port}: must be a TCP port, 1 .. 65535")
 
 
 def _rank_argv(args: argparse.Namespace, pf) -> list[str]:
