@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from dmad import __version__
 from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
+from dmad.train.children import rank_dies_with_launcher
 from dmad.train.launch import accelerate_command, launched, run_launched
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -374,6 +375,8 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.contract.config import load_config
     from dmad.train.preflight import preflight
 
+    if launched():  # a rank of a multi-process run: it never outlives its launcher
+        rank_dies_with_launcher()
     cfg = load_config(args.config, args.set)
     resume = args.resume if args.resume is not None else cfg.observation.resume_from_checkpoint
     if args.resume is not None:
