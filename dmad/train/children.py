@@ -1,5 +1,8 @@
 """Processes that must not outlive the process that started them. Torch-free.
 
+`dmad demo` and the engine of a multi-process run wait for a child (the engine, `accelerate
+launch`) and pass a stop on to it (stops_passed_on).
+
 A multi-process run is three generations: the engine (`dmad train --num-processes N`, the
 launcher the app or a terminal started), `accelerate launch` (its child) and the ranks
 (accelerate's children). The app's Stop and Kill reach the engine's process group; accelerate
@@ -22,12 +25,14 @@ graceful stop needs every rank in step, and a rank stuck in a collective would n
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 ENGINE_PID_ENV = "DMAD_ENGINE_PID"  # the launcher's pid, for its ranks
 PR_SET_PDEATHSIG = 1
@@ -61,6 +66,29 @@ def die_with_parent_preexec(parent: int) -> Optional[Callable[[], None]]:
         if _prctl_pdeathsig(signal.SIGKILL) and os.getppid() != parent:  # the parent ended before
             _kill_self()
     return preexec
+
+
+@contextlib.contextmanager
+def stops_passed_on(proc: subprocess.Popen) -> Iterator[list[int]]:
+    """While in the block, a SIGINT or SIGTERM to this process reaches `proc` as SIGTERM (a dmad
+    engine's graceful stop at the next boundary, with a checkpoint) instead of ending this process
+    and orphaning `proc`: the caller goes on waiting for it. SIGTERM for either, since a Ctrl+C in a
+    terminal reaches `proc` too when it shares this process group, and a second SIGINT means
+    "interrupt at once" to the engine; any number of SIGTERMs ask one graceful stop. Yields the
+    signals received. Outside the main thread (no signal handlers there) it passes nothing on."""
+    received: list[int] = []
+
+    def pass_on(signum, _frame):
+        received.append(signum)
+        proc.send_signal(signal.SIGTERM)  # nothing once proc is reaped (its pid may be another's by then)
+
+    main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.signal(s, pass_on) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield received
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def rank_dies_with_launcher() -> None:

@@ -20,7 +20,6 @@ batch (batch x accumulation x processes) is shown instead.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,9 +73,9 @@ def rank_failures(run_dir: Path) -> list[str]:
 
 def run_launched(cmd: list[str], run_dir: Path) -> int:
     """Run the launcher in this process's group (the app's Stop and Kill reach both), passing a
-    SIGINT/SIGTERM on to it, and record the failure of a rank that left the run without an end. The
-    launcher dies with this process and the ranks with the launcher (dmad.train.children)."""
-    from dmad.train.children import ENGINE_PID_ENV, die_with_parent_preexec
+    SIGINT/SIGTERM on to it as SIGTERM, and record the failure of a rank that left the run without
+    an end. The launcher dies with this process and the ranks with the launcher (dmad.train.children)."""
+    from dmad.train.children import ENGINE_PID_ENV, die_with_parent_preexec, stops_passed_on
 
     import psutil
 
@@ -85,18 +84,8 @@ def run_launched(cmd: list[str], run_dir: Path) -> int:
     env = dict(os.environ, **{LAUNCHED_ENV: "1", "DMAD_STARTED_AT": started, ENGINE_PID_ENV: str(os.getpid())})
     proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent_preexec(os.getpid()))
 
-    def forward(_sig, _frame):
-        # SIGTERM for either: a Ctrl+C in a terminal reaches the launcher too (this group), and a second
-        # SIGINT would reach the ranks as "interrupt at once"; any number of SIGTERMs ask one graceful
-        # stop. Nothing once the launcher is reaped (its pid may be another's by then).
-        proc.send_signal(signal.SIGTERM)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stops_passed_on(proc):
         code = proc.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     return launcher_result(code, run_dir)
 
 
