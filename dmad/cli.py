@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from dmad import __version__
 from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
+from dmad.train.children import rank_dies_with_launcher
 from dmad.train.launch import accelerate_command, launched, run_launched
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -374,6 +375,8 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.contract.config import load_config
     from dmad.train.preflight import preflight
 
+    if launched():  # a rank of a multi-process run: it never outlives its launcher
+        rank_dies_with_launcher()
     cfg = load_config(args.config, args.set)
     resume = args.resume if args.resume is not None else cfg.observation.resume_from_checkpoint
     if args.resume is not None:
@@ -420,6 +423,8 @@ def _check_processes(args: argparse.Namespace) -> None:
                              f"--num-machines {args.num_machines}")
     if args.num_machines > 1 and not args.main_process_ip:
         raise UserInputError("--num-machines > 1 needs --main-process-ip (the address of machine 0)")
+    if args.main_process_port is not None and not 1 <= args.main_process_port <= 65535:
+        raise UserInputError(f"--main-process-port {args.main_process_port}: must be a TCP port, 1 .. 65535")
 
 
 def _rank_argv(args: argparse.Namespace, pf) -> list[str]:

@@ -153,7 +153,18 @@ def pid_alive(pid: int) -> bool:
         return True
     except OSError:
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Linux: the process has ended and waits for its parent to collect it (a killed rank whose
+    launcher died with it waits for init, which may take a while): as dead as a gone one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:  # no /proc (macOS), or gone meanwhile
+        return False
+    return stat.rsplit(b")", 1)[-1].split()[:1] in ([b"Z"], [b"X"])
 
 
 def _pid_alive_windows(pid: int) -> bool:

@@ -124,19 +124,12 @@ def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] =
     for item in overrides:
         argv += ["--set", item]
     t0 = time.time()
-    state: dict = {}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            _progress(line, state)
-        _, err = proc.communicate()
-    except KeyboardInterrupt:
-        proc.terminate()  # the engine saves a checkpoint on SIGTERM
-        proc.wait()
-        raise
-    if proc.returncode != 0:
-        last = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+    code, err, stopped = _train(argv)
+    if stopped:  # Ctrl+C or SIGTERM: the engine stopped (with a checkpoint) and has ended
+        _say(f"Stopped. Run folder: {pf.run_dir} (its checkpoints are kept)")
+        raise KeyboardInterrupt  # the command's interrupted exit (130)
+    if code != 0:
+        last = (err or "").strip().splitlines()[-1:] or [f"exit code {code}"]
         raise RunFailed(f"the demo distillation failed: {last[0]}")
     _say(f"Distilled in {(time.time() - t0) / 60:.1f} min.")
     grid = render_demo_outputs(pf.run_dir)
@@ -147,6 +140,29 @@ def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] =
     _say(f"  metrics:   {pf.run_dir / 'metrics.csv'}")
     _say(f"  student:   {pf.run_dir / 'checkpoints'}")
     return 0
+
+
+def _train(argv: list[str]) -> tuple[int, str, bool]:
+    """The engine, showing its progress, until it has ended: (its exit code, its stderr, whether a
+    SIGINT or SIGTERM to this command asked it to stop). Such a signal reaches the engine as a
+    graceful stop (stops_passed_on) and the demo waits for it: it never leaves an engine training
+    behind; an error here (a closed stdout) stops the engine too, and a SIGKILL kills it."""
+    from dmad.train.children import die_with_parent_preexec, stops_passed_on
+
+    state: dict = {}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+                            preexec_fn=die_with_parent_preexec(os.getpid()))  # a SIGKILL here ends it too
+    with stops_passed_on(proc) as received:
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                _progress(line, state)
+            _, err = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()  # the engine saves a checkpoint on SIGTERM
+                proc.wait()
+    return proc.returncode, err, bool(received)
 
 
 def render_demo_outputs(run_dir: Path) -> Path:

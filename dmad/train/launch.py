@@ -12,13 +12,14 @@ status, samples, checkpoints, logs/engine.log; rank k > 0 logs to logs/rank_<k>.
 records an unexpected failure of its own in logs/rank_<k>.failed (one line). When a rank fails,
 the launcher stops the others; this process then records the run as failed (status.json and an
 error event naming the rank and its reason, unless rank 0 already recorded an end) and exits
-with the run's code. No learning rate is rescaled for the number of processes: the effective
+with the run's code. Stop and Kill reach every process: `accelerate launch` stays in this process's
+group (the app signals the engine's group), dies with this process, and the ranks die with it
+(dmad.train.children). No learning rate is rescaled for the number of processes: the effective
 batch (batch x accumulation x processes) is shown instead.
 """
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,41 +72,38 @@ def rank_failures(run_dir: Path) -> list[str]:
 
 
 def run_launched(cmd: list[str], run_dir: Path) -> int:
-    """Run the launcher, forwarding SIGINT/SIGTERM to it (its own process group), and record the
-    failure of a rank that left the run without an end."""
-    from dmad.errors import EXIT_RUN_FAILED
-    from dmad.contract.events import CAUSE_RANK_FAILED, EventWriter
-    from dmad.contract.runs import RunFolder
+    """Run the launcher in this process's group (the app's Stop and Kill reach both), passing a
+    SIGINT/SIGTERM on to it as SIGTERM, and record the failure of a rank that left the run without
+    an end. The launcher dies with this process and the ranks with the launcher (dmad.train.children)."""
+    from dmad.train.children import ENGINE_PID_ENV, die_with_parent_preexec, stops_passed_on
 
     import psutil
 
     # The ranks start seconds after this process: a Stop pressed meanwhile is theirs too (ControlReader).
     started = os.environ.get("DMAD_STARTED_AT") or str(psutil.Process().create_time())
-    env = dict(os.environ, **{LAUNCHED_ENV: "1", "DMAD_STARTED_AT": started})
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    env = dict(os.environ, **{LAUNCHED_ENV: "1", "DMAD_STARTED_AT": started, ENGINE_PID_ENV: str(os.getpid())})
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent_preexec(os.getpid()))
 
-    def forward(sig, _frame):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stops_passed_on(proc):
         code = proc.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        try:  # whatever the launcher left behind (a rank stuck in a collective) goes with it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    return launcher_result(code, run_dir)
+
+
+def launcher_result(code: int, run_dir: Path) -> int:
+    """The run's exit code once the launcher has ended with `code`; a failure rank 0 did not record
+    (a rank that failed on its own, a launcher that died) is recorded here."""
+    from dmad.errors import EXIT_OK, EXIT_RUN_FAILED
+    from dmad.contract.events import CAUSE_RANK_FAILED, EventWriter
+    from dmad.contract.runs import RunFolder
+
     if code == 0:
-        return 0
+        return EXIT_OK
     folder = RunFolder(run_dir)
     status = folder.read_status() or {}
     failures = rank_failures(run_dir)
-    if status.get("state") in ("failed", "finished", "stopped") and not failures:
+    if status.get("state") in ("finished", "stopped") and not failures:
+        return EXIT_OK  # a SIGTERM made the launcher exit non-zero after the ranks stopped cleanly
+    if status.get("state") == "failed" and not failures:
         return int(status.get("exit_code") or code)
     reason = ("; ".join(failures) if failures else
               f"the launcher exited with code {code} before rank 0 recorded an end (see {run_dir / 'logs'})")

@@ -61,13 +61,31 @@ class _QuietFileHandler(logging.FileHandler):
         pass
 
 
+class NoTracebackFormatter(logging.Formatter):
+    """stderr's formatter: a record's message without its traceback or stack (the CLI prints one
+    line for a failure, never a traceback; logs/engine.log keeps it). The traceback a first handler
+    cached on the record (exc_text) is hidden too, and put back for the handlers after this one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(path: Path) -> logging.Logger:
-    """Engine log to stderr and logs/engine.log; library chatter at WARNING, never on stdout."""
+    """Engine log to stderr (without tracebacks) and logs/engine.log (with them); library chatter at
+    WARNING, never on stdout."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     close_logging()
     root = logging.getLogger()
-    for h in (_QuietFileHandler(path, encoding="utf-8"), logging.StreamHandler(__import__("sys").stderr)):
+    for h, fmt in ((_QuietFileHandler(path, encoding="utf-8"), logging.Formatter(LOG_FORMAT)),
+                   (logging.StreamHandler(__import__("sys").stderr), NoTracebackFormatter(LOG_FORMAT))):
         h.setFormatter(fmt)
         h._dmad = True  # type: ignore[attr-defined]
         root.addHandler(h)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -150,7 +149,8 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         if isinstance(e, KeyboardInterrupt):
             _fail(folder, events, s, "interrupted", 130, cause=CAUSE_INTERRUPTED, quiet=True)
             raise
-        log.error("unexpected failure in phase %s\n%s", phase.name, traceback.format_exc())
+        # the traceback goes to the log file only (stderr's formatter leaves it out)
+        log.error("unexpected failure in phase %s: %s: %s", phase.name, type(e).__name__, e, exc_info=True)
         if not main:
             record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
         _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,

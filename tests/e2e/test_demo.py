@@ -253,3 +253,58 @@ def test_the_few_step_flow_baseline_uses_every_step():
     default_two = sample_teacher(teacher, captions, noise, 2, 3.0, 2, trailing=False)
     assert (default_two - one).abs().mean() < 1e-3  # the pipeline's own spacing: the flaw this avoids
     assert (two - one).abs().mean() > 0.02
+
+
+def test_sigterm_to_dmad_demo_stops_its_engine_and_waits_for_it(tmp_path, tiny_teacher, tiny_data, tiny_prompt_set):
+    """`kill <pid of dmad demo>` (SIGTERM to the demo alone, not its group): the engine gets a
+    graceful stop and the demo waits for it, then exits with the interrupted code (130); no engine
+    is left training. The demo's command on the tiny teacher, for a run too long to end by itself."""
+    import contextlib
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from dmad.contract.paths import engine_argv
+    from tests.conftest import dmad_env, gone
+
+    run = tmp_path / "demo-run"
+    tiny = {"identity.pretrained_model_name_or_path": tiny_teacher, "identity.train_data_dir": tiny_data,
+            "observation.prompt_set": tiny_prompt_set, "resources.resolution": 32, "resources.train_batch_size": 1,
+            "optimization.max_train_steps": 100_000, "observation.log_every_steps": 1,
+            "observation.checkpointing_steps": 100_000, "observation.validation_steps": 100_000}
+    sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
+    with open(tmp_path / "demo.out", "w") as out:
+        demo = subprocess.Popen(engine_argv("demo", "--run-dir", str(run), *sets), cwd=tmp_path, env=dmad_env(),
+                                stdout=out, stderr=subprocess.STDOUT)
+    engines: list = []
+    try:
+        deadline = time.monotonic() + 600  # a hang guard, not a performance target
+        while not _logged_rows(run) and demo.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert demo.poll() is None and _logged_rows(run), (tmp_path / "demo.out").read_text()[-3000:]
+        engines = psutil.Process(demo.pid).children()
+        assert len(engines) == 1 and "train" in engines[0].cmdline()
+        demo.send_signal(signal.SIGTERM)
+        code = demo.wait(timeout=600)
+        deadline = time.monotonic() + 60
+        while not gone(engines[0].pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert gone(engines[0].pid), "the engine outlived dmad demo"
+    finally:  # after a failure only: nothing of the test keeps running
+        for p in [demo, *engines]:
+            with contextlib.suppress(Exception):
+                p.kill()
+    text = (tmp_path / "demo.out").read_text()
+    assert code == 130, text[-3000:]
+    assert "Stopped. Run folder:" in text and "Traceback" not in text
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "stopped"  # a graceful stop: the engine wrote its end
+
+
+def _logged_rows(run) -> int:
+    try:
+        return max(0, len((run / "metrics.csv").read_text().splitlines()) - 1)
+    except OSError:
+        return 0

@@ -5,6 +5,7 @@ uninterrupted run; only rank 0 writes the run folder."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -134,3 +135,62 @@ def test_a_crash_in_one_rank_ends_the_run_cleanly_and_it_resumes_exactly(write_c
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7), k
     iters = [int(x.split(",")[0]) for x in (crashed / "metrics.csv").read_text().splitlines()[1:]]
     assert iters == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------- Stop and Kill as the app sends them
+
+WAIT_MS = 600_000  # a hang guard for a loaded 2-core machine, not a performance target
+GONE_S = 60.0  # how long the processes of a killed run may take to go (a hang guard too)
+
+
+def _start_two_processes(qtbot, write_config, tmp_path):
+    """A long 2-process run started as the app starts it (its engine command, in a session of its
+    own), once it trains: (the engine bridge, the run folder, the iterations it sent)."""
+    from app.engine.process import EngineProcess
+
+    config = write_config({"optimization": {"max_train_steps": 100_000},
+                           "observation": {"checkpointing_steps": 100_000, "log_every_steps": 1}}, name="long.json")
+    run = tmp_path / "long"
+    eng, iters = EngineProcess(), []
+    eng.event_received.connect(lambda e: iters.append(e["iter"]) if e["kind"] == "metric" and e["iter"] else None)
+    eng.start_train(config, run_dir=run, num_processes=2)
+    qtbot.waitUntil(lambda: len(iters) >= 2 or not eng.is_running(), timeout=WAIT_MS)
+    assert eng.is_running(), eng.last_log_lines()
+    return eng, run, iters
+
+
+def _gone_within(run: Path, seconds: float) -> list:
+    """The processes of the run still there after `seconds` (polled; [] as soon as none is)."""
+    deadline = time.monotonic() + seconds
+    while (left := _leftovers(run)) and time.monotonic() < deadline:
+        pass
+    return left
+
+
+def test_the_apps_stop_ends_every_process_of_a_two_process_run(qtbot, write_config, tmp_path):
+    """Stop (control "stop", read by rank 0 and broadcast): both ranks stop at one boundary with a
+    checkpoint, and the launcher and the engine end with exit 0."""
+    eng, run, iters = _start_two_processes(qtbot, write_config, tmp_path)
+    with qtbot.waitSignal(eng.finished, timeout=WAIT_MS) as done:
+        eng.terminate_gracefully()
+    code, summary = done.args
+    assert code == 0 and summary.startswith("stopped at iteration") and "checkpoint iter_" in summary, done.args
+    assert not _gone_within(run, GONE_S)
+    assert json.loads((run / "status.json").read_text())["state"] == "stopped"
+
+
+def test_the_apps_kill_ends_every_process_of_a_two_process_run(qtbot, write_config, tmp_path):
+    """SIGKILL to the engine's process group (what the app's Kill ends with): `accelerate launch`
+    (in that group) and both ranks (in sessions of their own, dying with their parent) go too, the
+    iterations stop, and the run no longer reads as running."""
+    import signal
+
+    from dmad.contract.runs import effective_state
+
+    eng, run, iters = _start_two_processes(qtbot, write_config, tmp_path)
+    assert len(_leftovers(run)) >= 4  # the engine, accelerate launch, rank 0, rank 1
+    with qtbot.waitSignal(eng.finished, timeout=WAIT_MS):
+        os.killpg(eng.process_id(), signal.SIGKILL)
+    assert not _gone_within(run, GONE_S)  # so no iteration follows
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "running" and effective_state(status) == "failed"  # killed: nobody wrote its end

@@ -136,6 +136,8 @@ CASES = [
     ("too_many_processes", _cfg({}, "--num-processes", "99999999999"),
      ["--num-processes 99999999999", "at most 256 a machine"]),
     ("too_many_machines", _cfg({}, "--num-machines", "99999", "--num-processes", "99999"), ["--num-machines 99999", "at most"]),
+    ("port_out_of_range", _cfg({}, "--main-process-port", "99999999", "--dry-run"),
+     ["--main-process-port 99999999", "1 .. 65535"]),
     ("set_unknown_key", _cfg({}, "--set", "resources.train_batch_sise=2"),
      ["--set resources.train_batch_sise=2", "unknown key", "did you mean 'train_batch_size'"]),
     ("set_wrong_type", _cfg({}, "--set", "resources.train_batch_size=two"),

@@ -142,6 +142,24 @@ def test_effective_state_dead_pid_stale_heartbeat_and_final_states():
     assert effective_state(None) == "created"
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="zombies are read from /proc (Linux)")
+def test_a_zombie_engine_is_dead():
+    """A killed rank whose parent died with it waits for init to collect it: until then kill(pid, 0)
+    still succeeds, but the run must not read as running."""
+    from tests.conftest import gone
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60  # a hang guard: the child exits at once
+    while not gone(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert Path(f"/proc/{proc.pid}/stat").is_file()  # not collected yet: a zombie
+        status = {"state": "running", "pid": proc.pid, "heartbeat": time.time()}
+        assert not runs.pid_alive(proc.pid) and effective_state(status) == "failed"
+    finally:
+        proc.wait()
+
+
 # ---------------------------------------------------------------- checkpoints
 
 def _save(run: RunFolder, it: int, limit=None, payload: str = "w") -> Path:

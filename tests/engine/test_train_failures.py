@@ -100,3 +100,29 @@ def test_sampling_failure_is_a_warning_and_training_goes_on(write_config, tmp_pa
     events = list(read_events(run / "events.jsonl"))
     assert sum(1 for e in events if e.kind == "warning" and "disk full" in e.data["message"]) == 4
     assert events[-1].kind == "finished"
+
+
+def test_unexpected_failure_through_the_cli_is_one_line_on_stderr(write_config, tmp_path, monkeypatch, capsys):
+    """The engine's log handler on stderr leaves the traceback out: stderr has the one `dmad:` line
+    (and log lines), logs/engine.log the traceback."""
+    from tests.conftest import dmad_captured
+
+    real, calls = DataStream.encode, []
+
+    def encode(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # iteration 2: one micro-batch each
+            raise RuntimeError("broken at iteration 2")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataStream, "encode", encode)
+    run = tmp_path / "run"
+    code, out, err = dmad_captured(capsys, "train", "--config", str(write_config({"optimization": {"max_train_steps": 4}})),
+                                   "--run-dir", str(run))
+    assert code == 1
+    assert "Traceback" not in err and 'File "' not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("dmad:")]
+    assert len(ours) == 1 and ours[0].startswith("dmad: error: RuntimeError: broken at iteration 2"), err
+    log = (run / "logs" / "engine.log").read_text()
+    assert "Traceback" in log and "broken at iteration 2" in log
+    assert _error(run).data["cause"] == "exception" and _error(run).iter == 1
