@@ -490,6 +490,7 @@ def export(src: ExportSource, fmt: str, out: Path) -> Path:
     else:
         sched, reproduces = make_student_scheduler(teacher, timesteps)
         sampling = Sampling(timesteps, reproduces, guidance)
+
     def write(tmp: Path) -> None:
         with torch.no_grad():
             if fmt == "diffusers":

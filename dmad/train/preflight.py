@@ -68,7 +68,6 @@ class Preflight:
             raise UserInputError(f"teacher has no weights: {self.teacher_info.path} "
                                  f"(missing: {'; '.join(self.teacher_info.missing_weights)})")
 
-
     def require_space(self, cfg: TrainConfig) -> None:
         """Room for one checkpoint where the run is written, checked before anything is: about the
         size of the checkpoint resumed from, else an estimate from the teacher's parameter counts
