@@ -392,6 +392,8 @@ def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:
         print(dry_run_report(cfg, pf, args.num_processes))
         return EXIT_OK
     pf.require_teacher_weights()
+    if not is_rank:  # the launcher checked: a rank starts once rank 0 may have written
+        pf.require_space(cfg)
     if (args.num_processes > 1 or args.num_machines > 1) and not is_rank:
         return run_launched(accelerate_command(
             _rank_argv(args, pf), args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,

@@ -187,6 +187,42 @@ def check_output_folder(out: Path, what: str, new: bool = True) -> None:
         raise UserInputError(f"{what} {shown}: {printable(str(parent))} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserInputError(f"{what} {shown}: cannot write in {printable(str(parent))} (permission denied)")
+    _try_folder_in(parent, f"{what} {shown}")
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """A file can be written at `path` (replacing one there): it is no folder, and its folder exists
+    or can be made (check_output_folder). Checked before the work that produces it."""
+    check_path(path, what)
+    if path.is_dir():
+        raise UserInputError(f"{what} {printable(str(path))} is a folder, not a file")
+    check_output_folder(path.parent, what, new=False)
+
+
+def _try_folder_in(parent: Path, where: str) -> None:
+    """Make and remove a folder in `parent`: what os.access cannot tell (a /proc or /sys path, where
+    root passes it; a read-only mount seen through a writable bind) answers here, as one line."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dmad-check-", dir=parent))
+    except OSError as e:
+        raise UserInputError(f"{where}: cannot create a folder in {printable(str(parent))} "
+                             f"({printable(e.strerror or str(e))})") from None
+
+
+def make_output_folder(path: Path, what: str) -> None:
+    """mkdir -p `path` for output: a place the OS refuses (/proc, a read-only mount) is one line
+    naming `what` (exit 2). A full disk is raised as it is, for the writer's own line."""
+    from dmad.contract.diskspace import is_disk_full
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if is_disk_full(e):
+            raise
+        raise UserInputError(f"{what}: cannot create {printable(str(path))} ({printable(e.strerror or str(e))})") \
+            from None
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
+from dmad.contract.diskspace import is_disk_full
 from dmad.errors import UserInputError
 from dmad.contract.events import parse_line
 from dmad.contract.jsonfile import read_json_or_problem
@@ -536,6 +537,8 @@ class RunLock:
         try:
             fd = os.open(self.path, flags, 0o666)
         except OSError as e:
+            if is_disk_full(e):
+                raise  # the engine's own line for a full disk (dmad.train.run_open)
             raise UserInputError(f"run folder {self.run_dir}: cannot open {LOCK_NAME}: {e.strerror or e}") from None
         try:
             if not _lock_fd(fd):

@@ -4,11 +4,13 @@ PIL and numpy load only when this command runs). It checks the arguments, runs t
 (dmad.data.check_report). Torch-free."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+from dmad.contract.diskspace import reporting_disk_full
 from dmad.contract.runs import atomic_write_json
 from dmad.data.check import check_source
 from dmad.data.check_report import format_summary
@@ -45,9 +47,17 @@ def main_check_data(*, source: str | Path, json_report: Optional[str | Path] = N
     report = check_source(Path(source), min_size=min_size, resolution=resolution, batch=batch, workers=workers,
                           progress=_Progress() if progress else None, cache=cache, fast=fast)
     if json_report:
-        try:
-            atomic_write_json(Path(json_report), report, durable=False)
-        except OSError as e:
-            raise UserInputError(f"check-data: cannot write --json {json_report}: {e.strerror or e}") from None
+        _write_report(Path(json_report), report)
     print(format_summary(report), flush=True)
     return 0 if report["clean"] else 1
+
+
+def _write_report(path: Path, report: dict) -> None:
+    """--json, atomically; a full disk is its one line (exit 1: what, the bytes needed and free), any
+    other failure a usage error naming the path."""
+    try:
+        with reporting_disk_full(f"--json {path.name}", path.parent,
+                                 lambda: len(json.dumps(report, indent=2, ensure_ascii=False).encode("utf-8"))):
+            atomic_write_json(path, report, durable=False)
+    except OSError as e:
+        raise UserInputError(f"check-data: cannot write --json {path}: {e.strerror or e}") from None

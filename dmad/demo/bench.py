@@ -329,7 +329,8 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     """The `dmad bench distill` command: prints the tables on stdout, progress on stderr. Outputs
     are checked before any work (the JSON's folder exists; --out is new, or an earlier bench of the
     same settings to go on with)."""
-    from dmad.contract.jsonfile import check_output_folder
+    from dmad.contract.diskspace import reporting_disk_full
+    from dmad.contract.jsonfile import check_output_file, check_output_folder
     from dmad.contract.runs import atomic_write_json
     from dmad.demo.bench_report import format_tables
     from dmad.demo.bench_sets import SETS
@@ -342,9 +343,10 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     if lcm_config and PEER not in s.methods:
         raise UserInputError("--lcm-config needs lcm in --methods")
     if json_out:
-        check_output_folder(Path(json_out).expanduser().resolve().parent, "--json", new=False)
+        check_output_file(Path(json_out).expanduser().resolve(), "--json")
     if out_dir:
         out = Path(out_dir).expanduser().resolve()
+        check_output_folder(out, "--out", new=False)  # below a file, /proc, unwritable: before the work
         _check_out(out, s, config, lcm_config)
         result = run_bench(s, out, Path(config) if config else None, Path(lcm_config) if lcm_config else None)
     else:
@@ -354,8 +356,10 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     from dmad.demo.bench_report import to_json
 
     if json_out:
-        Path(json_out).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(Path(json_out), to_json(result))
+        target = Path(json_out).expanduser().resolve()
+        with reporting_disk_full(f"--json {target.name}", target.parent):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(target, to_json(result))
     print(format_tables(result), flush=True)
     return 0
 

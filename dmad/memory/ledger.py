@@ -326,6 +326,22 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
                            method=cfg.distillation.method)
 
 
+def checkpoint_bytes(cfg: Any, info: "TeacherInfo") -> int:
+    """At least what one checkpoint of a run config takes on disk, from the teacher's parameter
+    counts: each network the method trains (identity.student, identity.fake_score ...: the whole
+    denoiser, or its LoRA adapter) in float32 with its optimizer's states, and the student's EMA.
+    The method's own smaller tensors (DMAD's GAN head) are left out: a run that fits is never refused."""
+    from dmad.methods import method_unit
+
+    ident = cfg.identity
+    trained = {"full": info.denoiser_params, "lora": ident.lora_rank * info.unet_lora_params_per_rank}
+    networks = method_unit(cfg.distillation.method).layout(ident).networks
+    values = sum(trained[mode] for _, mode in networks) * (1 + OPTIMIZER_STATES[cfg.optimization.optimizer])
+    if cfg.distillation.ema_decay is not None:
+        values += trained[ident.student]
+    return 4 * values
+
+
 def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
     """`dmad ledger --json` (docs/memory.md). total_gib: the GPU lines; a line with "scope": "cpu"
     is host RAM (teacher_cpu_offload)."""

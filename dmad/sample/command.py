@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dmad.contract.diskspace import complete_or_absent, reporting_disk_full
 from dmad.contract.jsonfile import check_output_folder, check_path, printable
 from dmad.errors import UserInputError
 
@@ -142,6 +143,11 @@ def free_path(base: Path, name: str, suffix: str = "") -> Path:
     return path
 
 
+def png_bytes(images: int, width: int, height: int) -> int:
+    """About the most `images` PNGs of width x height and their meta.json take: RGB, uncompressed."""
+    return images * (width * height * 3 + 1024) + 4096
+
+
 def student_timesteps(trained: list[int], steps: int, num_train_timesteps: int) -> list[int]:
     """The trained timesteps at their own count; other counts (a sweep) are spaced as the config's
     default ones are: T-1, T-1 - T/k, ..."""
@@ -226,15 +232,19 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
             student, ema = load_student(teacher, ident, target.checkpoint)
             student.to(device)
         t0 = time.perf_counter()
+        images = len(ps.items) if sweeps is None else math.prod(len(v) for _, v in sweeps)
+        full = reporting_disk_full(f"the samples of {target.name}", out, png_bytes(images, ps.width, ps.height))
         if sweeps is None:
-            paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule,
-                                         cfg.distillation.method)
+            with full:
+                paths, dest = _render_folder(out, target, ps, teacher, student, ema, device, schedule,
+                                             cfg.distillation.method)
             n = len(paths)
             event = make_event("samples", _iter(target), folder=str(dest), paths=paths, model=_model(target),
                                checkpoint=target.name, ema=ema)
         else:
-            dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule,
-                                            cfg.distillation.method)
+            with full:
+                dest, grid_json = _render_sweep(out, target, ps, item, sweeps, teacher, student, device, schedule,
+                                                cfg.distillation.method)
             n = len(grid_json["cells"])
             event = make_event("samples", _iter(target), folder=str(dest.parent), paths=[str(dest)], model=_model(target),
                                checkpoint=target.name, sweep=str(dest.with_suffix(".json")))
@@ -315,16 +325,17 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
             cells.append({**setting, **cell})
             images.append(png)
     dest = free_path(out, f"sweep_{target.name}_{item.id}", ".png")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     doc = {"checkpoint": target.name, "model": _model(target),
            "method": method if target.checkpoint is not None else None, "prompt_set": ps.name, "prompt_set_version": ps.version,
            "prompt_id": item.id, "prompt": item.prompt, "seed": seed, "resolution": [ps.width, ps.height],
            "rows": {"key": rows[0], "values": rows[1]},
            "columns": {"key": cols[0], "values": cols[1]} if cols[0] else None,
            "cells": cells, **provenance(device, target.name, None, library_versions())}
-    labelled_grid(dest, images, [f"{rows[0]}={v}" for v in rows[1]],
-                  [f"{cols[0]}={v}" for v in cols[1]] if cols[0] else [""], title=f"{target.name} · {item.id}")
     from dmad.contract.runs import atomic_write_json
 
-    atomic_write_json(dest.with_suffix(".json"), doc)
+    with complete_or_absent(dest), complete_or_absent(dest.with_suffix(".json")):  # both files or neither
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        labelled_grid(dest, images, [f"{rows[0]}={v}" for v in rows[1]],
+                      [f"{cols[0]}={v}" for v in cols[1]] if cols[0] else [""], title=f"{target.name} · {item.id}")
+        atomic_write_json(dest.with_suffix(".json"), doc)
     return dest, doc

@@ -43,6 +43,7 @@ CPU, and within float round-off on a GPU.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -50,9 +51,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from dmad.contract.jsonfile import check_output_folder, check_path, printable
+from dmad.contract.diskspace import missing_folders, remove_made, reporting_disk_full
+from dmad.contract.jsonfile import check_output_folder, check_path, make_output_folder, printable
 from dmad.contract.runs import RunFolder
 from dmad.errors import UserInputError
 from dmad.sample.command import ITERATION
@@ -514,11 +516,8 @@ def export(src: ExportSource, fmt: str, out: Path) -> Path:
     else:
         sched, reproduces = make_student_scheduler(teacher, timesteps)
         sampling = Sampling(timesteps, reproduces, guidance)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+
+    def write(tmp: Path) -> None:
         with torch.no_grad():
             if fmt == "diffusers":
                 write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched)
@@ -528,11 +527,50 @@ def export(src: ExportSource, fmt: str, out: Path) -> Path:
         (tmp / "dmad_export.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         lines = usage_lines(fmt, out, teacher, sampling, ex)
         (tmp / "README.md").write_text(_readme(doc, lines, ex), encoding="utf-8")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_complete(out, write, needed=lambda: export_bytes(teacher, student, fmt))
     return out
+
+
+def write_complete(out: Path, write: Callable[[Path], None], needed: Callable[[], int]) -> None:
+    """`write(tmp)` into a temp folder beside `out`, then renamed to `out`: complete or absent. On any
+    failure the temp folder and the parents made for it are removed; a full disk is one line (what,
+    about how much it needs, what is free), and so is an `out` that another export made meanwhile."""
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    made = [tmp, *missing_folders(out.parent)]
+    try:
+        with reporting_disk_full(f"the export {out.name}", out.parent, needed):
+            make_output_folder(out.parent, f"--out {out}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            write(tmp)
+            _publish(tmp, out)
+    except BaseException:
+        remove_made(made)
+        raise
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished folder to `out`. Another export to the same --out that finished first
+    keeps its complete folder (a folder is never renamed over a non-empty one)."""
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST) or out.exists():
+            raise UserInputError(f"--out {printable(str(out))} was created by another export while this one ran "
+                                 f"(that one is kept; this one was removed)") from None
+        raise
+
+
+def export_bytes(teacher, student, fmt: str) -> int:
+    """About what the export takes on disk: the tensors it saves (a LoRA's adapter weights, or every
+    network of the pipeline), in their own dtypes."""
+    if fmt == "lora":
+        tensors = [p for name, p in student.named_parameters() if "lora_" in name]
+    else:
+        nets = [m for m in teacher.networks() if m is not student] + [student]
+        tensors = [t for m in nets for t in m.state_dict().values()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:

@@ -20,6 +20,7 @@ from PIL import Image
 
 from dmad.methods.dmd2 import sample_student
 from dmad.methods.prediction import NoiseSchedule
+from dmad.contract.diskspace import complete_or_absent
 from dmad.contract.prompts import PromptSet, item_seed
 from dmad.contract.runs import SAMPLES_META, atomic_write_bytes, atomic_write_json
 from dmad.errors import StopRequested
@@ -121,29 +122,30 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
     the hash of its weight files the student holds (None for a validation render between checkpoints).
     `method`: the distillation method that trained it (distillation.method), for meta.json."""
     t0 = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    was_training = student.training
-    student.eval()
-    paths, items = [], {}
-    try:
-        for item in prompt_set.items:
-            seed = item_seed(prompt_set, item)
-            png = student_png(student=student, vae=vae, emb=encode([item.prompt]).to(device), schedule=schedule,
-                              timesteps=timesteps, seed=seed, device=device, dtype=dtype,
-                              size=(prompt_set.width, prompt_set.height), family=family)
-            path = out_dir / f"{item.id}.png"
-            atomic_write_bytes(path, png, durable=False)
-            paths.append(str(path))
-            items[item.id] = {"prompt": item.prompt, "seed": seed, "file": path.name}
-    finally:
-        student.train(was_training)
-    atomic_write_json(out_dir / SAMPLES_META, {
-        "source": f"iter_{iteration}", "iter": iteration, "model": "student", "method": method, "ema": ema,
-        "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
-        "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
-        "resolution": [prompt_set.width, prompt_set.height], "items": items,
-        "wall_time_s": round(time.time() - t0, 3), **provenance(device, checkpoint, weights_sha256, versions),
-    })
+    with complete_or_absent(out_dir):  # a failed render (a full disk) leaves no folder of some images
+        out_dir.mkdir(parents=True, exist_ok=True)
+        was_training = student.training
+        student.eval()
+        paths, items = [], {}
+        try:
+            for item in prompt_set.items:
+                seed = item_seed(prompt_set, item)
+                png = student_png(student=student, vae=vae, emb=encode([item.prompt]).to(device), schedule=schedule,
+                                  timesteps=timesteps, seed=seed, device=device, dtype=dtype,
+                                  size=(prompt_set.width, prompt_set.height), family=family)
+                path = out_dir / f"{item.id}.png"
+                atomic_write_bytes(path, png, durable=False)
+                paths.append(str(path))
+                items[item.id] = {"prompt": item.prompt, "seed": seed, "file": path.name}
+        finally:
+            student.train(was_training)
+        atomic_write_json(out_dir / SAMPLES_META, {
+            "source": f"iter_{iteration}", "iter": iteration, "model": "student", "method": method, "ema": ema,
+            "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
+            "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
+            "resolution": [prompt_set.width, prompt_set.height], "items": items,
+            "wall_time_s": round(time.time() - t0, 3), **provenance(device, checkpoint, weights_sha256, versions),
+        })
     return paths
 
 
@@ -259,31 +261,32 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
     and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given).
     `progress(done, total)` after each image."""
     t0 = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    family = teacher.family
-    pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config, family))
-    paths, items = [], {}
-    for item in prompt_set.items:
-        seed = item_seed(prompt_set, item)
-        with inputs_in_own_dtype(teacher.denoiser):
-            png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
-                              steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
-                              device=device, family=family)
-        path = out_dir / f"{item.id}.png"
-        atomic_write_bytes(path, png, durable=False)
-        paths.append(str(path))
-        items[item.id] = {"prompt": item.prompt, "negative_prompt": item.negative_prompt, "seed": seed, "file": path.name}
-        if progress is not None:
-            progress(len(paths), len(prompt_set.items))
-    if weights_sha256 is None:
-        weights_sha256 = sha256_files(teacher_weight_files(teacher))
-    atomic_write_json(out_dir / SAMPLES_META, {
-        "source": "teacher", "iter": None, "model": "teacher",
-        "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
-        "sampler": sampler_name(prompt_set.sampler, family), "steps": prompt_set.steps, "cfg": prompt_set.cfg,
-        "resolution": [prompt_set.width, prompt_set.height], "items": items,
-        "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
-    })
+    with complete_or_absent(out_dir):  # a failed render leaves no folder it made
+        out_dir.mkdir(parents=True, exist_ok=True)
+        family = teacher.family
+        pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config, family))
+        paths, items = [], {}
+        for item in prompt_set.items:
+            seed = item_seed(prompt_set, item)
+            with inputs_in_own_dtype(teacher.denoiser):
+                png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
+                                  steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
+                                  device=device, family=family)
+            path = out_dir / f"{item.id}.png"
+            atomic_write_bytes(path, png, durable=False)
+            paths.append(str(path))
+            items[item.id] = {"prompt": item.prompt, "negative_prompt": item.negative_prompt, "seed": seed, "file": path.name}
+            if progress is not None:
+                progress(len(paths), len(prompt_set.items))
+        if weights_sha256 is None:
+            weights_sha256 = sha256_files(teacher_weight_files(teacher))
+        atomic_write_json(out_dir / SAMPLES_META, {
+            "source": "teacher", "iter": None, "model": "teacher",
+            "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
+            "sampler": sampler_name(prompt_set.sampler, family), "steps": prompt_set.steps, "cfg": prompt_set.cfg,
+            "resolution": [prompt_set.width, prompt_set.height], "items": items,
+            "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
+        })
     return paths
 
 

@@ -68,6 +68,32 @@ class Preflight:
             raise UserInputError(f"teacher has no weights: {self.teacher_info.path} "
                                  f"(missing: {'; '.join(self.teacher_info.missing_weights)})")
 
+    def require_space(self, cfg: TrainConfig) -> None:
+        """Room for one checkpoint where the run is written, checked before anything is: about the
+        size of the checkpoint resumed from, else an estimate from the teacher's parameter counts
+        (dmad.memory.ledger.checkpoint_bytes). Otherwise exit 2 with the folder, the bytes needed
+        and the bytes free, and nothing written."""
+        from dmad.contract.diskspace import check_free_space
+        from dmad.memory.ledger import checkpoint_bytes
+
+        needed = folder_bytes(self.resume.checkpoint) if self.resume else checkpoint_bytes(cfg, self.teacher_info)
+        check_free_space("one checkpoint", self.run_dir, needed,
+                         advice="free some space, or choose another --run-dir / identity.output_dir")
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files in `folder` and below (links not followed)."""
+    import os
+
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
 
 def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional[str] = None,
               launched: bool = False) -> Preflight:

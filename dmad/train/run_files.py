@@ -19,6 +19,7 @@ from dmad.contract.events import EventWriter
 from dmad.contract.methods import canonical_method
 from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
 from dmad.contract.runs import RunFolder
+from dmad.contract.diskspace import disk_full as disk_full_error
 from dmad.errors import DiskFull, UserInputError
 from dmad.models.checkpoint import config_fingerprint
 
@@ -157,27 +158,25 @@ def engine_started_at() -> float:
         return psutil.Process().create_time()
 
 
-def is_disk_full(e: BaseException) -> bool:
-    import errno
+def disk_full(folder: RunFolder, s: Optional[Any], e: BaseException, advice: str = "",
+              clean: bool = True) -> DiskFull:
+    """What a full disk leaves: the partial checkpoint removed when `clean` (it must not keep holding
+    the space), and one line naming what was being written, the space a checkpoint needs and the
+    space free."""
+    if clean:
+        folder.clean_temp()
+    name = getattr(e, "filename", None)
+    what = "the run's files"
+    if name and isinstance(name, (str, Path)):
+        try:
+            what = str(Path(name).resolve().relative_to(folder.path.resolve()))
+        except (OSError, ValueError):
+            what = str(name)
+    needed = s.checkpoint_bytes if s is not None else None
+    return disk_full_error(what, folder.path, needed, advice=advice or RESUME_ADVICE)
 
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
-
-def disk_full(folder: RunFolder, s: Optional[Any], e: OSError) -> DiskFull:
-    """What a full disk leaves: the partial checkpoint removed (it must not keep holding the space),
-    and one line naming the folder, the space a checkpoint needs and the space free."""
-    import shutil
-
-    folder.clean_temp()
-    try:
-        free = shutil.disk_usage(folder.path).free
-    except OSError:
-        free = None
-    need = s.checkpoint_bytes() if s is not None else None
-    sizes = (f": a checkpoint needs about {need / 1e9:.2f} GB" if need else "") + (
-        f", {free / 1e9:.2f} GB free" if free is not None else "")
-    return DiskFull(f"out of disk space in {folder.path}{sizes}; nothing complete was lost: free some space, "
-                    f"then continue with --resume latest")
+RESUME_ADVICE = "nothing complete was lost: free some space, then continue with --resume latest"
 
 
 def is_oom(e: BaseException) -> bool:

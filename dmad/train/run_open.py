@@ -15,8 +15,10 @@ from dmad.contract.config import TrainConfig
 from dmad.contract.events import (CAUSE_DISK_FULL, CAUSE_EXCEPTION, CAUSE_INTERRUPTED, CAUSE_NON_FINITE_LOSS,
                                   CAUSE_OUT_OF_MEMORY, EventWriter)
 from dmad.contract.prompts import load_prompt_set
-from dmad.contract.runs import ControlReader, RunFolder, RunLock
-from dmad.errors import EXIT_INVALID_INPUT, DmadError, StopRequested
+from dmad.contract.diskspace import disk_full as disk_full_error
+from dmad.contract.diskspace import is_disk_full
+from dmad.contract.runs import LOCK_NAME, ControlReader, RunFolder, RunLock
+from dmad.errors import EXIT_INVALID_INPUT, DiskFull, DmadError, StopRequested
 from dmad.methods.unit import NonFiniteLoss
 from dmad.train.build import build, make_accelerator
 from dmad.train.control import handle_control
@@ -25,10 +27,13 @@ from dmad.train.launch import world_rank
 from dmad.train.monitor import Monitor
 from dmad.train.oom import Phase, advice, classify
 from dmad.train.ranks import NullEvents, NullMonitor, ReadOnlyFolder, broadcast, record_failure
-from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, disk_full,
-                                  engine_started_at, is_disk_full, is_oom, prepare_folder, setup_logging)
+from dmad.train.run_files import (PipeSafeStream, StopFlag, close_logging, disk_full, engine_started_at, is_oom,
+                                  prepare_folder, setup_logging)
 from dmad.train.session import Session
 from dmad.train.trainer import Trainer
+
+
+NOTHING_CHANGED = "the run folder was left as it was: free some space, then start again"
 
 
 @dataclass
@@ -129,15 +134,20 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         run.exit_code = _fail(folder, events, run.session, f"{e}; the last good checkpoint is kept", 1, term=e.term,
                               cause=CAUSE_NON_FINITE_LOSS)
     except DmadError as e:
-        refused = main and not run.committed and e.exit_code == EXIT_INVALID_INPUT
+        refused = main and not run.committed and (e.exit_code == EXIT_INVALID_INPUT or isinstance(e, DiskFull))
         if not refused:
-            _fail(folder, events, run.session, str(e), e.exit_code, cause=type(e).__name__, quiet=True)
+            if isinstance(e, DiskFull):
+                folder.clean_temp()
+            _fail(folder, events, run.session, str(e), e.exit_code, quiet=True,
+                  cause=CAUSE_DISK_FULL if isinstance(e, DiskFull) else type(e).__name__)
         raise
     except BaseException as e:
         s = run.session
         if is_disk_full(e):
-            full = disk_full(folder, s, e)
-            _fail(folder, events, s, str(full), full.exit_code, cause=CAUSE_DISK_FULL, quiet=True)
+            refused = main and not run.committed  # a start that filled the disk leaves the folder as it was
+            full = disk_full(folder, s, e, advice=NOTHING_CHANGED if refused else "", clean=not refused)
+            if not refused:
+                _fail(folder, events, s, str(full), full.exit_code, cause=CAUSE_DISK_FULL, quiet=True)
             raise full from None
         if is_oom(e):
             where = classify(phase.name)
@@ -167,7 +177,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
         close_logging()
         sys.stdout, sys.stderr = real_stdout, real_stderr
         if refused:
-            for problem in before.restore(write_lock=lock.rewrite):
+            for problem in _restore(before, lock.rewrite):
                 print(f"dmad: warning: {problem}", file=sys.stderr, flush=True)
         if lock is not None:
             lock.release()
@@ -182,14 +192,31 @@ def _open_folder(run_dir: Path, resume: Optional[str], restart: bool, main: bool
     if main:
         reopen = resume or (restart and RunFolder(run_dir).config_json.is_file())
         before = FolderSnapshot.take(run_dir)  # before the first write, mkdir included
-        folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
-        folder.check_confined()  # nothing is written before: a link out of the folder is refused
-        lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
+        try:
+            folder = RunFolder.open(run_dir) if reopen else RunFolder.create(run_dir)
+            folder.check_confined()  # nothing is written before: a link out of the folder is refused
+            lock = RunLock(run_dir).acquire()  # a second engine stops here, with nothing touched
+        except BaseException as e:
+            if not is_disk_full(e):
+                raise
+            _restore(before)  # no skeleton folder, no half-written lock file
+            name = getattr(e, "filename", None)  # a folder of the skeleton, or the lock
+            what = Path(name).name if name and isinstance(name, (str, Path)) else LOCK_NAME
+            raise disk_full_error(what, run_dir, advice=NOTHING_CHANGED) from None
     if acc is not None:
         acc.wait_for_everyone()  # rank 0 made the folder
     if not main:
         folder = ReadOnlyFolder(run_dir)
     return folder, before, lock
+
+
+def _restore(before: FolderSnapshot, write_lock: Optional[Callable[[bytes], None]] = None) -> list[str]:
+    """Put the run folder back as this start found it (a refused start, or one that filled the disk);
+    the problems met, as lines. On a full disk a file may not go back: that is one of the lines."""
+    try:
+        return before.restore(write_lock=write_lock)
+    except OSError as e:
+        return [f"{before.root} could not be put back as it was: {e.strerror or e}"]
 
 
 def _control_reader(folder, main: bool) -> ControlReader:

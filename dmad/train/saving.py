@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 
+from dmad.contract.diskspace import reporting_disk_full
 from dmad.errors import UserInputError
 from dmad.methods.unit import NonFiniteLoss
 from dmad.models.checkpoint import TrainingState, config_fingerprint, load_checkpoint, save_checkpoint as write
+from dmad.train.run_files import RESUME_ADVICE
 from dmad.train.session import Session
 from dmad.train.trainer import Trainer
 
@@ -47,16 +49,19 @@ def save_checkpoint(s: Session, tr: Trainer) -> None:
 
 def _write_checkpoint(s: Session, tr: Trainer) -> None:
     folder, p, unit = s.files.folder, s.progress, tr.method
-    tmp = folder.begin_checkpoint(p.iter)
-    try:
-        write(tmp, unit.layout(tr.cfg.identity), modules=dict(unit.modules(tr.trainables)), ema=tr.trainables.ema,
-              save_files=lambda out: unit.save_files(tr.trainables, out), optimizers=tr.optimizers,
-              scaler=tr.accelerator.scaler, state=training_state(s, tr))
-    except BaseException:
-        import shutil
+    # a full disk (an OSError, or the safetensors writer's SafetensorError) is one line naming the checkpoint
+    with reporting_disk_full(f"checkpoint iter_{p.iter}", folder.checkpoints_dir, lambda: checkpoint_bytes(tr),
+                             advice=RESUME_ADVICE):
+        tmp = folder.begin_checkpoint(p.iter)
+        try:
+            write(tmp, unit.layout(tr.cfg.identity), modules=dict(unit.modules(tr.trainables)),
+                  ema=tr.trainables.ema, save_files=lambda out: unit.save_files(tr.trainables, out),
+                  optimizers=tr.optimizers, scaler=tr.accelerator.scaler, state=training_state(s, tr))
+        except BaseException:
+            import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint (a full disk) must not hold the space
-        raise
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint (a full disk) must not hold the space
+            raise
     path = folder.commit_checkpoint(p.iter, tmp, tr.cfg.observation.checkpoints_total_limit)
     p.last_saved = p.iter
     folder.write_status(folder.read_status().get("state", "running"), last_checkpoint=p.iter)

@@ -584,18 +584,51 @@ def test_checkpoint_number_is_ascii_digits(command, spec, capsys, tmp_path, writ
 
 # --------------------------------------------------------------------------- 7. unusable --out, found first
 
+NO_PROC = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc here")
+IN_PROC = pytest.param("in_proc", marks=NO_PROC)
+
+
 @pytest.mark.parametrize("command,case", [("sample", "below_a_file"), ("export", "below_a_file"),
-                                          ("export", "existing_folder")])
+                                          ("export", "existing_folder"),
+                                          pytest.param("sample", "in_proc", marks=NO_PROC),
+                                          pytest.param("export", "in_proc", marks=NO_PROC)])
 def test_unusable_out_is_refused_before_models_load(command, case, capsys, tmp_path, write_config, tiny_prompt_set,
                                                     no_model_loads):
+    """in_proc: /proc passes os.access for root, but nothing can be made there (issue 43 E4: it was an
+    internal error once the models had loaded)."""
     run = _fake_run(tmp_path, write_config, tiny_prompt_set)
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "taken").mkdir()
-    out, words = ((tmp_path / "a_file" / "out", "a_file is a file, not a folder") if case == "below_a_file"
-                  else (tmp_path / "taken", "taken already exists"))
+    out, words = {"below_a_file": (tmp_path / "a_file" / "out", "a_file is a file, not a folder"),
+                  "existing_folder": (tmp_path / "taken", "taken already exists"),
+                  "in_proc": (Path("/proc/dmad-out"), "/proc")}[case]
     more = ["--format", "diffusers", "--checkpoint", "2"] if command == "export" else ["--checkpoint", "teacher"]
     line = _exit_2(capsys, command, "--run", run, "--out", out, *more)
     assert "--out" in line and words in line, line
+
+
+@pytest.fixture
+def no_bench_work(monkeypatch):
+    """Starting the bench's work fails the test: its outputs must be checked first."""
+    import dmad.demo.bench
+
+    def refuse(*a, **k):
+        raise AssertionError("the bench started its work before its outputs were checked")
+    monkeypatch.setattr(dmad.demo.bench, "run_bench", refuse)
+
+
+@pytest.mark.parametrize("case", ["json_below_a_file", "json_is_a_folder", "out_below_a_file", IN_PROC])
+def test_bench_outputs_are_checked_before_the_work(case, capsys, tmp_path, no_bench_work):
+    """Issue 43 E3: `--json <file>/x.json` ran the whole bench (67 s quick), then failed with
+    NotADirectoryError; `--out <file>/x` was an internal error."""
+    (tmp_path / "a_file").write_text("x")
+    args, words = {"json_below_a_file": (["--json", tmp_path / "a_file" / "x.json"], "a_file is a file, not a folder"),
+                   "json_is_a_folder": (["--json", tmp_path], "is a folder, not a file"),
+                   "out_below_a_file": (["--out", tmp_path / "a_file" / "o"], "a_file is a file, not a folder"),
+                   "in_proc": (["--json", Path("/proc/dmad-x/x.json")], "/proc")}[case]
+    line = _exit_2(capsys, "bench", "distill", "--quick", *args)
+    assert args[0] in line and words in line, line
+    assert not (tmp_path / "a_file").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 # --------------------------------------------------------------------------- 8. strict numbers and booleans

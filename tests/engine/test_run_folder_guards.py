@@ -1,10 +1,9 @@
 """What a run folder survives (docs/ARCHITECTURE.md, Reliability): a second engine, control lines
-of any shape, commands before training, damaged checkpoints, a full disk, a run that ended before
-its first checkpoint, and links out of the folder. Each test runs the real `dmad train` command in
+of any shape, commands before training, damaged checkpoints, a run that ended before its first checkpoint,
+and links out of the folder (a full disk: test_disk_full.py). Each test runs the real `dmad train` command in
 process on the tiny teacher and checks the exit code, the one stderr line and the files left."""
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -360,53 +359,6 @@ def test_no_usable_checkpoint_left_is_exit_2_and_one_line(run_copy, capsys):
     line = _one_line(capsys)
     assert "no usable checkpoint" in line and "weights_only" not in line and "could run code" in line
     assert not (run / "PWNED").exists()
-
-
-# ---------------------------------------------------------------- disk full
-
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_resumable(write_config, tmp_path, monkeypatch, capsys):
-    import dmad.models.checkpoint
-
-    real = dmad.models.checkpoint.save_file
-    calls = {"n": 0}
-
-    def full_disk(tensors, path, *args, **kwargs):
-        if "iter_4" in str(path):
-            calls["n"] += 1
-            real(tensors, path, *args, **kwargs)  # some bytes made it, then the disk was full
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(tensors, path, *args, **kwargs)
-
-    monkeypatch.setattr(dmad.models.checkpoint, "save_file", full_disk)
-    config = write_config({"optimization": {"max_train_steps": 6}})
-    run = tmp_path / "run"
-    assert _train(config, run) == 1
-    line = _one_line(capsys)
-    assert line.startswith("dmad: error: out of disk space in") and "GB free" in line and "--resume latest" in line
-    assert "a checkpoint needs about" in line and "internal error" not in line and "dmad-crash" not in line
-    status = _status(run)
-    assert status["state"] == "failed" and status["failure_reason"] in line
-    assert [e for e in read_events(run / "events.jsonl") if e.kind == "error"][-1].data["cause"] == "disk_full"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_2", "latest.json"]  # no temp left
-    monkeypatch.undo()
-    assert _train(config, run, "--resume", "latest") == 0
-    assert _iters(run) == [1, 2, 3, 4, 5, 6] and calls["n"] == 1
-
-
-def test_a_full_disk_while_logging_metrics_is_the_same_one_line(write_config, tmp_path, monkeypatch, capsys):
-    from dmad.contract.runlog import CsvAppender
-
-    real = CsvAppender.append
-
-    def append(self, row):
-        if row.get("iter") == 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, row)
-
-    monkeypatch.setattr(CsvAppender, "append", append)
-    assert _train(write_config({"optimization": {"max_train_steps": 4}}), tmp_path / "run") == 1
-    assert "out of disk space in" in _one_line(capsys)
-    assert _status(tmp_path / "run")["state"] == "failed"
 
 
 # ---------------------------------------------------------------- confinement
