@@ -24,7 +24,7 @@ ERROR_COLOR = QColor(192, 57, 43)
 # Problems whose image cannot be decoded safely or at all: the table shows the placeholder instead of
 # handing the file to a decoder (pixel_limit_exceeded is refused by the engine without decoding).
 UNDECODABLE = frozenset({"image_corrupt", "pixel_limit_exceeded", "file_unreadable", "broken_symlink",
-                         "symlink_loop"})
+                         "symlink_loop", "no_images"})
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,18 @@ class PromptSet(_Strict):
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "PromptSet":
-        seen: set[str] = set()
-        dups = sorted({it.id for it in self.items if it.id in seen or seen.add(it.id)})
-        if dups:
-            raise ValueError(f"duplicate item ids: {', '.join(dups)}")
+        """Ids name the PNG files (<id>.png): unique even ignoring case, since 'red' and 'RED' are
+        one file on macOS's and Windows' file systems."""
+        seen: dict[str, list[str]] = {}
+        for it in self.items:
+            seen.setdefault(it.id.casefold(), []).append(it.id)
+        clashes = [ids for ids in seen.values() if len(ids) > 1]
+        if clashes:
+            same = [ids[0] for ids in clashes if len(set(ids)) == 1]
+            cased = [" and ".join(repr(i) for i in dict.fromkeys(ids)) for ids in clashes if len(set(ids)) > 1]
+            if same:
+                raise ValueError(f"duplicate item ids: {', '.join(sorted(same))}")
+            raise ValueError(f"item ids {cased[0]} differ only in case: they name one file on macOS and Windows")
         return self
 
     @property

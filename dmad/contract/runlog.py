@@ -255,6 +255,10 @@ def one_off_problem(prompt: Any, seed: Any) -> Optional[str]:
         return "sample_now: the prompt must be non-empty text"
     if len(prompt) > MAX_PROMPT_CHARS:
         return f"sample_now: the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}"
+    try:  # a lone surrogate (JSON's "\ud800") is text no file, tokenizer or event line can hold
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"sample_now: the prompt is not valid Unicode text (a lone surrogate at character {e.start + 1})"
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
         return "sample_now: the seed must be a whole number from 0 to 4294967295"
     return None

@@ -110,6 +110,9 @@ def _list_folder(entry: DatasetEntry) -> tuple[list[_Pair], list[Path], list[Pro
                 problems.append(Problem("stem_two_images", str(img), f"{len(group)} images share the stem "
                                         f"'{img.stem}': which one does {img.stem}.txt describe?", others))
     orphans = [c for stem, c in captions.items() if textfile and stem not in stems]
+    if not images:  # nothing to train on: not "clean"
+        problems.append(Problem("no_images", str(root), f"no {' '.join(IMAGE_EXTS)} files at the top level "
+                                                        f"of the folder"))
     return pairs, orphans, problems
 
 

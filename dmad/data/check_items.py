@@ -21,6 +21,8 @@ from typing import Optional
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from dmad.contract.jsonfile import printable
+
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's default limit (a 1 GB RGBA image / 4 / 3)
 NEAR_CONSTANT_STD = 2.0  # largest per-channel std (0-255) of a 32 x 32 downscale below which an image is "near-constant"
@@ -59,6 +61,8 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "file_unreadable": ("error", "file cannot be read (permissions, or not a regular file)"),
     "broken_symlink": ("error", "symbolic link to a missing file"),
     "symlink_loop": ("error", "symbolic link loop"),
+    "caption_link_outside": ("error", "caption is a symbolic link to a file outside its folder: not read"),
+    "no_images": ("error", "no images in the folder"),
 }
 
 
@@ -284,14 +288,26 @@ def guess_encoding(data: bytes) -> str:
 
 
 def check_caption_file(path: Path) -> tuple[list[Problem], Optional[str]]:
-    """Problems of one caption file, and its text when it can be used."""
-    bad = path_problem(path)
+    """Problems of one caption file, and its text when it can be used. A caption linked to a file
+    outside its own folder is not read: a link to /etc/shadow must not become a caption (shown in
+    the report, trained on)."""
+    bad = _link_outside(path) or path_problem(path)
     data = None
     if bad is None:
         data, bad = read_bytes(path)
     if bad is not None:
         return [bad], None
     return check_caption_bytes(data, str(path))
+
+
+def _link_outside(path: Path) -> Optional[Problem]:
+    if not os.path.islink(path):
+        return None
+    target, folder = os.path.realpath(path), os.path.realpath(path.parent)
+    if os.path.commonpath([target, folder]) == folder:
+        return None
+    return Problem("caption_link_outside", str(path), f"a symbolic link to {printable(target)}, outside "
+                                                      f"{printable(folder)}: not read (copy the file in instead)")
 
 
 def check_caption_bytes(data: bytes, p: str) -> tuple[list[Problem], Optional[str]]:

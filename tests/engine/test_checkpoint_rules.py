@@ -211,3 +211,26 @@ def test_a_crash_log_is_never_written_through_a_link_out_of_the_run(run, tmp_pat
     code, _, err = dmad_captured(capsys, *args, "--run", str(run))
     assert code == 1 and "internal error" in err and "a bug" in err
     assert outside.read_text() == "precious\n"
+
+
+# --------------------------------------------------------------------------- a restarted run
+
+def test_a_run_started_again_keeps_no_error_of_the_attempt_that_failed(write_config, tmp_path, capsys, monkeypatch):
+    """A run that failed before its first checkpoint, started again with --resume latest, reads as
+    the run that finished: the failed attempt's error event does not stay in its history."""
+    import dmad.train.loop
+
+    config, run = write_config({"optimization": {"max_train_steps": 3}}), tmp_path / "run"
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug at iteration 1")
+
+    monkeypatch.setattr(dmad.train.loop, "checkpoint_and_sample", boom)
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(run))
+    assert code == 1 and [e.kind for e in read_events(run / "events.jsonl")].count("error") == 1
+    monkeypatch.undo()
+    code, _, err = dmad_captured(capsys, "train", "--config", str(config), "--run-dir", str(run), "--resume", "latest")
+    assert code == 0, err
+    events = list(read_events(run / "events.jsonl"))
+    assert not [e for e in events if e.kind == "error"]
+    assert _metric_iters(run) == [1, 2, 3] and events[-1].kind == "finished"

@@ -71,8 +71,9 @@ def test_sample_now_with_a_one_off_prompt(write_config, tmp_path, monkeypatch):
         if it == 2:
             append_control(run, "sample_now", prompt="a large red circle", seed=5)
             append_control(run, "sample_now", prompt="a large red circle", seed=5)
-            with open(run / "control.jsonl", "a") as f:  # by hand: not a prompt
+            with open(run / "control.jsonl", "a") as f:  # by hand: not a prompt; a lone surrogate (issue 43, T6)
                 f.write(json.dumps({"cmd": "sample_now", "prompt": 123}) + "\n")
+                f.write(json.dumps({"cmd": "sample_now", "prompt": "a \ud800 circle"}) + "\n")
         if it == 4:
             append_control(run, "stop_now")
 
@@ -92,10 +93,13 @@ def test_sample_now_with_a_one_off_prompt(write_config, tmp_path, monkeypatch):
     assert [Path(e.data["paths"][0]).name for e in shown] == ["iter_2-1.png", "iter_2-2.png"]
     assert shown[0].data["prompt"] == "a large red circle" and shown[0].data["seed"] == 5
     assert any(e.kind == "warning" and "prompt must be non-empty text" in e.data["message"] for e in events)
+    assert any(e.kind == "warning" and "not valid Unicode" in e.data["message"] for e in events)
+    assert "Traceback" not in (run / "logs" / "engine.log").read_text()
 
 
 def test_append_control_refuses_what_the_engine_would_not_render(tmp_path):
-    for bad in ({"prompt": ""}, {"prompt": "x" * 1001}, {"prompt": "ok", "seed": -1}, {"prompt": "ok", "seed": True}):
+    for bad in ({"prompt": ""}, {"prompt": "x" * 1001}, {"prompt": "ok", "seed": -1}, {"prompt": "ok", "seed": True},
+                {"prompt": "a \ud800 circle"}):
         with pytest.raises(ValueError, match="sample_now"):
             append_control(tmp_path, "sample_now", **bad)
     with pytest.raises(ValueError, match="only sample_now"):
