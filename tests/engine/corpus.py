@@ -106,6 +106,10 @@ def _special_files(root: Path, expected: dict[str, str]) -> None:
     for n in ("loop_a", "loop_b"):
         (root / f"{n}.txt").write_text("loops", encoding="utf-8")
         expected[f"{n}.png"] = "symlink_loop"
+    (root.parent / "private.txt").write_text("root:secret-hash:19000:0:99999:7:::", encoding="utf-8")
+    _img(root, "linked_caption.png", pattern(22), caption=None)
+    os.symlink(root.parent / "private.txt", root / "linked_caption.txt")  # never read as a caption
+    expected["linked_caption.txt"] = "caption_link_outside"
     os.mkfifo(root / "fifo.png")
     (root / "fifo.txt").write_text("a pipe", encoding="utf-8")
     expected["fifo.png"] = "file_unreadable"

@@ -54,8 +54,20 @@ def test_every_category_is_found_with_its_path_and_nothing_else(corpus, report):
     assert found == set(expected.items())
     for p in report["problems"]:
         assert Path(p["path"]).parent == root.resolve() or Path(p["path"]).parent == root
-    posix_only = {"broken_symlink", "symlink_loop", "file_unreadable"}  # the corpus has no such files on Windows
-    assert set(expected.values()) == set(CATEGORIES) - (posix_only if os.name == "nt" else set())
+    posix_only = {"broken_symlink", "symlink_loop", "file_unreadable", "caption_link_outside"}  # none on Windows
+    # no_images is the folder's own problem (test_an_empty_folder_is_not_clean)
+    assert set(expected.values()) == set(CATEGORIES) - {"no_images"} - (posix_only if os.name == "nt" else set())
+    assert "secret-hash" not in json.dumps(report)  # the linked file was never read
+
+
+def test_an_empty_folder_is_not_clean(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("a caption with no image", encoding="utf-8")
+    report = check_source(tmp_path / "empty")
+    assert report["clean"] is False and report["summary"]["images"] == 0
+    assert [(p["category"], p["path"]) for p in report["problems"] if p["category"] == "no_images"] == \
+        [("no_images", str(tmp_path / "empty"))]
+    assert "Clean" not in format_summary(report)
 
 
 def test_clean_files_have_no_problems(corpus, report):
