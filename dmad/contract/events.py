@@ -87,11 +87,27 @@ def parse_line(line: str) -> Optional[Event]:
     if not _is_number(t) or not math.isfinite(t) or not _is_number(v) or not isinstance(v, int):
         return None
     return Event(kind=d["kind"], iter=it if _is_number(it) and isinstance(it, int) and 0 <= it <= MAX_ITER else None,
-                 data=d.get("data") or {}, t=float(t), v=v)
+                 data=_no_huge_ints(d.get("data") or {}), t=float(t), v=v)
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _no_huge_ints(data: dict) -> dict:
+    """`data` (fresh from json.loads) with whole numbers beyond int64 made null, in place: no event of
+    ours holds one, and a reader passing it on (a Qt signal, numpy) would overflow. No recursion."""
+    stack: list[Any] = [data]
+    while stack:
+        container = stack.pop()
+        keys = container.keys() if isinstance(container, dict) else range(len(container))
+        for k in keys:
+            v = container[k]
+            if isinstance(v, int) and not isinstance(v, bool) and not -MAX_ITER <= v <= MAX_ITER:
+                container[k] = None
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+    return data
 
 
 def is_iteration_metric(ev: Event) -> bool:

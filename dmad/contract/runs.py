@@ -693,9 +693,12 @@ def list_runs(root: PathLike) -> list[RunFolder]:
     runs = []
     for p in children:
         run = RunFolder(p)
-        marker = run.config_json if run.config_json.is_file() else run.status_json
-        if marker.is_file():
+        # exists(), not is_file(): a FIFO or a folder as config.json is still a run, whose row says so
+        marker = run.config_json if run.config_json.exists() else run.status_json
+        try:
             runs.append((marker.stat().st_mtime, p.name, run))
+        except OSError:
+            continue
     runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
     return [run for _, _, run in runs]
 
