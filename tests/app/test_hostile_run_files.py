@@ -133,22 +133,28 @@ needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on t
 
 @contextlib.contextmanager
 def _no_hang(*fifos: Path):
-    fired: list[bool] = []
+    """Fails the test when its body waited HANG_S on one of `fifos`; from then on the FIFOs' other
+    ends are opened again and again, so each blocked open returns and the test ends."""
+    done, fired = threading.Event(), []
 
     def free() -> None:
+        if done.wait(HANG_S):
+            return
         fired.append(True)
-        for f in fifos:
-            try:
-                os.close(os.open(f, os.O_RDWR | os.O_NONBLOCK))
-            except OSError:
-                pass
+        while not done.wait(0.05):
+            for f in fifos:
+                try:
+                    os.close(os.open(f, os.O_RDWR | os.O_NONBLOCK))
+                except OSError:
+                    pass
 
-    timer = threading.Timer(HANG_S, free)
-    timer.start()
+    watchdog = threading.Thread(target=free, daemon=True)
+    watchdog.start()
     try:
         yield
     finally:
-        timer.cancel()
+        done.set()
+        watchdog.join()
     assert not fired, f"blocked for {HANG_S} s on a FIFO"
 
 
@@ -268,12 +274,12 @@ def test_the_training_and_samples_panels_open_a_run_with_a_fifo_without_waiting(
 def test_the_training_panel_shows_a_run_whose_status_holds_hostile_values(qtbot, tmp_path, status):
     run = _full_run(tmp_path, "r")
     run.status_json.write_text(json.dumps({**status, "host": socket.gethostname()}))
-    assert RunFolder(run.path).read_status_or_problem()[1].startswith("status.json: ")
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     assert panel.open_run(run.path)  # OverflowError / TypeError before
     qtbot.wait(300)
     assert isinstance(panel.run_state.state, str)
+    assert RunFolder(run.path).read_status_or_problem()[1].startswith("status.json: ")
 
 
 @pytest.mark.parametrize("line", EVENT_LINES)
