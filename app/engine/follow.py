@@ -19,6 +19,7 @@ from PySide6.QtCore import QFileSystemWatcher, QObject, QTimer, Signal
 
 from app.engine.process import event_dict
 from dmad.contract.events import parse_line
+from dmad.contract.regular import fopen_regular
 
 POLL_MS = 100
 # Bytes parsed per wake-up: ~5,000 events (~25 ms of json parsing). A long run's history is read
@@ -97,7 +98,7 @@ class EventFollower(QObject):
     def _read_new(self) -> tuple[bytes, bool]:
         """(complete new lines, reached end of file)."""
         try:
-            with open(self.path, "rb") as f:
+            with fopen_regular(self.path, "rb") as f:  # a FIFO there: an OSError at once, never a wait
                 st = os.fstat(f.fileno())
                 self._check_identity((st.st_dev, st.st_ino), st.st_size)
                 f.seek(self._offset)

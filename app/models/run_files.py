@@ -16,6 +16,7 @@ from typing import Optional
 
 from PySide6.QtCore import QFile
 
+from dmad.contract.regular import fopen_regular
 from dmad.contract.runs import LIVE_STATES, RunFolder, atomic_write_text, effective_state
 
 NOTE_NAME = "note.txt"
@@ -113,7 +114,7 @@ def write_note(path: Path, text: str) -> FileResult:
 def read_note(path: Path) -> str:
     """A note.txt's text ("" when unreadable or not a note: too big, binary)."""
     try:
-        with open(path, "rb") as f:
+        with fopen_regular(path, "rb") as f:  # a FIFO there is refused, never waited on
             data = f.read(NOTE_MAX_BYTES + 1)
     except OSError:
         return ""

@@ -10,8 +10,10 @@ and a heartbeat can go stale without any file changing.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import socket
+import stat
 import time
 import traceback
 from collections import Counter
@@ -23,8 +25,10 @@ from app.models.methods import method_of
 from app.models.resume import CONTINUABLE
 from app.models.run_files import NOTE_NAME, read_note
 from dmad.contract.events import is_iteration_metric, parse_line
+from dmad.contract.events import MAX_ITER
 from dmad.contract.jsonfile import read_json_or_problem
-from dmad.contract.runs import RunFolder, effective_state, list_runs, pid_alive
+from dmad.contract.regular import fopen_regular
+from dmad.contract.runs import RunFolder, check_status, effective_state, list_runs, pid_alive
 
 STALE_AFTER_S = 60.0  # no heartbeat for this long = the engine is gone (it beats every few seconds)
 TAIL_BYTES = 65536    # enough for hundreds of metrics rows or events; one read per changed file
@@ -78,10 +82,13 @@ class ScanCache:
         self.bytes_read = 0
 
     def load(self, path: Path, kind: str, reader: Callable[[Path], Any]) -> Any:
-        """reader(path) on a change, else the cached value; None when the file is absent."""
+        """reader(path) on a change, else the cached value; None when the file is absent or not a
+        regular file (a FIFO would block the read: scan_run names it as the run's reason)."""
         try:
             st = path.stat()
         except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
             self._files.pop((path, kind), None)
             return None
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -101,7 +108,7 @@ class ScanCache:
 
     def read_head_tail(self, path: Path, head: bool, tail: bool) -> tuple[bytes, bytes]:
         """(the first line if head, the last TAIL_BYTES after it cut to start at a line if tail)."""
-        with open(path, "rb") as f:
+        with fopen_regular(path, "rb") as f:  # a FIFO there: NotRegularFile at once, never a wait
             first = f.readline(TAIL_BYTES) if head else b""
             body = b""
             if tail:
@@ -126,10 +133,30 @@ def _complete_lines(data: bytes) -> list[str]:
 
 
 def _number(cell: str) -> Optional[float]:
+    """A finite number, or None (text, NaN, 1e999: a hand-edited cell is no number to show)."""
     try:
-        return float(cell) if cell != "" else None
+        value = float(cell) if cell != "" else None
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _finite(v: Any) -> Optional[float]:
+    """An event's number as a finite float, or None (a bool, 1e999, an int too large for a float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        value = float(v)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _iteration(x: Any) -> Optional[int]:
+    """An iteration read back (a metrics cell, status.json): a whole number from 0 to int64, else None."""
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ITER else None
 
 
 def metrics_tail(cache: ScanCache, path: Path) -> dict[str, Optional[float]]:
@@ -140,8 +167,9 @@ def metrics_tail(cache: ScanCache, path: Path) -> dict[str, Optional[float]]:
     columns = next(csv.reader([head.decode("utf-8", errors="replace")]), [])
     for line in reversed(_complete_lines(body)):
         cells = next(csv.reader([line]), [])
-        if len(cells) == len(columns):
-            return {c: _number(v) for c, v in zip(columns, cells)}
+        row = {c: _number(v) for c, v in zip(columns, cells)}
+        if len(cells) == len(columns) and ("iter" not in row or _iteration(row["iter"]) is not None):
+            return row  # the last row with an iteration: a hand-written 1e999 or nan is passed over
     return {}
 
 
@@ -151,8 +179,7 @@ def events_tail(cache: ScanCache, path: Path) -> dict[str, Optional[float]]:
     for line in reversed(_complete_lines(body)):
         ev = parse_line(line)
         if ev is not None and is_iteration_metric(ev):
-            numbers = {k: float(v) for k, v in ev.data.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numbers = {k: f for k, v in ev.data.items() if (f := _finite(v)) is not None}
             return {"iter": ev.iter, **numbers} if ev.iter is not None else numbers
     return {}
 
@@ -209,21 +236,38 @@ def scan_run(cache: ScanCache, run: RunFolder, now: float) -> RunRow:
     row = RunRow(path=run.path, name=run.name, state="created")
     status, status_problem = cache.load(run.status_json, "status", _json_reader) or (None, "")
     config, config_problem = cache.load(run.config_json, "config", _json_reader) or (None, "")
-    if status_problem or (status is not None and not isinstance(status, dict)):
-        row.state, row.reason = "error", status_problem or "status.json is not a JSON object"
-        status = None
-    elif status is not None:
-        row.state = effective_state(status, now=now, stale_after_s=STALE_AFTER_S)
-        if row.state == "failed":
-            row.reason = failure_reason(status, now)
-        beat = status.get("heartbeat")
-        row.age_s = now - beat if isinstance(beat, (int, float)) else None
+    status = _apply_status(row, status, status_problem, now)
     if config_problem or (config is not None and not isinstance(config, dict)):
         row.reason = "; ".join(r for r in (row.reason, config_problem or "config.json is not a JSON object") if r)
         config = None
+    irregular = run.irregular_files()  # a FIFO, a folder ... in place of a run file: never read, said here
+    if irregular:
+        if any(p.startswith("status.json ") for p in irregular):
+            row.state = "error"
+        row.reason = "; ".join(r for r in (row.reason, *irregular) if r)
     _fill_from_config(row, config)
     _fill_progress(cache, run, row, status or {})
     return row
+
+
+def _apply_status(row: RunRow, status: Any, problem: str, now: float) -> Optional[dict]:
+    """The row's state, reason and heartbeat age from status.json; the status fields to use, each of
+    the type and range the engine writes (check_status), or None when there is no usable status."""
+    if problem or (status is not None and not isinstance(status, dict)):
+        row.state, row.reason = "error", problem or "status.json is not a JSON object"
+        return None
+    if status is None:
+        return None
+    checked, row.reason = check_status(status)  # a pid of 2**31, a state that is an object: dropped
+    if "state" in status and "state" not in checked:
+        row.state = "error"  # what the run is cannot be told
+        return checked
+    row.state = effective_state(checked, now=now, stale_after_s=STALE_AFTER_S)
+    if row.state == "failed":
+        row.reason = "; ".join(r for r in (failure_reason(checked, now), row.reason) if r)
+    beat = checked.get("heartbeat")
+    row.age_s = now - beat if beat is not None else None
+    return checked
 
 
 def _fill_from_config(row: RunRow, config: Optional[dict]) -> None:
@@ -253,8 +297,8 @@ def _fill_progress(cache: ScanCache, run: RunFolder, row: RunRow, status: dict) 
         row.metrics = cache.load(run.events_jsonl, "events_tail", lambda p: events_tail(cache, p)) or {}
     row.started = cache.load(run.events_jsonl, "events_head", lambda p: started_time(cache, p))
     # status.json's iter is refreshed by every heartbeat; a metrics row written since is newer still
-    known = [i for i in (_int(status.get("iter")), row.metrics.get("iter")) if isinstance(i, (int, float))]
-    row.iter = int(max(known)) if known else None
+    known = [i for i in (_iteration(status.get("iter")), _iteration(row.metrics.get("iter"))) if i is not None]
+    row.iter = max(known) if known else None
     row.note = cache.load(run.path / NOTE_NAME, "note", read_note) or ""
     row.max_steps = _int(status.get("max_train_steps")) or row.max_steps
     row.last_checkpoint = _int(status.get("last_checkpoint"))

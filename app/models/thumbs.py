@@ -23,6 +23,7 @@ from PySide6.QtGui import QImage
 
 from app.engine.background import Task
 from app.models.sample_index import ImageFile
+from dmad.contract.regular import read_regular
 
 THUMB_PX = 128
 _MAGIC = b"DMTH"
@@ -71,7 +72,8 @@ class ThumbCache:
                 with self._lock:
                     self.hits += 1
                 return thumb
-        src = QImage(str(image.path))
+        src = QImage()
+        src.loadFromData(read_regular(image.path))  # a FIFO swapped in is refused, never waited on
         with self._lock:
             self.decodes += 1
         if src.isNull():

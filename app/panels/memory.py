@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QPlainTextEdit, QPushButton, QTableW
 from app.engine.background import Task
 from app.panels.probe import ProbePanel
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.regular import fopen_regular
 from dmad.contract.runs import RunFolder
 
 RESCAN_MS = 5000
@@ -53,12 +54,12 @@ def _num(s: str) -> Optional[float]:
 def read_gpu_mem(path: Path) -> list[ScopeReading]:
     """Worker side: the last and peak reading of each scope in (the tail of) gpu_mem.csv."""
     try:
-        with open(path, "rb") as f:
-            header = f.readline()
+        with fopen_regular(path, "rb") as f:  # a FIFO there is refused, never waited on
+            header = f.readline(TAIL_BYTES)
             size = f.seek(0, 2)
             f.seek(max(len(header), size - TAIL_BYTES))
             body = f.read()
-    except FileNotFoundError:
+    except OSError:  # missing, or not a regular file
         return []
     if size > TAIL_BYTES + len(header):
         body = body[body.find(b"\n") + 1:]  # the tail starts mid-row

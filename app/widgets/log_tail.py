@@ -8,6 +8,8 @@ from typing import Optional
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
+from dmad.contract.regular import fopen_regular
+
 LOG_LINES = 500
 TAIL_BYTES = 65536  # the last 64 KiB of engine.log hold its last few hundred lines
 
@@ -25,7 +27,7 @@ class LogTail(QPlainTextEdit):
     def load_tail(self, path: Path) -> None:
         """Show the end of a log file (one small read); a missing file shows nothing."""
         try:
-            with open(path, "rb") as f:
+            with fopen_regular(path, "rb") as f:  # a FIFO there is refused, never waited on
                 f.seek(0, 2)
                 f.seek(max(0, f.tell() - TAIL_BYTES))
                 text = f.read().decode("utf-8", "replace")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
+
+from dmad.contract.regular import fopen_regular
 
 EVENT_VERSION = 1
 KINDS = ("started", "phase", "metric", "checkpoint", "samples", "warning", "error",
@@ -66,17 +69,45 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+MAX_ITER = 2**63 - 1  # an iteration beyond int64 is not one the engine wrote
+
+
 def parse_line(line: str) -> Optional[Event]:
-    """An Event, or None for a torn, empty or foreign line. Newer minor fields are kept in data."""
+    """An Event, or None for a torn, empty or foreign line. Newer minor fields are kept in data.
+    A line whose fields have the wrong type or range is foreign too: "t" must be a finite number,
+    "v" a whole number, "data" an object (a hand-edited "t": "x" or "v": [1] is skipped, never a
+    TypeError in a reader); an "iter" that is not a whole number from 0 to int64 reads as none."""
     try:
         d = json.loads(line)
     except (ValueError, RecursionError):  # torn, not JSON, or nested too deeply to be one of ours
         return None
     if not isinstance(d, dict) or d.get("kind") not in KINDS or not isinstance(d.get("data", {}), dict):
         return None
-    it = d.get("iter")
-    return Event(kind=d["kind"], iter=it if isinstance(it, int) else None, data=d.get("data") or {},
-                 t=float(d.get("t") or 0.0), v=int(d.get("v") or EVENT_VERSION))
+    t, v, it = d.get("t") or 0.0, d.get("v") or EVENT_VERSION, d.get("iter")
+    if not _is_number(t) or not math.isfinite(t) or not _is_number(v) or not isinstance(v, int):
+        return None
+    return Event(kind=d["kind"], iter=it if _is_number(it) and isinstance(it, int) and 0 <= it <= MAX_ITER else None,
+                 data=_no_huge_ints(d.get("data") or {}), t=float(t), v=v)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _no_huge_ints(data: dict) -> dict:
+    """`data` (fresh from json.loads) with whole numbers beyond int64 made null, in place: no event of
+    ours holds one, and a reader passing it on (a Qt signal, numpy) would overflow. No recursion."""
+    stack: list[Any] = [data]
+    while stack:
+        container = stack.pop()
+        keys = container.keys() if isinstance(container, dict) else range(len(container))
+        for k in keys:
+            v = container[k]
+            if isinstance(v, int) and not isinstance(v, bool) and not -MAX_ITER <= v <= MAX_ITER:
+                container[k] = None
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+    return data
 
 
 def is_iteration_metric(ev: Event) -> bool:
@@ -86,9 +117,10 @@ def is_iteration_metric(ev: Event) -> bool:
 
 
 def read_events(path: str | Path) -> Iterator[Event]:
-    """All complete events of an events.jsonl; a missing file yields nothing."""
+    """All complete events of an events.jsonl; a missing file yields nothing, a FIFO or a folder in
+    its place raises dmad.contract.regular.NotRegularFile (an OSError) without waiting on it."""
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
+        with fopen_regular(path, "r", encoding="utf-8", errors="replace") as f:
             for line in f:
                 ev = parse_line(line)  # a torn last line does not parse and is skipped
                 if ev is not None:
@@ -105,7 +137,7 @@ class EventWriter:
 
     def __init__(self, path: str | Path, stream: Optional[IO[str]] = None, echo: bool = True):
         self.path = Path(path)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = fopen_regular(self.path, "a", encoding="utf-8")  # a FIFO there: refused, never waited on
         self.start_offset = self._file.tell()  # where this writer's own lines begin
         self._stream = stream if stream is not None else sys.stdout
         self._echo = echo
@@ -140,7 +172,7 @@ class EventWriter:
             try:
                 yield self.start_offset
             finally:
-                self._file = open(self.path, "a", encoding="utf-8")
+                self._file = fopen_regular(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if not self._file.closed:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from dmad.contract.regular import NotRegularFile, fopen_regular, irregular, read_regular
 from dmad.errors import UserInputError
 
 # Real configs nest 3-4 levels; the json module recurses once per level (RecursionError near
@@ -126,11 +127,13 @@ def read_json_or_problem(path: str | Path, max_bytes: int = RUN_FILE_MAX_BYTES) 
     """(the parsed JSON of `path`, "") or (None, one line naming the file and what is wrong); never
     raises. For files the app finds in a run folder, which a user (or an attacker) may have
     written: missing or unreadable, larger than `max_bytes` (not read at all), not UTF-8, not
-    JSON, or nested deeper than the parser's stack each become a line, not a traceback."""
+    JSON, or nested deeper than the parser's stack each become a line, not a traceback. A FIFO,
+    a folder or a device in its place is refused without waiting on it (dmad.contract.regular)."""
     name = printable(Path(path).name)
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        data = read_regular(path, max_bytes + 1)
+    except NotRegularFile as e:
+        return None, f"{name} is {e.kind}, not a regular file: not read"
     except OSError as e:
         return None, f"{name} cannot be read: {printable(str(e))}"
     if len(data) > max_bytes:
@@ -229,12 +232,18 @@ def read_json_file(path: str | Path, what: str) -> Any:
     """The parsed JSON of `path`; `what` ("config", "prompt set") names the file in errors."""
     p = check_path(path, f"{what} file")
     try:
+        not_regular = irregular(p)
+        if not_regular:
+            raise UserInputError(f"{what} file {printable(not_regular)}")
         if not p.is_file():
             raise UserInputError(f"{what} file not found: {printable(str(p))}")
         if p.stat().st_size > MAX_FILE_BYTES:
             raise UserInputError(f"{printable(str(p))}: {p.stat().st_size} bytes is too large for a {what} file "
                                  f"(at most {MAX_FILE_BYTES // 2**20} MiB)")
-        text = p.read_text(encoding="utf-8-sig")
+        with fopen_regular(p, "r", encoding="utf-8-sig") as f:
+            text = f.read()
+    except NotRegularFile as e:  # swapped in since the check above
+        raise UserInputError(f"{what} file {printable(str(e))}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserInputError(f"{printable(str(p))}: cannot read {what} ({e.__class__.__name__}: "
                              f"{printable(str(e))})") from None

@@ -12,7 +12,10 @@ import numbers
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import IO, Any, Callable, Optional, Union
+
+from dmad.contract.events import MAX_ITER
+from dmad.contract.regular import NotRegularFile, open_regular, read_regular
 
 PathLike = Union[str, "os.PathLike[str]"]
 CONTROL_COMMANDS = ("stop", "stop_now", "pause", "resume", "sample_now", "checkpoint_now")
@@ -31,13 +34,15 @@ def _complete_text(data: bytes) -> str:
 
 
 def _to_int(s: str) -> Optional[int]:
+    """An iteration cell as an int; None for text, NaN, 1e999 or anything beyond int64."""
     try:
-        return int(s)
+        value = int(s)
     except ValueError:
         try:
-            return int(float(s))
+            value = int(float(s))
         except (ValueError, OverflowError):
             return None
+    return value if -MAX_ITER <= value <= MAX_ITER else None
 
 
 def _to_float(s: str) -> Optional[float]:
@@ -54,7 +59,7 @@ class CsvAppender:
 
     def __init__(self, path: PathLike, columns: list[str]):
         self.path, self.columns = Path(path), list(columns)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o666)
+        self._fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         try:
             self._check_or_write_header()
         except BaseException:
@@ -64,8 +69,9 @@ class CsvAppender:
     def _check_or_write_header(self) -> None:
         # Reads the first line and the last 64 KiB only: metrics.csv of a long run is megabytes.
         size = os.fstat(self._fd).st_size
-        with open(self.path, "rb") as f:
-            first = f.readline()
+        with os.fdopen(os.dup(self._fd), "rb") as f:  # the fd checked by open_regular, not the name again
+            f.seek(0)
+            first = f.readline(65536)
             f.seek(max(0, size - 65536))
             tail = f.read()
         if tail and not tail.endswith(b"\n"):  # a torn row from a killed writer: drop it
@@ -115,9 +121,10 @@ def _cell(x: Any) -> str:
 
 
 def read_metrics(path: PathLike) -> tuple[list[str], list[dict[str, Optional[float]]]]:
-    """(columns, rows); iter is an int, other cells floats or None. Missing file: ([], [])."""
+    """(columns, rows); iter is an int, other cells floats or None. Missing file: ([], []); a FIFO
+    or a folder in its place is dmad.contract.regular.NotRegularFile (an OSError)."""
     try:
-        text = _complete_text(Path(path).read_bytes())
+        text = _complete_text(read_regular(path))
     except FileNotFoundError:
         return [], []
     rows = list(csv.reader(io.StringIO(text)))
@@ -149,12 +156,20 @@ class ControlReader:
     offset, or stamped before `since` (one an earlier engine was killed before reading), were
     meant for an earlier process; everything after, including a Stop pressed while this engine
     was still loading, is for this one. since=None: the current end of the file is the offset.
-    No line, however long, deep or malformed, raises: it is counted in `ignored` and skipped."""
+    No line, however long, deep or malformed, raises: it is counted in `ignored` and skipped.
+    More than _READ_CHUNK unread (a planted gigabyte of garbage) is passed over to its last
+    _READ_CHUNK, so a command written after it is read at the next poll, not a thousand polls on.
+    A control.jsonl that is not a regular file (a FIFO, a folder) is never opened, so a poll never
+    blocks: no commands while it is so, and `on_problem(line)` is called once, the first time."""
 
     def __init__(self, path: PathLike, from_start: bool = False, offset: Optional[int] = None,
-                 since: Optional[float] = None):
+                 since: Optional[float] = None, on_problem: Optional[Callable[[str], None]] = None):
         self.path = Path(path)
         self.since = since
+        self.on_problem = on_problem
+        self.problem = ""  # why commands cannot be read now ("" while they can)
+        self._reported = False
+        self._identity: Optional[tuple[int, int]] = None  # (device, inode) of the file last read
         self.ignored = 0  # lines that were not commands (bad JSON, unknown cmd, over-long)
         self._skipping = False  # inside an over-long line: drop bytes up to its newline
         self._deferred: list[dict] = []  # read before they could be applied (defer)
@@ -181,14 +196,23 @@ class ControlReader:
 
     def _read(self) -> list[dict]:
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self._offset:  # the file was replaced or cut: read it afresh
+            with os.fdopen(open_regular(self.path), "rb") as f:
+                st = os.fstat(f.fileno())
+                size, identity = st.st_size, (st.st_dev, st.st_ino)
+                # Replaced (another inode, or a file again after a FIFO) or cut: read it afresh.
+                if size < self._offset or identity != (self._identity or identity) or self.problem:
                     self._offset, self._skipping = 0, False
+                self._identity = identity
+                if size - self._offset > _READ_CHUNK:
+                    self._pass_over(f, size - _READ_CHUNK)
                 f.seek(self._offset)
                 data = f.read(min(size - self._offset, _READ_CHUNK))
-        except OSError:  # missing, unreadable, a folder: no commands, never an error
+        except NotRegularFile as e:
+            self._report(e.short)
             return []
+        except OSError:  # missing, unreadable: no commands, never an error
+            return []
+        self.problem = ""
         commands, start = [], 0
         while (nl := data.find(b"\n", start)) >= 0:
             if self._skipping:
@@ -205,6 +229,21 @@ class ControlReader:
             self._skipping, start = True, len(data)
         self._offset += start  # a torn last line waits for the next poll
         return commands
+
+    def _pass_over(self, f: IO[bytes], to: int) -> None:
+        """Skip the unread bytes before `to` (counted as one ignored line): what follows starts a line
+        when the byte before `to` ends one, else it is the rest of a line (skipped up to its newline)."""
+        f.seek(to - 1)
+        self._skipping = f.read(1) != b"\n"
+        self._offset = to
+        self.ignored += 1
+
+    def _report(self, problem: str) -> None:
+        self.problem = problem
+        if not self._reported:
+            self._reported = True
+            if self.on_problem is not None:
+                self.on_problem(problem)
 
     def _is_new(self, cmd: dict) -> bool:
         t = cmd.get("t")
@@ -228,6 +267,7 @@ def _parse_control(line: bytes) -> Optional[dict]:
 
 def append_control(run_dir: PathLike, cmd: str, prompt: Optional[str] = None, seed: Optional[int] = None) -> dict:
     """One line, one write() on an O_APPEND fd: concurrent writers never interleave inside a line.
+    A control.jsonl that is not a regular file is dmad.contract.regular.NotRegularFile (an OSError).
     stop: checkpoint, then stop; stop_now: stop without a checkpoint. sample_now with `prompt`
     (and optionally `seed`): one image of that prompt instead of the prompt set."""
     if cmd not in CONTROL_COMMANDS:
@@ -241,7 +281,9 @@ def append_control(run_dir: PathLike, cmd: str, prompt: Optional[str] = None, se
             raise ValueError(problem)
         command.update({"prompt": prompt} if seed is None else {"prompt": prompt, "seed": seed})
     line = (json.dumps(command, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(Path(run_dir) / "control.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    # open_regular: a FIFO in its place is refused at once (NotRegularFile) instead of waiting for
+    # a reader that never comes, so the app's Stop never blocks (it falls back to a signal).
+    fd = open_regular(Path(run_dir) / "control.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.write(fd, line)
     finally:

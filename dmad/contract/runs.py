@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -30,8 +31,9 @@ from typing import Any, Iterable, Optional, Union
 
 from dmad.contract.diskspace import is_disk_full
 from dmad.errors import UserInputError
-from dmad.contract.events import parse_line
-from dmad.contract.jsonfile import read_json_or_problem
+from dmad.contract.events import MAX_ITER, parse_line
+from dmad.contract.jsonfile import printable, read_json_or_problem
+from dmad.contract.regular import fopen_regular, irregular, kind_of, open_regular, read_regular
 # The log writers/readers live in dmad.contract.runlog and are re-exported: the app imports dmad.contract.runs.
 from dmad.contract.runlog import (CONTROL_COMMANDS, ControlReader, CsvAppender, _complete_text, _to_int,  # noqa: F401
                          _write_all, append_control, read_metrics)
@@ -141,8 +143,11 @@ def default_run_name(dataset_id: str, prompt_set_name: str, prompt_set_version: 
     return f"dmad_{stamp}_{_safe(dataset_id)}_{_safe(prompt_set_name)}-{_safe(prompt_set_version)}"
 
 
+PID_MAX = 2**31 - 1  # pid_t is a 32-bit int everywhere: a larger "pid" names no process (os.kill would overflow)
+
+
 def pid_alive(pid: int) -> bool:
-    if pid <= 0:
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX:
         return False
     if os.name == "nt":  # os.kill(pid, 0) would *terminate* the process on Windows
         return _pid_alive_windows(pid)
@@ -188,6 +193,7 @@ def effective_state(status: Optional[dict], now: Optional[float] = None,
     OOM killer) never wrote "failed" itself, so a dead pid or a stale heartbeat means failed."""
     if not status:
         return "created"
+    status, _ = check_status(status)
     state = status.get("state", "created")
     if state not in LIVE_STATES:
         return state
@@ -200,6 +206,50 @@ def effective_state(status: Optional[dict], now: Optional[float] = None,
     if isinstance(beat, (int, float)) and now - beat > stale_after_s:
         return "failed"
     return state
+
+
+_WHOLE = (0, MAX_ITER)
+
+
+def _is_whole(x: Any, low: int, high: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def _is_time(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) < 1e12
+
+
+# status.json's fields as the engine writes them: what each must be to be believed. A field that is
+# not (a hand edit, a broken disk, a hostile file) is dropped by check_status, never passed on to
+# os.kill, int() or a comparison; fields not named here are kept as they are (a newer engine's).
+_STATUS_FIELDS = {
+    "state": (lambda v: isinstance(v, str) and v in STATES, "one of " + ", ".join(STATES)),
+    "pid": (lambda v: _is_whole(v, 1, PID_MAX), f"a process id from 1 to {PID_MAX}"),
+    "host": (lambda v: isinstance(v, str), "text"),
+    "heartbeat": (_is_time, "a unix time"),
+    "updated": (lambda v: isinstance(v, str), "text"),
+    "iter": (lambda v: _is_whole(v, *_WHOLE), "a whole number >= 0"),
+    "last_checkpoint": (lambda v: _is_whole(v, *_WHOLE), "a whole number >= 0"),
+    "max_train_steps": (lambda v: _is_whole(v, *_WHOLE), "a whole number >= 0"),
+    "control_offset": (lambda v: _is_whole(v, *_WHOLE), "a whole number >= 0"),
+    "exit_code": (lambda v: _is_whole(v, -255, 255), "an exit code"),
+    "failure_reason": (lambda v: isinstance(v, str), "text"),
+    "advice": (lambda v: isinstance(v, str), "text"),
+}
+
+
+def check_status(status: dict) -> tuple[dict, str]:
+    """(status without the fields that are not what the engine writes, one line naming the first
+    such field or ""): a pid of 2**31, a state that is an object, a heartbeat of "x" are dropped,
+    so every reader can use what is left without checking types again."""
+    bad = [k for k, (ok, _) in _STATUS_FIELDS.items() if k in status and not ok(status[k])]
+    if not bad:
+        return status, ""
+    k = bad[0]
+    shown = printable(json.dumps(status[k], default=str)[:60])
+    more = f" (and {len(bad) - 1} more bad field{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
+    return ({f: v for f, v in status.items() if f not in bad},
+            f"status.json: {k} {shown} is not {_STATUS_FIELDS[k][1]}{more}")
 
 
 # ---------------------------------------------------------------- the run folder
@@ -257,6 +307,9 @@ class RunFolder:
         run = cls(path)
         if not run.path.is_dir():
             raise UserInputError(f"run folder not found: {run.path}")
+        not_regular = irregular(run.config_json)
+        if not_regular:
+            raise UserInputError(f"run folder {run.path}: {not_regular}")
         if not run.config_json.is_file():
             raise UserInputError(f"not a run folder (no config.json): {run.path}")
         return run
@@ -269,7 +322,7 @@ class RunFolder:
     def read_json(self, name: str) -> Any:
         """Raises FileNotFoundError / ValueError (bad JSON, or nested too deeply): the caller knows which
         file is optional."""
-        with open(self.path / name, "r", encoding="utf-8") as f:
+        with fopen_regular(self.path / name, "r", encoding="utf-8") as f:
             try:
                 return json.load(f)
             except RecursionError:
@@ -323,10 +376,22 @@ class RunFolder:
 
     def read_status(self) -> Optional[dict]:
         """status.json as a dict; None when it is missing or not one the engine wrote (unreadable,
-        not a JSON object, too deep, or over jsonfile.RUN_FILE_MAX_BYTES, so a planted giant does not
-        stall the app, which polls this file on its GUI thread)."""
-        status, _ = read_json_or_problem(self.status_json)
-        return status if isinstance(status, dict) else None
+        a FIFO or a folder, not a JSON object, too deep, or over jsonfile.RUN_FILE_MAX_BYTES, so a
+        planted giant does not stall a reader). Fields of the wrong type or range are left out
+        (check_status)."""
+        return self.read_status_or_problem()[0]
+
+    def read_status_or_problem(self) -> tuple[Optional[dict], str]:
+        """(read_status(), one line saying what was wrong with status.json or ""): a missing file
+        is (None, ""), an unreadable one (None, why), a bad field (the rest, why)."""
+        if not self.status_json.exists() and not self.status_json.is_symlink():
+            return None, ""
+        status, problem = read_json_or_problem(self.status_json)
+        if problem:
+            return None, problem
+        if not isinstance(status, dict):
+            return None, "status.json is not a JSON object"
+        return check_status(status)
 
     # -------------------------------------------------------- checkpoints
 
@@ -383,7 +448,7 @@ class RunFolder:
 
     def latest_checkpoint(self) -> Optional[tuple[int, Path]]:
         try:
-            latest = json.loads(self.latest_json.read_text(encoding="utf-8")[:4096])
+            latest = json.loads(read_regular(self.latest_json, 4096).decode("utf-8"))
             it = latest["iter"]
             name = latest.get("path") or f"iter_{it}"
             # A plain iter_<N> name in checkpoints/ only: a path into another run would resume from
@@ -414,6 +479,20 @@ class RunFolder:
             return Path(path).resolve().is_relative_to(self.path.resolve())
         except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
             return False
+
+    def irregular_files(self) -> list[str]:
+        """One line for each of the run's files (RUN_FILES) that exists and is not a regular file (a
+        FIFO, a socket, a device, a folder): opening a FIFO would wait forever, the others fail
+        mid-run. A stat each, nothing opened."""
+        found = []
+        for name in RUN_FILES:
+            try:
+                mode = os.stat(self.path / name).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                found.append(f"{printable(name)} is {kind_of(mode)}, not a regular file")
+        return found
 
     def check_confined(self) -> None:
         """The engine writes only inside its run folder: refuses a symbolic link that leaves it
@@ -460,10 +539,10 @@ class RunFolder:
         gpu_mem.csv is time-based and stays whole. `events_from`: the byte offset in events.jsonl
         where the resuming engine's own events begin; those are kept as they are."""
         if self.metrics_csv.exists():
-            text = _complete_text(self.metrics_csv.read_bytes())
+            text = _complete_text(read_regular(self.metrics_csv))
             atomic_write_text(self.metrics_csv, _metrics_upto(text, iter, self.metrics_csv))
         if self.events_jsonl.exists():
-            data = self.events_jsonl.read_bytes()
+            data = read_regular(self.events_jsonl)
             cut = len(data) if events_from is None else events_from
             lines = _complete_text(data[:cut]).splitlines(keepends=True)
             own = data[cut:].decode("utf-8", errors="replace") if events_from is not None else ""
@@ -502,6 +581,10 @@ def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
 
 
 
+# The files of a run folder that engines and the app open (checkpoints/iter_<N>/ files are the
+# checkpoint's: a damaged one is passed over, dmad.train.preflight.find_resume_target).
+RUN_FILES = ("config.json", "prompt_set.json", "env.json", "command.txt", "status.json", "events.jsonl", "metrics.csv",
+             "gpu_mem.csv", "control.jsonl", "engine.lock", "checkpoints/latest.json", "logs/engine.log")
 _SKELETON = {"checkpoints", "samples", "export", "logs", "status.json", "events.jsonl", "control.jsonl",
              "gpu_mem.csv", "metrics.csv", "command.txt", "env.json", "engine.lock"}
 
@@ -533,9 +616,9 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> "RunLock":
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(self.path, flags, 0o666)
+            fd = open_regular(self.path, flags)
         except OSError as e:
             if is_disk_full(e):
                 raise  # the engine's own line for a full disk (dmad.train.run_open)
@@ -599,7 +682,7 @@ def _lock_fd(fd: int) -> bool:
 
 def _read_holder(path: Path) -> dict:
     try:
-        d = json.loads(path.read_bytes()[:4096].decode("utf-8", "replace") or "{}")
+        d = json.loads(read_regular(path, 4096).decode("utf-8", "replace") or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
     return d if isinstance(d, dict) else {}
@@ -612,7 +695,7 @@ def check_not_in_use(run_dir: PathLike) -> None:
     lock = RunLock(run_dir)
     if lock.path.is_file() and not lock.path.is_symlink():
         try:
-            fd = os.open(lock.path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+            fd = open_regular(lock.path, os.O_RDWR)
         except OSError:
             fd = None
         if fd is not None:
@@ -621,7 +704,7 @@ def check_not_in_use(run_dir: PathLike) -> None:
                     raise RunInUse(run.path, _read_holder(lock.path))
             finally:
                 os.close(fd)  # closing drops the lock this check may have taken
-    status = run.read_status()
+    status = run.read_status()  # pid, host and state checked (check_status)
     if status and status.get("pid") != os.getpid() and effective_state(status) in LIVE_STATES:
         raise RunInUse(run.path, {"pid": status.get("pid"), "host": status.get("host")})
 
@@ -635,9 +718,12 @@ def list_runs(root: PathLike) -> list[RunFolder]:
     runs = []
     for p in children:
         run = RunFolder(p)
-        marker = run.config_json if run.config_json.is_file() else run.status_json
-        if marker.is_file():
+        # exists(), not is_file(): a FIFO or a folder as config.json is still a run, whose row says so
+        marker = run.config_json if run.config_json.exists() else run.status_json
+        try:
             runs.append((marker.stat().st_mtime, p.name, run))
+        except OSError:
+            continue
     runs.sort(key=lambda t: (t[0], t[1]), reverse=True)
     return [run for _, _, run in runs]
 

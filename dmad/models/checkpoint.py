@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dmad.contract.regular import read_regular
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
@@ -204,7 +205,7 @@ def read_training_state(ckpt: Path) -> TrainingState:
     """training_state.json, every field of the type it must have (CheckpointUnusable otherwise)."""
     path = ckpt / "training_state.json"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_regular(path).decode("utf-8"))  # a FIFO there: refused, never waited on
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointUnusable(f"checkpoint {ckpt} is not readable: {path.name}: {_first_line(e)}") from None
     if not isinstance(doc, dict):

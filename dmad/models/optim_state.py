@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dmad.contract.regular import read_regular
+
 OPTIMIZER_FORMAT = "dmad-optimizer-1"
 
 
@@ -60,7 +62,7 @@ def save_scaler(scaler, path: Path) -> None:
 
 
 def read_scaler(path: Path) -> dict:
-    d = json.loads(path.read_text(encoding="utf-8"))
+    d = json.loads(read_regular(path).decode("utf-8"))
     if not isinstance(d, dict):
         raise ValueError("not a JSON object")
     return d

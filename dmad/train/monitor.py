@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from dmad.contract.regular import fopen_regular
 from dmad.contract.runs import CsvAppender, RunFolder
 
 GPU_MEM_COLUMNS = ["t", "scope", "mem_used_gb", "mem_total_gb", "utilization_pct"]
@@ -36,7 +37,7 @@ def _appender(path) -> CsvAppender:
     try:
         return CsvAppender(path, GPU_MEM_COLUMNS)
     except ValueError:
-        with open(path, newline="", encoding="utf-8") as f:
+        with fopen_regular(path, "r", newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), [])
         if header and header == GPU_MEM_COLUMNS[:len(header)]:
             return CsvAppender(path, header)

@@ -112,6 +112,7 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
                                   resume_latest=resume == "latest")
     run_dir = Path(run_dir).resolve()
     check_run_dir_place(run_dir)
+    check_run_files(run_dir)
     if not launched:  # a rank's launcher checked, and rank 0 holds the lock by now
         check_not_in_use(run_dir)
     check_precision_here(cfg.resources.mixed_precision)
@@ -245,6 +246,16 @@ def check_run_dir_place(run_dir: Path) -> None:
             if not parent.is_dir():
                 raise UserInputError(f"run folder {run_dir}: {parent} is a file, not a folder")
             return
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Refuses (exit 2, nothing touched) a run folder where one of the run's files is a FIFO, a socket,
+    a device or a folder: the engine would wait forever opening a FIFO, or fail mid-run on the rest."""
+    problems = RunFolder(run_dir).irregular_files() if run_dir.is_dir() else []
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserInputError(f"run folder {run_dir}: {problems[0]}{more}: remove it, or put the run's own file back; "
+                             f"nothing was changed")
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

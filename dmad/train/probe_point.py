@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dmad.memory import readings as memory
+from dmad.contract.regular import fopen_regular
 from dmad.contract.runs import atomic_write_json
 from dmad.methods.dmd2 import FAKE_GUIDANCE, student_input
 from dmad.methods.unit import Stages
@@ -76,7 +77,7 @@ def inference_loop(s: Session, tr: Trainer, phase: Any) -> int:
 
 def _rows(path: Path) -> list[dict]:
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with fopen_regular(path, "r", newline="", encoding="utf-8") as f:
             return list(csv.DictReader(f))
     except OSError:
         return []

@@ -18,6 +18,7 @@ from dmad.contract.config import TrainConfig
 from dmad.contract.events import EventWriter
 from dmad.contract.methods import canonical_method
 from dmad.contract.prompts import PromptSet, default_prompt_set_path, load_prompt_set, to_json
+from dmad.contract.regular import fopen_regular, read_regular
 from dmad.contract.runs import RunFolder
 from dmad.contract.diskspace import disk_full as disk_full_error
 from dmad.errors import DiskFull, UserInputError
@@ -56,7 +57,11 @@ class PipeSafeStream:
 
 class _QuietFileHandler(logging.FileHandler):
     """engine.log on a full disk: the line is lost (stderr still has it), and no 'Logging error'
-    traceback is printed for it."""
+    traceback is printed for it. Opened as a regular file only: a FIFO there is refused, never
+    waited on (dmad.contract.regular)."""
+
+    def _open(self):
+        return fopen_regular(self.baseFilename, "a", encoding=self.encoding, errors=self.errors)
 
     def handleError(self, record: logging.LogRecord) -> None:
         pass
@@ -200,7 +205,7 @@ def prepare_folder(folder: RunFolder, cfg: TrainConfig, resume: Optional[str], a
         if changed:
             events.emit("warning", None, message=f"resuming with a changed config: {', '.join(changed)}")
         prompt_set = _resumed_prompt_set(folder, prompt_set, events)
-        command = folder.command_txt.read_text(encoding="utf-8") if folder.command_txt.is_file() else ""
+        command = read_regular(folder.command_txt).decode("utf-8", "replace") if folder.command_txt.is_file() else ""
         from dmad.contract.runs import atomic_write_text
         import shlex
 
@@ -238,7 +243,7 @@ def _resumed_prompt_set(folder: RunFolder, wanted: PromptSet, events: EventWrite
 
 def _config_changes(folder: RunFolder, resolved: dict) -> list[str]:
     try:
-        old = json.loads(folder.config_json.read_text(encoding="utf-8"))
+        old = json.loads(read_regular(folder.config_json).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return []
     if not isinstance(old, dict):

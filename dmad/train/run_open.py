@@ -118,6 +118,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     log = setup_logging(folder.engine_log if main else folder.logs_dir / f"rank_{rank}.log")
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # library print()s must never reach the event stream
     events = EventWriter(folder.events_jsonl, stream=real_stdout) if main else NullEvents()
+    control.on_problem = lambda problem: _control_off(events, log, problem)
     run = OpenRun(cfg, folder, events, log, None, None, phase, StopFlag().install(), control, acc, resume, restart)
 
     def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
@@ -226,6 +227,15 @@ def _control_reader(folder, main: bool) -> ControlReader:
     offset = previous.get("control_offset")
     return ControlReader(folder.control_jsonl, offset=offset if isinstance(offset, int) else 0,
                          since=engine_started_at())
+
+
+def _control_off(events, log, problem: str) -> None:
+    """control.jsonl stopped being a regular file (a FIFO swapped in): said once, in the log and as a
+    warning event the app shows; training goes on, and commands are read again once it is a file."""
+    message = (f"{problem}: control commands are not read while it is so (training goes on; the app's Stop "
+               f"signals the engine instead)")
+    log.warning(message)
+    events.emit("warning", None, message=message, control="off")
 
 
 def _prepare(run: OpenRun, main: bool, world: int, argv: list[str], skipped: Sequence[str]) -> None:
