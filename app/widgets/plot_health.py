@@ -40,18 +40,22 @@ class HealthPlot(MetricPlot):
         if signal not in ABSOLUTE:
             self.teacher_line = pg.PlotDataItem(pen=pg.mkPen(GREY, width=1.5, style=Qt.DotLine))
             item.addItem(self.teacher_line)
-            self.legend.add_entry(TEACHER, "teacher (1.0)", sample_icon(GREY, DASH, Qt.DotLine),
+            self.legend.add_entry(TEACHER, "teacher", sample_icon(GREY, DASH, Qt.DotLine),
                                   "the teacher's own level: 1.0 = as the teacher")
         self.early_line = pg.PlotDataItem(pen=pg.mkPen(colour, width=1.5, style=Qt.DashLine))
         item.addItem(self.early_line)
-        self.legend.add_entry(EARLY, "early level", sample_icon(colour, DASH, Qt.DashLine),
-                              "this run's first health row, for comparison")
+        self.legend.add_entry(EARLY, "early", sample_icon(colour, DASH, Qt.DashLine),
+                              "this run's early level (its first health row), for comparison")
         self.alert_points = pg.ScatterPlotItem(symbol="t", size=12, pen=pg.mkPen(ALERT_RED),
                                                brush=pg.mkBrush(*ALERT_RED))
         self.alert_points.setZValue(2)
         item.addItem(self.alert_points)
         self.legend.add_entry(ALERTS, "alert", _alert_icon(), "a health row that raised an alert for this signal")
         self._guides = {TEACHER: self.teacher_line, EARLY: self.early_line, ALERTS: self.alert_points}
+
+    def _draw(self, key, raw, to_x) -> None:
+        super()._draw(key, raw, to_x)
+        self.legend.show_entry(key, False)  # the title names the curve: the legend keeps room for the guides
 
     def refresh(self, store: SeriesStore, dirty: set[str]) -> None:
         super().refresh(store, dirty)

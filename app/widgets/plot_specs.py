@@ -125,7 +125,7 @@ def _health_spec(signal: str, colour: tuple) -> PlotSpec:
     ratio = signal not in ABSOLUTE
     tip = _HEALTH_TIPS[signal] + (". Dotted: the teacher's level (1.0)" if ratio else "") + \
         ". Dashed: this run's first health row. Red marks: an alert"
-    return PlotSpec("health_" + signal, LABELS[signal], "× teacher" if ratio else "distance",
+    return PlotSpec("health_" + signal, LABELS[signal], "ratio" if ratio else "distance",
                     (CurveSpec(health_key(signal), LABELS[signal].lower(), colour, tip=_HEALTH_TIPS[signal]),),
                     tip=tip, smooth=False, log_ok=False, page="signals", word="health")
 

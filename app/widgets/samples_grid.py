@@ -40,7 +40,7 @@ NO_META = "no meta.json"  # sample_index's note for a folder without one: writte
 CELL_TEXT = {"loading": "...", "broken": "unreadable", "missing": "-", "rendering": "rendering…",
              "failed": "not rendered", "no-samples": f"{NO_SAMPLES} — Render"}
 RED = QColor(192, 57, 43)
-ALERT_MARK = "\u26a0"  # ⚠ before the figures of a checkpoint that raised a health alert
+ALERT_MARK = "\u26a0"  # ⚠ before the name of a checkpoint that raised a health alert
 
 
 # ---------------------------------------------------------------- the listing (worker side)
@@ -246,9 +246,7 @@ class SamplesModel(QAbstractTableModel):
             return name
         parts = header_figures(row, self.sort_signal).split(" · ")
         lines = [" · ".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]
-        if row.alerts:
-            lines[0] = f"{ALERT_MARK} {lines[0]}"
-        return "\n".join([name] + lines)
+        return "\n".join([f"{ALERT_MARK} {name}" if row.alerts else name] + lines)
 
     # ------------------------------------------------------------ A/B marks
 

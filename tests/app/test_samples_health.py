@@ -50,11 +50,15 @@ def _shown_headers(panel: SamplesPanel) -> list[str]:
     return [panel.model.headerData(c, Qt.Horizontal) for c in panel.grid.column_order()]
 
 
+def _names(panel: SamplesPanel) -> list[str]:
+    return [h.split("\n")[0].lstrip("\u26a0 ") for h in _shown_headers(panel)]
+
+
 def test_figures_under_headers_order_and_best(qtbot, tmp_path, run):
     panel = _panel(qtbot, tmp_path)
     _open(qtbot, panel, run)
     assert _shown_headers(panel) == ["teacher\nreference", "iter_60\ndiv 82% · sat 105%\ndetail 93%",
-                                     "iter_120\n\u26a0 div 41% · sat 130%\ndetail 80%",
+                                     "\u26a0 iter_120\ndiv 41% · sat 130%\ndetail 80%",
                                      "iter_180\ndiv 97% · sat 98%\ndetail 110%"]
     model = panel.model
     alerted = [c for c in range(model.columnCount()) if model.headerData(c, Qt.Horizontal, Qt.ForegroundRole) == RED]
@@ -62,17 +66,17 @@ def test_figures_under_headers_order_and_best(qtbot, tmp_path, run):
     assert "Diversity: 41% (alert)" in model.headerData(alerted[0], Qt.Horizontal, Qt.ToolTipRole)
 
     panel.order_by.setCurrentIndex(panel.order_by.findData("detail"))  # |1 - v|: 0.07, 0.2, 0.1
-    assert [h.split("\n")[0] for h in _shown_headers(panel)] == ["teacher", "iter_60", "iter_180", "iter_120"]
+    assert _names(panel) == ["teacher", "iter_60", "iter_180", "iter_120"]
     panel.order_by.setCurrentIndex(panel.order_by.findData("teacher_distance"))  # lowest first: 0.1, 0.2, 0.3
-    assert [h.split("\n")[0] for h in _shown_headers(panel)] == ["teacher", "iter_60", "iter_180", "iter_120"]
+    assert _names(panel) == ["teacher", "iter_60", "iter_180", "iter_120"]
     assert "dist 0.10" in _shown_headers(panel)[1]  # the signal sorted by is among the figures
     panel.order_by.setCurrentIndex(panel.order_by.findData("diversity"))
-    assert [h.split("\n")[0] for h in _shown_headers(panel)] == ["teacher", "iter_180", "iter_60", "iter_120"]
+    assert _names(panel) == ["teacher", "iter_180", "iter_60", "iter_120"]
     assert panel.go_to_best() == "iter_180"
     assert model.key(*panel.grid.current_cell())[1] == "iter_180"
     assert "Best by diversity: iter_180 (97%)" in panel.render_status.text()
     panel.order_by.setCurrentIndex(0)  # back to checkpoint order
-    assert [h.split("\n")[0] for h in _shown_headers(panel)] == ["teacher", "iter_60", "iter_120", "iter_180"]
+    assert _names(panel) == ["teacher", "iter_60", "iter_120", "iter_180"]
 
 
 def test_a_run_without_health_shows_plain_headers(qtbot, tmp_path):
