@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         self.gpu = GpuStatusLabel(load_nvml)
         self.statusBar().addPermanentWidget(self.gpu)
         self.notifier = RunNotifier(self.run_state, lambda text: self.statusBar().showMessage(text, 60000), self)
+        self.training.health_alert.connect(self.notifier.notify_health)
         self._wire()
         if config_path is not None:
             self.config.load_file(config_path)

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 from PySide6.QtCore import QObject, Signal
 
 from app.engine.command import DmadCommand, exit_meaning
+from app.models.health import header_figures, row_from_event
 from dmad.contract.events import CAUSE_DISK_FULL, ERROR_CAUSES, Event
 from dmad.contract.paths import engine_argv
 from dmad.contract.runlog import append_control
@@ -280,6 +281,9 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
     if kind == "samples":
         n = len(data.get("paths") or [])
         return f"samples{at}: {n} image{'' if n == 1 else 's'} in {data.get('folder', '')}"
+    if kind == "health":
+        row = row_from_event(it, data)
+        return f"health{at}: {header_figures(row) or 'no signal computed'}"
     if kind == "started":
         resume = f" (resuming {data['resume_from']})" if data.get("resume_from") else ""
         batch = (f"; effective batch {data['effective_batch']} over {data.get('num_processes', 1)} process(es)"

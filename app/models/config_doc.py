@@ -102,10 +102,30 @@ def form_spec(schema: Optional[dict] = None) -> tuple[GroupSpec, ...]:
         if not ref:
             top.append(field_spec((name,), prop, name in schema.get("required", [])))
             continue
-        sub = defs[ref.rsplit("/", 1)[-1]]
-        fields = tuple(field_spec((name, f), p, f in sub.get("required", [])) for f, p in sub["properties"].items())
-        groups.append(GroupSpec(name, sub.get("description", ""), fields))
+        groups += _groups((name,), defs[ref.rsplit("/", 1)[-1]], defs)
     return (GroupSpec("", "The config file itself.", tuple(top)), *groups)
+
+
+def _sub_model(prop: dict, defs: dict) -> Optional[dict]:
+    """The model a property holds when it is a group of its own ($ref, allOf [$ref], Optional[group])."""
+    refs = [v.get("$ref", "") for v in [prop, *prop.get("allOf", []), *prop.get("anyOf", [])]]
+    ref = next((r for r in refs if r), "")
+    sub = defs.get(ref.rsplit("/", 1)[-1]) if ref else None
+    return sub if isinstance(sub, dict) and sub.get("properties") else None
+
+
+def _groups(key: Key, sub: dict, defs: dict) -> list[GroupSpec]:
+    """A group's fields, then each group nested in it (observation.health) as a group of its own,
+    "observation.health", whose fields are keyed ("observation", "health", "alerts")."""
+    fields, nested = [], []
+    for f, p in sub["properties"].items():
+        inner = _sub_model(p, defs)
+        if inner is not None:
+            nested += _groups(key + (f,), {**inner, "description": inner.get("description") or
+                                           p.get("description", "")}, defs)
+        else:
+            fields.append(field_spec(key + (f,), p, f in sub.get("required", [])))
+    return [GroupSpec(".".join(key), sub.get("description", ""), tuple(fields)), *nested]
 
 
 def all_fields(spec: tuple[GroupSpec, ...]) -> dict[Key, FieldSpec]:
@@ -137,7 +157,7 @@ class _OneError:
 
 
 def _field_of(loc: tuple, known: dict[Key, FieldSpec]) -> Optional[Key]:
-    for n in (1, 2):  # ("config_version",) or ("group", "field", <list index>...)
+    for n in (1, 2, 3):  # ("config_version",), ("group", "field", <list index>...), ("group", "sub", "field")
         key = tuple(str(p) for p in loc[:n])
         if len(loc) >= n and key in known:
             return key

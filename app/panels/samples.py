@@ -6,7 +6,9 @@ The grid fills in live: the listing of samples/ (and of checkpoints/, for checkp
 samples) is re-read in a worker every RESCAN_MS while the panel is visible (and at once when the
 window says the run changed state); thumbnails of new or re-rendered images are decoded in workers
 and cached on disk (app/models/thumbs.py). Keys: arrows move (up/down prompt, left/right
-checkpoint), A and B mark the current image, C compares A with B. Every message line is elided
+checkpoint), A and B mark the current image, C compares A with B. Each checkpoint's health figures
+are under its header (samples_grid.py); "Order by" sorts the columns by a health signal (teacher
+first) and "Best" goes to the checkpoint closest to the teacher by it. Every message line is elided
 (whole in its tooltip) and the side column is on a movable splitter: nothing here widens the window.
 """
 from __future__ import annotations
@@ -15,12 +17,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QSplitter, QVBoxLayout,
+                               QWidget)
 
 from app.dialogs.ab_view import ABView
 from app.dialogs.prompt_set_editor import PromptSetEditor
 from app.engine.background import Task
 from app.engine.command import DmadCommand
+from app.models.health import LABELS, SIGNALS, figure
 from app.models.sample_index import SamplesIndex, checkpoint_of, provenance
 from app.models.thumbs import THUMB_PX, ThumbCache, ThumbLoader
 from app.widgets.elided_label import ElidedLabel
@@ -112,10 +116,30 @@ class SamplesPanel(QWidget):
         self.splitter.setStretchFactor(0, 1)  # a wider window widens the grid, not the side column
         self.splitter.setSizes([900, 300])
         lay = QVBoxLayout(self)
-        lay.addWidget(self.header)
+        lay.addLayout(self._header_row())
         lay.addLayout(self._button_bar())
         lay.addWidget(self.splitter, 1)
         self._update_buttons()
+
+    def _header_row(self) -> QHBoxLayout:
+        """The listing's summary, then the health ordering (issue 39): the button bar has no room left."""
+        self.order_by = QComboBox()
+        self.order_by.addItem("checkpoint", "")
+        for signal in SIGNALS:
+            self.order_by.addItem(LABELS[signal], signal)
+        self.order_by.setToolTip("Order the checkpoint columns by a health signal, best first (closest to the "
+                                 "teacher's level; the lowest distance to the teacher); the teacher stays first")
+        self.order_by.currentIndexChanged.connect(lambda _: self._order_columns())
+        self.best = QPushButton("Best")
+        self.best.setToolTip("Go to the checkpoint whose health figure is closest to the teacher's, by the "
+                             "signal chosen in Order by (Diversity when none is)")
+        self.best.clicked.connect(self.go_to_best)
+        guard_wheel(self.order_by)
+        row = QHBoxLayout()
+        row.addWidget(self.header, 1)
+        for w in (QLabel("Order by"), self.order_by, self.best):
+            row.addWidget(w)
+        return row
 
     def _button_bar(self) -> QHBoxLayout:
         self.buttons = {}
@@ -189,6 +213,7 @@ class SamplesPanel(QWidget):
         keep = self.model.key(*current) if current else None
         todo = self.model.set_listing(listing)
         self.grid.hide_columns(self.model.empty_failed_columns())
+        self._order_columns()
         pos = self.model.cell_of(*keep) if keep else None
         if pos is None and index.rows and index.columns:
             pos = (0, 0)
@@ -214,8 +239,35 @@ class SamplesPanel(QWidget):
         hidden = [index.columns[c].name for c in self.model.empty_failed_columns()]
         note = (f" Hidden: {', '.join(hidden)} (a render that stopped before its first image)." if hidden else "")
         shown = len(index.columns) - len(hidden)
+        health = f" health: {self.model.listing.health_note}." if self.model.listing.health_note else ""
         return (f"{len(index.rows)} prompts x {shown} checkpoints ({index.image_count()} images); "
-                f"{name}. Arrows move, A / B mark, C compares.{note}")
+                f"{name}. Arrows move, A / B mark, C compares.{note}{health}")
+
+    # ------------------------------------------------------------ health (issue 39)
+
+    def order_signal(self) -> str:
+        return self.order_by.currentData() or ""
+
+    def _order_columns(self) -> None:
+        signal = self.order_signal()
+        self.model.set_sort_signal(signal)
+        self.grid.set_column_order(self.model.health_order(signal) if signal else
+                                   list(range(self.model.columnCount())))
+
+    def go_to_best(self) -> Optional[str]:
+        """The current cell moves to the best checkpoint by the chosen signal; its name, or None."""
+        signal = self.order_signal() or "diversity"
+        col = self.model.best_column(signal)
+        if col is None:
+            self.render_status.setText(f"No checkpoint has a {LABELS[signal].lower()} figure (health.csv)")
+            return None
+        cell = self.grid.current_cell()
+        self.grid.set_current_cell(cell[0] if cell else 0, col)
+        self.grid.scrollTo(self.model.index(cell[0] if cell else 0, col))
+        name = self.model.index_.columns[col].name
+        value = self.model.health_of(col).value(signal)
+        self.render_status.setText(f"Best by {LABELS[signal].lower()}: {name} ({figure(signal, value)})")
+        return name
 
     def _on_thumbs(self, result: list) -> None:
         self.model.add_thumbs(result)

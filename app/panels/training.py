@@ -27,6 +27,7 @@ from app.engine.command import exit_meaning
 from app.engine.process import EngineProcess, LaunchMachines, describe_event
 from app.models.controls import enabled_controls, state_line
 from app.models.eta import EtaSmoother
+from app.models.health import AlertTracker, HealthRow, HealthTable, event_alerts, read_health_csv, row_from_event
 from app.models.lifecycle import LIVE, LOG_LINES, Failure, RunLifecycle
 from app.models.methods import read_method
 from app.models.resume import CONTINUABLE, ResumeLookup, continue_text
@@ -34,10 +35,12 @@ from app.models.run_source import RunSource
 from app.models.run_state import RunState
 from app.models.run_target import root_override
 from app.models.series import SeriesStore
-from app.widgets.failure_banner import FailureBanner
+from app.engine.background import Task
+from app.widgets.failure_banner import FailureBanner, HealthBanner
 from app.widgets.log_tail import LogTail
 from app.widgets.plot_board import PlotBoard
 from app.widgets.plot_feed import PlotFeed
+from app.widgets.plot_specs import health_alert_key, health_key
 from app.widgets.run_controls import RunControls
 from app.widgets.run_numbers import RunNumbers
 from app.widgets.stop_bar import StopBar
@@ -48,6 +51,7 @@ class TrainingPanel(QWidget):
     start_requested = Signal()
     run_state_changed = Signal(str)  # the lifecycle's state, after this panel's own timers followed it
     plots_refreshed = Signal(int)  # the newest plotted iteration, after setData ran
+    health_alert = Signal(str)  # a new health alert of the followed run, seen live: one line (notification)
 
     def __init__(self, parent: Optional[QWidget] = None, engine_command: Optional[Sequence[str]] = None):
         super().__init__(parent)
@@ -63,10 +67,13 @@ class TrainingPanel(QWidget):
         lc.refused.connect(self._refused)
         self.source = RunSource(lc, self.engine, lambda: self.stopping.killed, self)
         self.source.event_received.connect(self._show_event)
-        self.source.rewound.connect(self._reset_plots)
+        self.source.rewound.connect(self._rewound)
         self.source.fed.connect(self._refresh)
         self.engine.finished.connect(lambda *_: self.feed.refresh())  # the last points, drawn now
         self.store = SeriesStore()
+        self.health_alerts = AlertTracker()  # which alerts are new (one banner / notification each)
+        self.health_reads = Task(self)  # <run>/health.csv, the Health page's history, read in a worker
+        self.health_reads.done.connect(self._health_read)
         self._start_allowed, self._start_reason = True, ""
         self.resume = ResumeLookup(self)  # what Continue would do: the checkpoints on disk, read in a worker
         self.resume.found.connect(self._update_buttons)
@@ -102,6 +109,7 @@ class TrainingPanel(QWidget):
         self.stop_bar.stop_now_requested.connect(self.commands.stop_now)
         self.stop_bar.kill_requested.connect(self.commands.kill)
         self.banner = FailureBanner()
+        self.health_banner = HealthBanner()
         self.numbers = RunNumbers()
         self.note_label, self.state_label = self.numbers.note_label, self.numbers.state_label
         # loss_plot: every metric plot and its controls (app/widgets/plot_board.py)
@@ -117,7 +125,7 @@ class TrainingPanel(QWidget):
             split.addWidget(w)
         split.setSizes([750, 130])  # proportions: the splitter scales them to the panel
         layout = QVBoxLayout(self)
-        for w in (self.controls, self.stop_bar, self.banner, self.numbers):
+        for w in (self.controls, self.stop_bar, self.banner, self.health_banner, self.numbers):
             layout.addWidget(w)
         layout.addWidget(split, 1)
 
@@ -167,6 +175,7 @@ class TrainingPanel(QWidget):
         self.lifecycle.open(run_dir, folder.read_status())  # small and bounded: read here, shown at once
         live = self.lifecycle.state in LIVE_STATES
         self.source.follow(run_dir, live)
+        self._read_health(run_dir)
         self._look_up_resume_point()  # the state may be the one shown before: no state_changed then
         if live:
             self._clock_timer.start()
@@ -186,6 +195,7 @@ class TrainingPanel(QWidget):
         self.loss_plot.set_method(read_method(config))
         self.lifecycle.continue_run(run_dir, time.time())
         self.source.follow(run_dir, live=True)  # the history for the plots; the engine says what happens
+        self._read_health(run_dir)
         self._clock_timer.start()
         self._refresh()
         self.engine.start_train(config, run_dir=run_dir, resume="latest", num_processes=self.processes.value(),
@@ -241,10 +251,50 @@ class TrainingPanel(QWidget):
             if isinstance(data.get("mem_device_total_gb"), (int, float)):
                 self.memory_plot.set_total(float(data["mem_device_total_gb"]))
             return
+        if kind == "health":
+            self._show_health(it, data)
         if kind == "started" and data.get("effective_batch"):
             self.note_label.setText(f"effective batch {data['effective_batch']} "
                                     f"({data.get('num_processes', 1)} process(es))")
         self._log(describe_event(kind, it, data))
+
+    # ------------------------------------------------------------ health (issue 39)
+
+    def _read_health(self, run_dir: Path) -> None:
+        """The Health page's history: <run>/health.csv, read in a worker (events.jsonl's health
+        events tell the same rows; whichever comes first is drawn, the other adds nothing)."""
+        self.health_reads.submit(lambda: read_health_csv(run_dir))
+
+    def _health_read(self, table: HealthTable) -> None:
+        if table.problem:
+            self._log(f"health: {table.problem}")
+        self._add_health_rows(sorted(table.rows, key=lambda r: r.iter))
+
+    def _add_health_rows(self, rows: list[HealthRow]) -> None:
+        for row in rows:
+            values = {health_key(s): v for s, v in row.values}
+            self.store.add_metric(row.iter, values, skip=())
+            alerted = {health_alert_key(s): v for s, v in row.values if s in row.alerts}
+            if alerted:
+                self.store.add_metric(row.iter, alerted, skip=())
+        if rows:
+            self.feed.schedule()
+
+    def _show_health(self, it: Optional[int], data: dict) -> None:
+        """A health event: its row on the Health page; a new alert raises the banner and, seen live,
+        one notification (a signal that stays in alert is announced once)."""
+        row = row_from_event(it, data)
+        if row is None:
+            return
+        self._add_health_rows([row])
+        fresh = self.health_alerts.new_alerts(row.iter, event_alerts(data))
+        if not fresh:
+            return
+        self.health_banner.show_alerts(fresh)
+        if not self.lifecycle.replaying:
+            for alert in fresh:
+                advice = f" — {alert['advice']}" if alert["advice"] else ""
+                self.health_alert.emit(alert["message"] + advice)
 
     def _show_failure(self, failure: Failure) -> None:
         lines = failure.log_lines if failure.log_lines is not None else self.log_view.last_lines(LOG_LINES)
@@ -281,7 +331,15 @@ class TrainingPanel(QWidget):
 
     def _reset_plots(self) -> None:
         self.store.reset()
+        self.health_alerts.reset()
+        self.health_reads.reset()
         self.loss_plot.reset()  # every plot: data, legend entries, ranges
+
+    def _rewound(self) -> None:
+        """events.jsonl was cut back by a resume (and health.csv with it): show it again from the start."""
+        self._reset_plots()
+        if self.lifecycle.run_dir is not None:
+            self._read_health(self.lifecycle.run_dir)
 
     def _clear(self) -> None:
         """Before another run is shown: stop reading the last one and empty what showed it."""
@@ -293,5 +351,6 @@ class TrainingPanel(QWidget):
         self.loss_plot.set_method(None)  # the next run's config says (or its metrics show) its method
         self.memory_plot.set_total(None)
         self.banner.hide()
+        self.health_banner.hide()
         self.note_label.clear()
         self.log_view.clear()

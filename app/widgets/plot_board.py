@@ -1,8 +1,9 @@
 """The Training panel's plots and their shared controls.
 
-Two pages of metric plots (losses: each method's loss plots, DMAD's generator | critic; then
-accuracy | gradient norms | learning rates) above memory | step time, which stay in view whatever page
-is chosen. The plots shown are those the run's distillation method fills (plot_specs.METHOD_PLOTS,
+Three pages of metric plots (losses: each method's loss plots, DMAD's generator | critic; then
+accuracy | gradient norms | learning rates; then Health: one plot per health signal of the samples,
+plot_health.py, fed as series "health.<signal>" by the Training panel) above memory | step time, which
+stay in view whatever page is chosen. The plots shown are those the run's distillation method fills (plot_specs.METHOD_PLOTS,
 from dmad.contract.methods: the peer method has one consistency-loss plot and no critic or accuracy
 plot), plus any that has data, a compared run's included; the method comes from the run's config
 (set_method), or, when that is unknown, from the first metrics it logs. The controls apply to all:
@@ -28,10 +29,11 @@ from app.models.series import SeriesStore
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.plot_legend import dash_style
 from app.models.methods import DEFAULT
-from app.widgets.plot_specs import METHOD_OWN_PLOTS, METHOD_PLOTS, SHARED_PLOTS
+from app.widgets.plot_specs import HEALTH_PLOTS, METHOD_OWN_PLOTS, METHOD_PLOTS, SHARED_PLOTS
 from dmad.contract.methods import METHODS, own_columns
 from app.widgets.plot_memory import MemoryPlot
-from app.widgets.plot_row import PlotRow
+from app.widgets.plot_health import HealthPlot
+from app.widgets.plot_row import PlotGrid, PlotRow
 from app.widgets.plots import MetricPlot, step_time_plot
 from app.widgets.wheel_guard import guard_wheel
 
@@ -56,7 +58,11 @@ class PlotBoard(QWidget):
         self._named = {spec.name: MetricPlot(spec) for spec in METHOD_OWN_PLOTS + SHARED_PLOTS}
         self.gradients, self.lr = self._named["gradients"], self._named["lr"]
         self.memory_plot, self.step_plot = MemoryPlot(), step_time_plot()
-        self.pages = tuple([p for p in self._named.values() if p.spec.page == page] for page in ("losses", "health"))
+        # the Health page: one plot per health signal (plot_health.py), shown for every method
+        self.health_plots = [HealthPlot(spec, spec.name[len("health_"):]) for spec in HEALTH_PLOTS]
+        self._named.update({p.spec.name: p for p in self.health_plots})
+        self.pages = tuple([p for p in self._named.values() if p.spec.page == page]
+                           for page in ("losses", "health", "signals"))
         self._method: Optional[str] = None  # from the run's config; None: guessed from the metrics
         self._shown: Optional[list] = None  # which plots of each page are shown
         self._factor, self._store = 0.0, None
@@ -72,7 +78,7 @@ class PlotBoard(QWidget):
 
     def _build(self) -> None:
         self.tabs = QTabWidget()
-        self.rows = [PlotRow(plots) for plots in self.pages]
+        self.rows = [PlotRow(plots) for plots in self.pages[:2]] + [PlotGrid(self.pages[2], per_row=4)]
         for row in self.rows:
             self.tabs.addTab(row, "")
         self.tabs.setCornerWidget(self._controls(), Qt.TopRightCorner)
@@ -189,7 +195,8 @@ class PlotBoard(QWidget):
         """Show the method's plots and any other that has data (a compared run of the other method);
         a method the app does not know shows every plot. Page titles name what they hold."""
         wanted = METHOD_PLOTS.get(self.method())
-        shown = [[wanted is None or p.spec.name in wanted or self._has_data(p) for p in page] for page in self.pages]
+        shown = [[wanted is None or p.spec.name in wanted or p.spec.page == "signals" or self._has_data(p)
+                  for p in page] for page in self.pages]
         if shown == self._shown:  # called on every redraw: relayout only on a change
             return
         self._shown = shown

@@ -29,3 +29,18 @@ class PlotRow(QSplitter):
         tallest = max((plot.legend_height(plot.width()) for plot in shown), default=0)
         for plot in shown:
             plot.legend.setMinimumHeight(tallest)
+
+
+class PlotGrid(QSplitter):
+    """Rows of plots side by side, one above the other (the Health page's seven plots)."""
+
+    def __init__(self, plots: list[MetricPlot], per_row: int):
+        super().__init__(Qt.Vertical)
+        self.rows = [PlotRow(plots[i:i + per_row]) for i in range(0, len(plots), per_row)]
+        for row in self.rows:
+            self.addWidget(row)
+        self.setChildrenCollapsible(False)
+
+    def align(self) -> None:
+        for row in self.rows:
+            row.align()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from app.models.health import ABSOLUTE, LABELS, SIGNALS
 from dmad.contract.methods import METHODS, Plot
 
 # Okabe-Ito-like hues brightened for the dark plot background: distinct for colour-blind readers.
@@ -95,3 +96,38 @@ SHARED_PLOTS = (GRADIENTS, LEARNING_RATE)
 # columns empty, so they are not shown for it (an empty critic plot would look like a broken run).
 METHOD_PLOTS = {name: tuple(p.name for p in m.plots) + tuple(p.name for p in SHARED_PLOTS)
                 for name, m in METHODS.items()}
+
+
+# The Health page (issue 39): one plot per health signal of the run's samples against the teacher's,
+# fed from `health` events and <run>/health.csv (app/models/health.py) as series "health.<signal>";
+# the points that raised an alert are the series "health_alert.<signal>".
+def health_key(signal: str) -> str:
+    return "health." + signal
+
+
+def health_alert_key(signal: str) -> str:
+    return "health_alert." + signal
+
+
+_HEALTH_TIPS = {
+    "diversity": "mean distance between a prompt's images across seeds, student / teacher: low = collapse",
+    "saturation": "mean HSV saturation, student / teacher: high = over-saturated, low = washed out",
+    "brightness": "mean luma, student / teacher",
+    "contrast": "luma standard deviation, student / teacher",
+    "colourfulness": "Hasler-Suesstrunk colourfulness, student / teacher",
+    "detail": "high-frequency (Laplacian) energy, student / teacher: low = blur, high = over-sharpened",
+    "teacher_distance": "mean distance of each image to the teacher's same-prompt same-seed image (0 = identical)",
+}
+_HEALTH_COLOURS = (SKY, ORANGE, GREEN, YELLOW, PINK, VERMILION, SKY)
+
+
+def _health_spec(signal: str, colour: tuple) -> PlotSpec:
+    ratio = signal not in ABSOLUTE
+    tip = _HEALTH_TIPS[signal] + (". Dotted: the teacher's level (1.0)" if ratio else "") + \
+        ". Dashed: this run's first health row. Red marks: an alert"
+    return PlotSpec("health_" + signal, LABELS[signal], "ratio" if ratio else "distance",
+                    (CurveSpec(health_key(signal), LABELS[signal].lower(), colour, tip=_HEALTH_TIPS[signal]),),
+                    tip=tip, smooth=False, log_ok=False, page="signals", word="health")
+
+
+HEALTH_PLOTS = tuple(_health_spec(s, c) for s, c in zip(SIGNALS, _HEALTH_COLOURS))

@@ -3,7 +3,8 @@ rarely the one in front when it ends.
 
 QSystemTrayIcon.showMessage where the desktop has a system tray; otherwise (no tray, the offscreen
 platform of tests and CI) the message goes to the status bar, so it is never lost and never crashes.
-Only a change seen live is announced (running -> finished), not a run opened already ended.
+Only a change seen live is announced (running -> finished), not a run opened already ended. A new
+health alert of the followed run (the Training panel's health_alert, issue 39) is announced too.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from app.models.lifecycle import LIVE
 from app.models.run_state import RunState
 
 MESSAGE_MS = 15000
+HEALTH_ALERT = "Health alert"
+WARNINGS = ("Run failed", HEALTH_ALERT)
 
 
 def _icon() -> QIcon:
@@ -49,6 +52,11 @@ class RunNotifier(QObject):
         else:
             self.notify("Run failed", f"{run} failed: {self._state.message or 'see the Training tab'}")
 
+    def notify_health(self, line: str) -> None:
+        """One new health alert: "diversity 41% of the teacher's at iteration 3,000, ... — advice"."""
+        run = self._state.run_dir.name if self._state.run_dir is not None else "The run"
+        self.notify(HEALTH_ALERT, f"{run}: {line}")
+
     def notify(self, title: str, message: str) -> None:
         self.sent.append((title, message))
         if QSystemTrayIcon.isSystemTrayAvailable() and QSystemTrayIcon.supportsMessages():
@@ -57,7 +65,7 @@ class RunNotifier(QObject):
                 self._tray.setToolTip("DMAD Studio")
             self._tray.show()
             kind = QSystemTrayIcon.MessageIcon
-            self._tray.showMessage(title, message, kind.Warning if title == "Run failed" else kind.Information,
+            self._tray.showMessage(title, message, kind.Warning if title in WARNINGS else kind.Information,
                                    MESSAGE_MS)
         else:
             self._fallback(f"{title}: {message}")

@@ -5,6 +5,11 @@ No widget per image: a 50 x 20 grid is one view that paints the visible cells fr
 thumbnail pixmaps, so opening, scrolling and live updates stay cheap. Arrow keys are the view's own
 navigation: up/down moves along prompts, left/right along checkpoints.
 
+Under each checkpoint's name its health figures (issue 39, from <run>/health.csv read with the
+listing): "div 82% · sat 105% · detail 93%", a warning mark and red when that checkpoint raised an
+alert; the teacher column is the "reference". The columns can be ordered by a health signal (teacher
+first; best = closest to the teacher's level, or lowest distance to the teacher).
+
 Columns say what they are: a checkpoint on disk with no samples yet gets a column that offers
 Render; a folder without meta.json is "rendering" while a render or the run is live and otherwise
 a render that stopped (its missing images read "not rendered"; a folder of none is hidden and the
@@ -20,7 +25,8 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRect, QSize, Qt, S
 from PySide6.QtGui import QColor, QImage, QKeyEvent, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QStyleOptionViewItem, QTableView, QWidget
 
-from app.models.sample_index import (Checkpoint, ImageFile, SamplesIndex, checkpoint_of, checkpoint_order,
+from app.models.health import (SIGNALS, HealthRow, all_figures, badness, header_figures, read_health_csv)
+from app.models.sample_index import (TEACHER, Checkpoint, ImageFile, SamplesIndex, checkpoint_of, checkpoint_order,
                                      provenance_text, scan_samples)
 from app.models.thumbs import THUMB_PX
 from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
@@ -34,6 +40,7 @@ NO_META = "no meta.json"  # sample_index's note for a folder without one: writte
 CELL_TEXT = {"loading": "...", "broken": "unreadable", "missing": "-", "rendering": "rendering…",
              "failed": "not rendered", "no-samples": f"{NO_SAMPLES} — Render"}
 RED = QColor(192, 57, 43)
+ALERT_MARK = "\u26a0"  # ⚠ before the name of a checkpoint that raised a health alert
 
 
 # ---------------------------------------------------------------- the listing (worker side)
@@ -45,6 +52,8 @@ class GridListing:
     checkpoints: tuple[int, ...] = ()   # complete checkpoints on disk (exportable, renderable)
     live: bool = False                  # the engine is running: folders without meta.json are rendering
     student: str = "full"               # identity.student of the run's config: "full" | "lora"
+    health: tuple[tuple[str, HealthRow], ...] = ()  # (checkpoint "iter_<N>", its last health.csv row)
+    health_note: str = ""               # why health.csv (or part of it) was not used, one line
 
 
 def _student_kind(run: RunFolder) -> str:
@@ -68,7 +77,9 @@ def scan_grid(run_dir: Optional[Path]) -> GridListing:
     columns = tuple(sorted(index.columns + tuple(extra), key=lambda c: checkpoint_order(c.name)))
     index = replace(index, columns=columns)
     live = effective_state(run.read_status()) in LIVE_STATES
-    return GridListing(index, iters, live, _student_kind(run))
+    health = read_health_csv(run_dir)
+    return GridListing(index, iters, live, _student_kind(run), tuple(sorted(health.by_checkpoint().items())),
+                       health.problem)
 
 
 # ---------------------------------------------------------------- A/B marks
@@ -99,6 +110,8 @@ class SamplesModel(QAbstractTableModel):
         self._where: dict[ImageFile, tuple[int, int]] = {}
         self._marks: dict[str, Mark] = {}
         self._rendering: set[str] = set()  # checkpoints (teacher | N) a `dmad sample` of ours renders now
+        self._health: dict[str, HealthRow] = {}
+        self.sort_signal = ""  # the health signal the header's figures add, when the columns are sorted by it
 
     @property
     def index_(self) -> SamplesIndex:
@@ -119,6 +132,7 @@ class SamplesModel(QAbstractTableModel):
         elif len(new_cols) > len(old_cols):
             self.beginInsertColumns(QModelIndex(), len(old_cols), len(new_cols) - 1)
         self.listing = listing
+        self._health = dict(listing.health)
         index = listing.index
         self._where = {img: (r, c) for c, col in enumerate(index.columns) for r, rid in enumerate(index.rows)
                        if (img := col.images.get(rid)) is not None}
@@ -192,6 +206,48 @@ class SamplesModel(QAbstractTableModel):
         return [c for c, col in enumerate(self.index_.columns)
                 if not col.images and self.column_state(c) == "failed"]
 
+    # ------------------------------------------------------------ health (issue 39)
+
+    def health_of(self, col: int) -> Optional[HealthRow]:
+        """The health row of a checkpoint column (not of a re-render: its images are not the ones measured)."""
+        return self._health.get(self.index_.columns[col].name)
+
+    def health_order(self, signal: str) -> list[int]:
+        """Column indices: the teacher's first, then the checkpoints best first by `signal` (closest to
+        the teacher's level; the lowest distance), then those without a figure in checkpoint order."""
+        cols = range(len(self.index_.columns))
+        teacher = [c for c in cols if self._is_teacher(c)]
+        rest = sorted((c for c in cols if not self._is_teacher(c)),
+                      key=lambda c: badness(signal, self._value(c, signal)))  # stable: ties keep their order
+        return teacher + rest
+
+    def best_column(self, signal: str) -> Optional[int]:
+        ranked = [c for c in self.health_order(signal) if self._value(c, signal) is not None]
+        return ranked[0] if ranked else None
+
+    def set_sort_signal(self, signal: str) -> None:
+        self.sort_signal = signal if signal in SIGNALS else ""
+        self.headerDataChanged.emit(Qt.Horizontal, 0, max(0, self.columnCount() - 1))
+
+    def _is_teacher(self, col: int) -> bool:
+        return checkpoint_of(self.index_.columns[col].name) == TEACHER
+
+    def _value(self, col: int, signal: str) -> Optional[float]:
+        row = self.health_of(col)
+        return None if row is None else row.value(signal)
+
+    def header_text(self, col: int) -> str:
+        """The column's name, then its health figures (two a line), or "reference" for the teacher."""
+        name = self.index_.columns[col].name
+        row = self.health_of(col)
+        if self._is_teacher(col):
+            return f"{name}\nreference" if self._health else name
+        if row is None:
+            return name
+        parts = header_figures(row, self.sort_signal).split(" · ")
+        lines = [" · ".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]
+        return "\n".join([f"{ALERT_MARK} {name}" if row.alerts else name] + lines)
+
     # ------------------------------------------------------------ A/B marks
 
     def set_mark(self, which: str, row: int, col: int) -> Optional[Mark]:
@@ -263,7 +319,7 @@ class SamplesModel(QAbstractTableModel):
     def _column_header(self, section: int, role: int):
         name = self.index_.columns[section].name
         if role == Qt.DisplayRole:
-            return name
+            return self.header_text(section)
         if role == Qt.ToolTipRole:
             state = self.column_state(section)
             base = checkpoint_of(name)
@@ -273,10 +329,23 @@ class SamplesModel(QAbstractTableModel):
                 lines.append({"no-samples": f"{NO_SAMPLES}: Render renders the run's prompt set with it",
                               "rendering": "rendering… (meta.json is written when the render ends)",
                               "failed": "no meta.json: a render that stopped before it finished?"}[state])
+            lines += self._health_tip(section)
             return "\n".join(lines)
         if role == Qt.ForegroundRole and self.column_state(section) in ("no-samples", "failed"):
             return QColor(130, 130, 130)
+        if role == Qt.ForegroundRole and (row := self.health_of(section)) is not None and row.alerts:
+            return RED
         return None
+
+
+    def _health_tip(self, section: int) -> list[str]:
+        row = self.health_of(section)
+        if self._is_teacher(section) and self._health:
+            return ["health: the reference (the student's figures are relative to the teacher's)"]
+        if row is None:
+            return []
+        alerts = f"; alert: {', '.join(row.alerts)}" if row.alerts else ""
+        return [f"health at iteration {row.iter:,} (1.0 = the teacher's level){alerts}"] + all_figures(row)
 
 
 # ---------------------------------------------------------------- painting
@@ -347,6 +416,18 @@ class SamplesGridView(QTableView):
             header.setDefaultSectionSize(px)
             for i in range(header.count()):
                 header.resizeSection(i, px)
+
+    def set_column_order(self, order: list[int]) -> None:
+        """Show the columns (model indices) in this order, left to right."""
+        header = self.horizontalHeader()
+        for visual, logical in enumerate(order):
+            current = header.visualIndex(logical)
+            if current != visual:
+                header.moveSection(current, visual)
+
+    def column_order(self) -> list[int]:
+        header = self.horizontalHeader()
+        return [header.logicalIndex(v) for v in range(header.count())]
 
     def hide_columns(self, columns: list[int]) -> None:
         hidden = set(columns)

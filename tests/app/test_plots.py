@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.models.series import SeriesStore
 from app.panels.training import TrainingPanel
+from app.models.health import SIGNALS
 from app.widgets.plot_board import PlotBoard
 from app.widgets.plot_specs import DEVICE_USED
 from dmad.contract.events import make_event
@@ -89,7 +90,8 @@ def test_each_group_has_its_own_plot_with_distinct_2px_colours(qtbot, board):
     expected = {"generator": ["loss_dm", "loss_g_gan", "loss_g"], "critic": ["loss_fake", "loss_d_gan", "loss_c"],
                 "lcm": [], "accuracy": ["d_real_acc", "d_fake_acc"], "gradients": ["grad_norm_g", "grad_norm_c", "dm_grad_norm"],
                 "lr": ["lr_generator", "lr_critic"], "memory": ["mem_device_used_gb"],
-                "step_time": ["step_time_s", "data_time_s"]}
+                "step_time": ["step_time_s", "data_time_s"],
+                **{f"health_{s}": [] for s in SIGNALS}}  # the Health page: no health rows fed here
     assert {p.spec.name: p.keys_with_data() for p in board.plots()} == expected
     for plot in board.plots():
         pens = [plot.curve(k).opts["pen"] for k in plot.curve_keys()]
