@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 EVENT_VERSION = 1
-KINDS = ("started", "phase", "metric", "checkpoint", "samples", "warning", "error",
+KINDS = ("started", "phase", "metric", "checkpoint", "samples", "health", "warning", "error",
          "paused", "resumed", "stopped", "finished")
 
 # Why a run failed: an error event's data["cause"] (dmad.train.run_open and, for a multi-process run,
