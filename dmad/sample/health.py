@@ -298,12 +298,13 @@ def _crossed(value: float, bound: float, direction: str, margin: float = 0.0) ->
 
 def alerts_for(signals: Mapping[str, float], it: int, history: Mapping[str, Sequence[tuple[int, float]]],
                healthy_checkpoint: Optional[str] = None,
-               thresholds: Mapping[str, tuple[Optional[float], Optional[float]]] = THRESHOLDS) -> list[Alert]:
+               thresholds: Optional[Mapping[str, tuple[Optional[float], Optional[float]]]] = None) -> list[Alert]:
     """The alerts of one validation's `signals` at iteration `it`: a signal beyond its threshold, or
     moving towards it for TREND_VALIDATIONS validations and within TREND_MARGIN of it. `history`:
     {signal: [(iter, value), ...]} of the run's earlier health rows, oldest first.
     `healthy_checkpoint`: the checkpoint to go back to (the last one that raised no alert)."""
     back = f"checkpoint {healthy_checkpoint}" if healthy_checkpoint else "an earlier checkpoint"
+    thresholds = THRESHOLDS if thresholds is None else thresholds
     out = []
     for signal in SIGNALS:
         value = signals.get(signal)

@@ -349,13 +349,19 @@ def add_teacher_health_seeds(out_dir: Path, *, teacher, prompt_set: PromptSet, d
         return 0
     pipe = pipe if pipe is not None else (_teacher_pipe(teacher, prompt_set) if missing else None)
     by_id = {item.id: item for item in prompt_set.items}
+    meta = json.loads((out_dir / SAMPLES_META).read_text(encoding="utf-8"))
     for n, (item_id, k) in enumerate(missing, start=1):
         seed = health_seed_list(prompt_set, item_id)[k]
-        atomic_write_bytes(out_dir / health_file_name(item_id, k),
-                           _teacher_image(pipe, teacher, prompt_set, by_id[item_id], seed, device), durable=False)
+        name = health_file_name(item_id, k)
+        atomic_write_bytes(out_dir / name, _teacher_image(pipe, teacher, prompt_set, by_id[item_id], seed, device),
+                           durable=False)
+        entry = meta["items"][item_id]  # listed as soon as written: a stop later keeps it
+        listed = {name, *(entry["health_files"] if isinstance(entry.get("health_files"), list) else [])}
+        entry["health_files"] = [f for j in range(1, prompt_set.health_seeds)
+                                 if (f := health_file_name(item_id, j)) in listed]
+        atomic_write_json(out_dir / SAMPLES_META, meta)
         if progress is not None:
             progress(n, len(missing))
-    meta = json.loads((out_dir / SAMPLES_META).read_text(encoding="utf-8"))
     for item in prompt_set.items:
         if isinstance(meta["items"].get(item.id), dict):
             meta["items"][item.id].update(health_meta(prompt_set, item.id, health_seed_list(prompt_set, item)))
