@@ -184,17 +184,6 @@ def test_a_refused_start_puts_health_csv_back_as_it_was(tmp_path):
 
 # ----------------------------------------------------------------------------- in a run
 
-@pytest.fixture(scope="module")
-def health_prompts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("health_prompts") / "tiny_v2.json"
-    path.write_text(json.dumps({
-        "prompt_set": "tiny", "version": "v2", "resolution": [32, 32], "seed": 0, "steps": 2, "health_seeds": 2,
-        "items": [{"id": "red", "topic": "colour", "prompt": "a red square on a black background"},
-                  {"id": "blue", "topic": "colour", "prompt": "a blue square on a black background"}],
-    }), encoding="utf-8")
-    return path
-
-
 def _config(tmp: Path, teacher: Path, data: Path, prompts: Path, name: str, **observation) -> Path:
     from tests.conftest import tiny_config_dict
 
@@ -208,13 +197,13 @@ def _config(tmp: Path, teacher: Path, data: Path, prompts: Path, name: str, **ob
 
 
 @pytest.fixture(scope="module")
-def health_run(tmp_path_factory, tiny_teacher, tiny_data, health_prompts) -> tuple[Path, Path]:
+def health_run(tmp_path_factory, tiny_teacher, tiny_data, health_prompt_set) -> tuple[Path, Path]:
     """A finished 4-iteration run validating every iteration, checkpoints at 2 and 4."""
     pytest.importorskip("torch")
     from tests.conftest import dmad_in_process
 
     tmp = tmp_path_factory.mktemp("health_run")
-    config = _config(tmp, tiny_teacher, tiny_data, health_prompts, "health")
+    config = _config(tmp, tiny_teacher, tiny_data, health_prompt_set, "health")
     assert dmad_in_process("train", "--config", str(config)) == 0
     return config, tmp / "runs" / "health"
 
@@ -265,7 +254,7 @@ def test_resume_cuts_health_csv_back_to_the_checkpoint(health_run, tmp_path):
     assert {p.name: p.read_bytes() for p in (copy / "samples" / "teacher").iterdir()} == teacher_before
 
 
-def test_a_teacher_reference_without_its_health_seeds_is_completed_not_rendered_again(health_run, health_prompts,
+def test_a_teacher_reference_without_its_health_seeds_is_completed_not_rendered_again(health_run, health_prompt_set,
                                                                                      tiny_teacher, tmp_path):
     import logging
 
@@ -289,7 +278,7 @@ def test_a_teacher_reference_without_its_health_seeds_is_completed_not_rendered_
             self.append((kind, data))
 
     events = Events()
-    ensure_teacher_samples(out, teacher=load_teacher(str(tiny_teacher)), prompt_set=load_prompt_set(health_prompts),
+    ensure_teacher_samples(out, teacher=load_teacher(str(tiny_teacher)), prompt_set=load_prompt_set(health_prompt_set),
                            device="cpu", events=events, log=logging.getLogger("test"), iteration=0)
     phases = [d for k, d in events if k == "phase"]
     assert [(d["done"], d["total"]) for d in phases] == [(0, 1), (1, 1)]  # only blue~s1 rendered
@@ -300,14 +289,14 @@ def test_a_teacher_reference_without_its_health_seeds_is_completed_not_rendered_
 
 
 def test_stop_on_alert_stops_without_a_new_checkpoint_and_names_the_signal(tmp_path, tiny_teacher, tiny_data,
-                                                                           health_prompts, monkeypatch):
+                                                                           health_prompt_set, monkeypatch):
     pytest.importorskip("torch")
     from dmad.contract.events import read_events
     from tests.conftest import dmad_in_process
 
     # the student drifts a little from the teacher by iteration 3: a bound no run can meet there
     monkeypatch.setattr(health, "THRESHOLDS", {**health.THRESHOLDS, "teacher_distance": (None, -1.0)})
-    config = _config(tmp_path, tiny_teacher, tiny_data, health_prompts, "stops", validation_steps=3,
+    config = _config(tmp_path, tiny_teacher, tiny_data, health_prompt_set, "stops", validation_steps=3,
                      health={"stop_on_alert": True})
     monkeypatch.setattr(health, "alerts_for", _alerts_after(2, health.alerts_for))
     assert dmad_in_process("train", "--config", str(config)) == 0
