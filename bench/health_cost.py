@@ -19,8 +19,10 @@ validation), so its cost to a step is 0 by construction.
 
 --features also measures the two candidate diversity features (dmad.sample.health.FEATURES) on the
 teacher's renders: seeds 0-3 as the reference, and against it (a) seeds 4-7 (a healthy set:
-about 1.0), (b) seed 0 repeated with tiny perturbations (1/255 pixel noise, then a one-pixel
-shift on one copy: a collapsed set, about 0), (c) two distinct images of four (half collapsed).
+about 1.0), (b) seed 0 four times with tiny perturbations (1/255 pixel noise; two copies shifted
+by one pixel: a collapsed set, about 0), (c) two distinct images of four (half collapsed); over
+the prompts whose teacher diversity is above 3x the feature's own floor (one seed of four shifted
+by a pixel; a full demo caption has about one right image, so its teacher diversity is noise).
 Separation = (healthy mean - collapsed mean) / SD of the healthy per-prompt ratios.
 ~3 min on 2 CPU cores (most of it the teacher's 112 images at 50 steps).
 """
@@ -94,19 +96,21 @@ def _features(teacher8: Path, ps8) -> dict:
     healthy = {pid: ims[4:8] for pid, ims in images.items()}
     rng = np.random.default_rng(0)
 
-    def jitter(im):
-        return np.clip(im + rng.normal(0, 1 / 255, im.shape).astype(np.float32), 0, 1)
+    def jitter(im, shift=0):
+        return np.roll(np.clip(im + rng.normal(0, 1 / 255, im.shape).astype(np.float32), 0, 1), shift, axis=1)
 
-    collapsed = {pid: [jitter(ims[0]), jitter(ims[0]), jitter(ims[0]), jitter(np.roll(ims[0], 1, axis=1))]
-                 for pid, ims in ref.items()}
+    collapsed = {pid: [jitter(ims[0], s) for s in (0, 0, 1, -1)] for pid, ims in ref.items()}
+    shift_one = {pid: [ims[0], ims[0], ims[0], np.roll(ims[0], 1, axis=1)] for pid, ims in ref.items()}
     half = {pid: [ims[0], jitter(ims[0]), ims[1], jitter(ims[1])] for pid, ims in ref.items()}
     out = {}
     for name in health.FEATURES:
         t_levels = health.set_levels(ref, name)
+        floor = health.set_levels(shift_one, name)  # the feature's own noise floor, per prompt
+        keep = [p for p in ref if t_levels[p].diversity > 3 * floor[p].diversity]
 
         def ratios(imgs):
-            levels = health.set_levels(imgs, name)
-            return [levels[p].diversity / t_levels[p].diversity for p in imgs if t_levels[p].diversity > 1e-3]
+            levels = health.set_levels({p: imgs[p] for p in keep}, name)
+            return [levels[p].diversity / t_levels[p].diversity for p in keep]
 
         h, c, hc = ratios(healthy), ratios(collapsed), ratios(half)
         t0 = time.perf_counter()
@@ -114,10 +118,11 @@ def _features(teacher8: Path, ps8) -> dict:
             for im in ims:
                 health.FEATURES[name](im)
         ms = (time.perf_counter() - t0) / sum(len(v) for v in images.values()) * 1000
-        out[name] = {"healthy_mean": statistics.mean(h), "healthy_sd": statistics.stdev(h),
+        out[name] = {"prompts": keep, "healthy_mean": statistics.mean(h), "healthy_sd": statistics.stdev(h),
                      "healthy_min": min(h), "collapsed_mean": statistics.mean(c), "half_mean": statistics.mean(hc),
                      "separation": (statistics.mean(h) - statistics.mean(c)) / statistics.stdev(h),
-                     "ms_per_image": ms}
+                     "shift_floor": [round(floor[p].diversity, 4) for p in ref],
+                     "teacher": [round(t_levels[p].diversity, 4) for p in ref], "ms_per_image": ms}
     return out
 
 
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             result["features"] = _features(root / "teacher", ps8)
             print("diversity features (ratio to the teacher's seeds 0-3, per prompt, mean over prompts):")
             for name, f in result["features"].items():
-                print(f"  {name:7s} healthy {f['healthy_mean']:.3f} (SD {f['healthy_sd']:.3f}, min "
+                print(f"  {name:7s} {len(f['prompts'])} prompts above 3x its one-pixel-shift floor: healthy {f['healthy_mean']:.3f} (SD {f['healthy_sd']:.3f}, min "
                       f"{f['healthy_min']:.3f})  half-collapsed {f['half_mean']:.3f}  collapsed "
                       f"{f['collapsed_mean']:.3f}  separation {f['separation']:.1f} SD  {f['ms_per_image']:.2f} ms/image")
         if args.json:

@@ -73,7 +73,9 @@ ADVICE = {
 }
 
 RATIO_FLOOR = {  # a teacher level at or below this makes the prompt's ratio absent (about 0)
-    "diversity": 1e-3, "saturation": 0.02, "brightness": 0.01, "contrast": 0.005, "colourfulness": 0.005,
+    # diversity: a prompt whose teacher draws about one image (a full demo caption: 0.005-0.014)
+    # is below what a one-pixel shift of one seed of four gives (0.011-0.022, bench/health_cost.py)
+    "diversity": 0.03, "saturation": 0.02, "brightness": 0.01, "contrast": 0.005, "colourfulness": 0.005,
     "detail": 1e-6,
 }
 SMALL = 32  # side of the images teacher_distance compares
@@ -160,11 +162,11 @@ PROJECTION_DIM = 256
 
 def feature_proj64(img: np.ndarray) -> np.ndarray:
     """Candidate B: a fixed seeded Gaussian random projection of the 64 x 64 RGB pixels to
-    PROJECTION_DIM numbers (scaled so distances match the pixels' on average)."""
+    PROJECTION_DIM numbers (scaled so RMS distances match the pixels' RMS distances on average)."""
     x = _resized(img, 64).reshape(-1)
     if x.size not in _PROJECTION:
         rng = np.random.default_rng(20240539)
-        _PROJECTION[x.size] = (rng.standard_normal((x.size, PROJECTION_DIM)) / math.sqrt(PROJECTION_DIM)).astype(np.float32)
+        _PROJECTION[x.size] = (rng.standard_normal((x.size, PROJECTION_DIM)) / math.sqrt(x.size)).astype(np.float32)
     return x @ _PROJECTION[x.size]
 
 
