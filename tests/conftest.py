@@ -108,6 +108,18 @@ def tiny_prompt_set(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def health_prompt_set(tmp_path_factory) -> Path:
+    """tiny_prompt_set's prompts with 2 health seeds each (health signals on)."""
+    path = tmp_path_factory.mktemp("health_prompts") / "tiny_v2.json"
+    path.write_text(json.dumps({
+        "prompt_set": "tiny", "version": "v2", "resolution": [32, 32], "seed": 0, "steps": 2, "health_seeds": 2,
+        "items": [{"id": "red", "topic": "colour", "prompt": "a red square on a black background"},
+                  {"id": "blue", "topic": "colour", "prompt": "a blue square on a black background"}],
+    }), encoding="utf-8")
+    return path
+
+
 def tiny_config_dict(teacher: Path, data: Path, prompt_set: Path, output_dir: Path) -> dict[str, Any]:
     return {
         "config_version": 1,

@@ -128,6 +128,16 @@ class Optimization(Group):
     max_train_steps: int = Field(1000, ge=1, le=10**8, description="Iterations (critic optimizer steps) to train.")
 
 
+class Health(Group):
+    """What the run's health signals do (they are computed when the prompt set has health_seeds)."""
+
+    alerts: bool = Field(True, description="Raise an alert (a warning event, shown by the app) when a health signal "
+                                           "crosses its threshold.")
+    stop_on_alert: bool = Field(
+        False, description="Stop the run after a validation that raised an alert, without a new checkpoint; the last "
+                           "checkpoint that raised no alert is never removed by checkpoints_total_limit.")
+
+
 class Observation(Group):
     """How we know it is learning: logging, checkpoints, validation samples, resume."""
 
@@ -141,6 +151,8 @@ class Observation(Group):
     resume_from_checkpoint: Optional[PathStr] = Field(
         None, description="'latest' or a checkpoint folder to resume from; empty: start fresh.")
     gpu_mem_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="Seconds between device-wide memory samples (gpu_mem.csv).")
+    health: Health = Field(default_factory=Health, description="Health signals' alerts (the prompt set's health_seeds "
+                                                               "turns the signals on).")
 
 
 class TrainConfig(Group):

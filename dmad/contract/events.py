@@ -22,7 +22,7 @@ from typing import IO, Any, Iterator, Optional
 from dmad.contract.regular import fopen_regular
 
 EVENT_VERSION = 1
-KINDS = ("started", "phase", "metric", "checkpoint", "samples", "warning", "error",
+KINDS = ("started", "phase", "metric", "checkpoint", "samples", "health", "warning", "error",
          "paused", "resumed", "stopped", "finished")
 
 # Why a run failed: an error event's data["cause"] (dmad.train.run_open and, for a multi-process run,

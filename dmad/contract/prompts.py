@@ -24,6 +24,9 @@ SAMPLERS = ("ddim", "ddpm", "pndm", "euler", "euler_a", "heun", "lms", "dpmpp_2m
 _SAFE_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)}
 _SEED = dict(ge=0, le=2**32 - 1)
+MAX_HEALTH_SEEDS = 16
+HEALTH_SEED_STRIDE = 1_000_003  # seed k of an item: (item seed + k * stride) mod 2**32
+HEALTH_FILE_MARK = "~s"  # <id>~s<k>.png: '~' is never in an item id, so no id's file can be taken for one
 
 
 def safe_name_problem(name: str) -> Optional[str]:
@@ -80,6 +83,11 @@ class PromptSet(_Strict):
     sampler: Literal[SAMPLERS] = Field("ddim", description="Teacher reference sampler.")
     steps: int = Field(50, ge=1, le=1000, description="Teacher reference sampling steps.")
     cfg: float = Field(7.5, ge=0.0, le=100.0, description="Teacher reference classifier-free guidance scale.")
+    health_seeds: int = Field(
+        0, ge=0, le=MAX_HEALTH_SEEDS,
+        description="Seeds per prompt for the run's health signals (diversity, colour, detail, distance to the "
+                    "teacher): every validation and the teacher reference render each prompt at this many seeds "
+                    "(the first is the grid image, the others <id>~s<k>.png). 0: no health signals.")
     items: list[PromptItem] = Field(..., min_length=1, description="The prompts, in display order.")
 
     @field_validator("prompt_set", "version")
@@ -185,9 +193,25 @@ def item_seed(ps: PromptSet, item: PromptItem | str) -> int:
     raise KeyError(f"prompt set {ps.prompt_set}-{ps.version} has no item {item_id!r}")
 
 
+def health_seed_list(ps: PromptSet, item: PromptItem | str) -> list[int]:
+    """The seeds an item renders with for the health signals: k = 0 .. health_seeds - 1 (k = 0 is
+    the item's own seed, the grid image); just the item's seed when health_seeds is 0."""
+    base = item_seed(ps, item)
+    return [(base + k * HEALTH_SEED_STRIDE) % 2**32 for k in range(max(1, ps.health_seeds))]
+
+
+def health_file_name(item_id: str, k: int) -> str:
+    """The file of seed k of an item: <id>.png for k = 0 (the grid image), <id>~s<k>.png after."""
+    return f"{item_id}.png" if k == 0 else f"{item_id}{HEALTH_FILE_MARK}{k}.png"
+
+
 def to_json(ps: PromptSet) -> dict:
-    """The file form: unset optional fields are left out, so load(to_json(ps)) == ps."""
-    return ps.model_dump(mode="json", exclude_none=True)
+    """The file form: unset optional fields are left out, so load(to_json(ps)) == ps (health_seeds 0
+    too: a set without health signals reads as it did before they existed)."""
+    out = ps.model_dump(mode="json", exclude_none=True)
+    if not out.get("health_seeds"):
+        out.pop("health_seeds", None)
+    return out
 
 
 # --------------------------------------------------------------------------- versions

@@ -142,6 +142,40 @@ def read_metrics(path: PathLike) -> tuple[list[str], list[dict[str, Optional[flo
     return columns, out
 
 
+# ---------------------------------------------------------------- health.csv
+
+# The health signals (dmad.sample.health), in display order, and health.csv's columns: one row per
+# validation of a prompt set with health_seeds (rank 0 writes; cut back on resume like metrics.csv).
+HEALTH_SIGNALS = ("diversity", "saturation", "brightness", "contrast", "colourfulness", "detail", "teacher_distance")
+HEALTH_COLUMNS = ["iter", "checkpoint", *HEALTH_SIGNALS, "alerts"]
+
+
+def health_row(iter: int, checkpoint: Optional[str], signals: dict[str, float], alerts: list[str]) -> dict[str, str]:
+    """A health.csv row: signals with 6 significant digits, empty when absent; alerts ';'-joined."""
+    return {"iter": str(int(iter)), "checkpoint": checkpoint or "",
+            **{s: (f"{signals[s]:.6g}" if signals.get(s) is not None else "") for s in HEALTH_SIGNALS},
+            "alerts": ";".join(alerts)}
+
+
+def read_health(path: PathLike) -> list[dict[str, Any]]:
+    """health.csv's rows: iter int, checkpoint str or None, the signals floats or None, alerts a list
+    of signal names. Missing file: []. A torn last row and rows without an iteration are dropped."""
+    try:
+        text = _complete_text(read_regular(path))
+    except FileNotFoundError:
+        return []
+    rows = list(csv.DictReader(io.StringIO(text)))
+    out = []
+    for r in rows:
+        it = _to_int(r.get("iter") or "")
+        if it is None:
+            continue
+        out.append({"iter": it, "checkpoint": r.get("checkpoint") or None,
+                    **{s: _to_float(r.get(s) or "") for s in HEALTH_SIGNALS},
+                    "alerts": [a for a in (r.get("alerts") or "").split(";") if a]})
+    return out
+
+
 # ---------------------------------------------------------------- control.jsonl
 
 MAX_CONTROL_LINE = 4096  # bytes; a command is ~40: a longer line is not one, and is never parsed

@@ -2,12 +2,12 @@
 
     runs/<run_name>/
       config.json  prompt_set.json  env.json  command.txt  status.json  events.jsonl  metrics.csv
-      gpu_mem.csv  control.jsonl  checkpoints/iter_<N>/  checkpoints/latest.json
+      health.csv  gpu_mem.csv  control.jsonl  checkpoints/iter_<N>/  checkpoints/latest.json
       samples/teacher/  samples/iter_<N>/  export/  logs/engine.log  engine.lock (RunLock: one writer)
 
 Torch-free and fast to import: the app imports it. Whole-file writes are atomic (temp file in the
 same folder, fsync, os.replace), so a kill at any moment leaves the old or the new file. Append-only
-files (events.jsonl, metrics.csv, control.jsonl) are written one line per write(); their readers
+files (events.jsonl, metrics.csv, health.csv, control.jsonl) are written one line per write(); their readers
 tolerate a torn last line.
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dmad.contract.events import MAX_ITER, parse_line
 from dmad.contract.jsonfile import printable, read_json_or_problem
 from dmad.contract.regular import fopen_regular, irregular, kind_of, open_regular, read_regular
 # The log writers/readers live in dmad.contract.runlog and are re-exported: the app imports dmad.contract.runs.
-from dmad.contract.runlog import (CONTROL_COMMANDS, ControlReader, CsvAppender, _complete_text, _to_int,  # noqa: F401
-                         _write_all, append_control, read_metrics)
+from dmad.contract.runlog import (CONTROL_COMMANDS, HEALTH_COLUMNS, ControlReader, CsvAppender,  # noqa: F401
+                                 _complete_text, _to_int, _write_all, append_control, read_health, read_metrics)
 
 PathLike = Union[str, "os.PathLike[str]"]
 STATES = ("created", "running", "paused", "stopping", "stopped", "finished", "failed")
@@ -268,6 +268,7 @@ class RunFolder:
     status_json = _child("status.json")
     events_jsonl = _child("events.jsonl")
     metrics_csv = _child("metrics.csv")
+    health_csv = _child("health.csv")
     gpu_mem_csv = _child("gpu_mem.csv")
     control_jsonl = _child("control.jsonl")
     checkpoints_dir = _child("checkpoints")
@@ -406,8 +407,10 @@ class RunFolder:
         tmp.mkdir(parents=True)
         return tmp
 
-    def commit_checkpoint(self, iter: int, tmp_dir: PathLike, limit: Optional[int] = None) -> Path:
-        """Publish tmp_dir as iter_<N>, point latest.json at it, keep the newest `limit` checkpoints."""
+    def commit_checkpoint(self, iter: int, tmp_dir: PathLike, limit: Optional[int] = None,
+                          protect: Optional[int] = None) -> Path:
+        """Publish tmp_dir as iter_<N>, point latest.json at it, keep the newest `limit` checkpoints;
+        checkpoint `protect` (the last healthy one, observation.health.stop_on_alert) is never removed."""
         if limit is not None and limit < 1:
             raise ValueError(f"checkpoint limit must be >= 1 or None (keep all), got {limit}")
         tmp_dir, final = Path(tmp_dir), self.checkpoint_path(iter)
@@ -425,12 +428,13 @@ class RunFolder:
             shutil.rmtree(aside)
         atomic_write_json(self.latest_json, {"iter": iter, "path": final.name})
         if limit is not None:
-            self._rotate(keep_iter=iter, limit=limit)
+            self._rotate(keep_iter=iter, limit=limit, protect=protect)
         return final
 
-    def _rotate(self, keep_iter: int, limit: int) -> None:
-        others = [(i, p) for i, p in self.list_checkpoints() if i != keep_iter]
-        for i, p in others[:max(0, len(others) - (limit - 1))]:
+    def _rotate(self, keep_iter: int, limit: int, protect: Optional[int] = None) -> None:
+        found = self.list_checkpoints()
+        others = [(i, p) for i, p in found if i not in (keep_iter, protect)]
+        for i, p in others[:max(0, len(found) - limit)]:
             # Rename first so a kill half-way through rmtree never leaves a "complete" partial one.
             doomed = self.checkpoints_dir / f"{TMP_PREFIX}del-{p.name}-{os.getpid()}"
             os.replace(p, doomed)
@@ -535,12 +539,14 @@ class RunFolder:
     # -------------------------------------------------------- resume
 
     def truncate_after(self, iter: int, events_from: Optional[int] = None) -> None:
-        """Forget what happened after checkpoint `iter`, so a resumed run's curves do not double back.
+        """Forget what happened after checkpoint `iter` (metrics.csv and health.csv rows, events), so a
+        resumed run's curves do not double back.
         gpu_mem.csv is time-based and stays whole. `events_from`: the byte offset in events.jsonl
         where the resuming engine's own events begin; those are kept as they are."""
-        if self.metrics_csv.exists():
-            text = _complete_text(read_regular(self.metrics_csv))
-            atomic_write_text(self.metrics_csv, _metrics_upto(text, iter, self.metrics_csv))
+        for csv_file in (self.metrics_csv, self.health_csv):
+            if csv_file.exists():
+                text = _complete_text(read_regular(csv_file))
+                atomic_write_text(csv_file, _metrics_upto(text, iter, csv_file))
         if self.events_jsonl.exists():
             data = read_regular(self.events_jsonl)
             cut = len(data) if events_from is None else events_from
@@ -584,7 +590,7 @@ def _events_upto(lines: Iterable[str], iter: int) -> Iterable[str]:
 # The files of a run folder that engines and the app open (checkpoints/iter_<N>/ files are the
 # checkpoint's: a damaged one is passed over, dmad.train.preflight.find_resume_target).
 RUN_FILES = ("config.json", "prompt_set.json", "env.json", "command.txt", "status.json", "events.jsonl", "metrics.csv",
-             "gpu_mem.csv", "control.jsonl", "engine.lock", "checkpoints/latest.json", "logs/engine.log")
+             "health.csv", "gpu_mem.csv", "control.jsonl", "engine.lock", "checkpoints/latest.json", "logs/engine.log")
 _SKELETON = {"checkpoints", "samples", "export", "logs", "status.json", "events.jsonl", "control.jsonl",
              "gpu_mem.csv", "metrics.csv", "command.txt", "env.json", "engine.lock"}
 

@@ -21,7 +21,7 @@ from PIL import Image
 from dmad.methods.dmd2 import sample_student
 from dmad.methods.prediction import NoiseSchedule
 from dmad.contract.diskspace import complete_or_absent
-from dmad.contract.prompts import PromptSet, item_seed
+from dmad.contract.prompts import PromptSet, health_file_name, health_seed_list, item_seed
 from dmad.contract.runs import SAMPLES_META, atomic_write_bytes, atomic_write_json
 from dmad.errors import StopRequested
 
@@ -68,6 +68,14 @@ def _png(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def health_meta(prompt_set: PromptSet, item_id: str, seeds: list[int]) -> dict:
+    """An item's meta.json fields for its health seeds (none when the set has no health_seeds):
+    health_files (the files of seeds k = 1..N-1) and health_seeds (all N seeds)."""
+    if not prompt_set.health_seeds:
+        return {}
+    return {"health_files": [health_file_name(item_id, k) for k in range(1, len(seeds))], "health_seeds": list(seeds)}
 
 
 def decode_to_png(vae, latents: torch.Tensor, family=None) -> bytes:
@@ -117,7 +125,8 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
                            dtype: torch.dtype, versions: dict, checkpoint: Optional[str] = None,
                            weights_sha256: Optional[str] = None, ema: bool = False, family=None,
                            method: Optional[str] = None) -> list[str]:
-    """Render every prompt with the student; returns the written PNG paths. `encode(list[str])`
+    """Render every prompt with the student (at each of the prompt set's health seeds, when it has
+    them: <id>~s<k>.png, listed in meta.json); returns the paths of the grid images (<id>.png). `encode(list[str])`
     gives text embeddings (B, L, D). `checkpoint` / `weights_sha256`: the checkpoint folder name and
     the hash of its weight files the student holds (None for a validation render between checkpoints).
     `method`: the distillation method that trained it (distillation.method), for meta.json."""
@@ -129,14 +138,16 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
         paths, items = [], {}
         try:
             for item in prompt_set.items:
-                seed = item_seed(prompt_set, item)
-                png = student_png(student=student, vae=vae, emb=encode([item.prompt]).to(device), schedule=schedule,
-                                  timesteps=timesteps, seed=seed, device=device, dtype=dtype,
-                                  size=(prompt_set.width, prompt_set.height), family=family)
-                path = out_dir / f"{item.id}.png"
-                atomic_write_bytes(path, png, durable=False)
-                paths.append(str(path))
-                items[item.id] = {"prompt": item.prompt, "seed": seed, "file": path.name}
+                emb = encode([item.prompt]).to(device)
+                seeds = health_seed_list(prompt_set, item)
+                for k, seed in enumerate(seeds):  # k = 0: the grid image; k >= 1: the health seeds
+                    png = student_png(student=student, vae=vae, emb=emb, schedule=schedule,
+                                      timesteps=timesteps, seed=seed, device=device, dtype=dtype,
+                                      size=(prompt_set.width, prompt_set.height), family=family)
+                    atomic_write_bytes(out_dir / health_file_name(item.id, k), png, durable=False)
+                paths.append(str(out_dir / health_file_name(item.id, 0)))
+                items[item.id] = {"prompt": item.prompt, "seed": seeds[0], "file": health_file_name(item.id, 0),
+                                  **health_meta(prompt_set, item.id, seeds)}
         finally:
             student.train(was_training)
         atomic_write_json(out_dir / SAMPLES_META, {
@@ -253,31 +264,41 @@ def inputs_in_own_dtype(net: torch.nn.Module):
         handle.remove()
 
 
+def _teacher_image(pipe, teacher, prompt_set: PromptSet, item, seed: int, device) -> bytes:
+    with inputs_in_own_dtype(teacher.denoiser):
+        return teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
+                           steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
+                           device=device, family=teacher.family)
+
+
+def _teacher_pipe(teacher, prompt_set: PromptSet):
+    return sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config, teacher.family))
+
+
 @torch.no_grad()
 def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, versions: dict,
                            device: torch.device | str = "cpu", weights_sha256: Optional[str] = None,
-                           progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
+                           progress: Optional[Callable[[int, int], None]] = None, health: bool = True) -> list[str]:
     """The teacher reference images of a prompt set: its sampler, steps and CFG. One PNG per item
-    and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given).
-    `progress(done, total)` after each image."""
+    and a meta.json (weights_sha256: of the teacher's UNet files, computed here when not given);
+    then, with `health`, the prompt set's health seeds (add_teacher_health_seeds). Returns the grid
+    images' paths. `progress(done, total)` after each image."""
     t0 = time.time()
     with complete_or_absent(out_dir):  # a failed render leaves no folder it made
         out_dir.mkdir(parents=True, exist_ok=True)
         family = teacher.family
-        pipe = sd_pipeline(teacher, make_scheduler(prompt_set.sampler, teacher.scheduler.config, family))
+        pipe = _teacher_pipe(teacher, prompt_set)
         paths, items = [], {}
+        total = len(prompt_set.items) + (len(missing_health_seeds(out_dir, prompt_set)) if health else 0)
         for item in prompt_set.items:
             seed = item_seed(prompt_set, item)
-            with inputs_in_own_dtype(teacher.denoiser):
-                png = teacher_png(pipe, prompt=item.prompt, negative_prompt=item.negative_prompt, seed=seed,
-                                  steps=prompt_set.steps, cfg=prompt_set.cfg, size=(prompt_set.width, prompt_set.height),
-                                  device=device, family=family)
+            png = _teacher_image(pipe, teacher, prompt_set, item, seed, device)
             path = out_dir / f"{item.id}.png"
             atomic_write_bytes(path, png, durable=False)
             paths.append(str(path))
             items[item.id] = {"prompt": item.prompt, "negative_prompt": item.negative_prompt, "seed": seed, "file": path.name}
             if progress is not None:
-                progress(len(paths), len(prompt_set.items))
+                progress(len(paths), total)
         if weights_sha256 is None:
             weights_sha256 = sha256_files(teacher_weight_files(teacher))
         atomic_write_json(out_dir / SAMPLES_META, {
@@ -287,30 +308,98 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
             "resolution": [prompt_set.width, prompt_set.height], "items": items,
             "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
         })
+        if health:
+            done = len(paths)
+            add_teacher_health_seeds(out_dir, teacher=teacher, prompt_set=prompt_set, device=device, pipe=pipe,
+                                     progress=None if progress is None else lambda d, t: progress(done + d, total))
     return paths
+
+
+def missing_health_seeds(out_dir: Path, prompt_set: PromptSet) -> list[tuple[str, int]]:
+    """(item id, k) of each health seed (k >= 1) a teacher folder lacks: not listed in its meta.json
+    (an item without health_files, a folder rendered before the set had health seeds, or one whose
+    health seeds a stop cut short), or listed with its file gone."""
+    if prompt_set.health_seeds < 2:
+        return []
+    try:
+        items = json.loads((out_dir / SAMPLES_META).read_text(encoding="utf-8")).get("items")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        items = None
+    items = items if isinstance(items, dict) else {}
+    missing = []
+    for item in prompt_set.items:
+        entry = items.get(item.id)
+        listed = entry.get("health_files") if isinstance(entry, dict) else None
+        for k in range(1, prompt_set.health_seeds):
+            name = health_file_name(item.id, k)
+            if not (isinstance(listed, list) and name in listed and (out_dir / name).is_file()):
+                missing.append((item.id, k))
+    return missing
+
+
+@torch.no_grad()
+def add_teacher_health_seeds(out_dir: Path, *, teacher, prompt_set: PromptSet, device: torch.device | str = "cpu",
+                             pipe=None, progress: Optional[Callable[[int, int], None]] = None) -> int:
+    """Complete a teacher folder (its grid images and meta.json written) with the prompt set's
+    health seeds it lacks (missing_health_seeds), then list every item's health files and seeds in
+    meta.json. Only what is missing is rendered: a folder whose health seeds a stop cut short is
+    completed, never rendered again whole. Returns the number of images rendered."""
+    missing = missing_health_seeds(out_dir, prompt_set)
+    if not missing and prompt_set.health_seeds < 1:
+        return 0
+    pipe = pipe if pipe is not None else (_teacher_pipe(teacher, prompt_set) if missing else None)
+    by_id = {item.id: item for item in prompt_set.items}
+    meta = json.loads((out_dir / SAMPLES_META).read_text(encoding="utf-8"))
+    for n, (item_id, k) in enumerate(missing, start=1):
+        seed = health_seed_list(prompt_set, item_id)[k]
+        name = health_file_name(item_id, k)
+        atomic_write_bytes(out_dir / name, _teacher_image(pipe, teacher, prompt_set, by_id[item_id], seed, device),
+                           durable=False)
+        entry = meta["items"][item_id]  # listed as soon as written: a stop later keeps it
+        listed = {name, *(entry["health_files"] if isinstance(entry.get("health_files"), list) else [])}
+        entry["health_files"] = [f for j in range(1, prompt_set.health_seeds)
+                                 if (f := health_file_name(item_id, j)) in listed]
+        atomic_write_json(out_dir / SAMPLES_META, meta)
+        if progress is not None:
+            progress(n, len(missing))
+    for item in prompt_set.items:
+        if isinstance(meta["items"].get(item.id), dict):
+            meta["items"][item.id].update(health_meta(prompt_set, item.id, health_seed_list(prompt_set, item)))
+    atomic_write_json(out_dir / SAMPLES_META, meta)
+    return len(missing)
 
 
 def ensure_teacher_samples(out: Path, *, teacher, prompt_set: PromptSet, device, events, log,
                            iteration: Optional[int], between_images: Optional[Callable[[], None]] = None) -> None:
     """Render the teacher reference into `out` unless its meta.json already names this prompt set
-    + version (a resumed run: rendered once per run). A failure is a warning event, never the end
-    of training. Events: phase `teacher-samples` with done/total (0/N, then after each image), then
-    `samples` (model teacher, iter null)."""
+    + version (a resumed run: rendered once per run); then its health seeds, of which a folder
+    whose seeds a stop cut short gets only the missing ones. A failure is a warning event, never
+    the end of training. Events: phase `teacher-samples` with done/total (0/N, then after each
+    image), then `samples` (model teacher, iter null) once something was rendered."""
     try:
         meta = json.loads((out / SAMPLES_META).read_text(encoding="utf-8"))
-        if (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version):
-            return
+        rendered = (meta.get("prompt_set"), meta.get("prompt_set_version")) == (prompt_set.name, prompt_set.version)
     except (OSError, ValueError, AttributeError, RecursionError):
-        pass  # absent or unreadable: render
-    def progress(done: int, total: int) -> None:
+        rendered = False  # absent or unreadable: render
+    missing = len(missing_health_seeds(out, prompt_set)) if rendered else 0
+    if rendered and not missing:
+        return
+    total = missing if rendered else len(prompt_set.items) * max(1, prompt_set.health_seeds)
+
+    def progress(done: int, _total: int = 0) -> None:
         events.emit("phase", iteration, phase="teacher-samples", done=done, total=total)
         if between_images is not None and done < total:
             between_images()  # a stop command ends the phase here (StopRequested)
 
-    progress(0, len(prompt_set.items))
+    progress(0)
     try:
-        paths = render_teacher_samples(out, teacher=teacher, prompt_set=prompt_set, versions=library_versions(),
-                                       device=device, progress=progress)
+        if not rendered:
+            render_teacher_samples(out, teacher=teacher, prompt_set=prompt_set, versions=library_versions(),
+                                   device=device, progress=progress, health=False)
+        first = 0 if rendered else len(prompt_set.items)
+        add_teacher_health_seeds(out, teacher=teacher, prompt_set=prompt_set, device=device,
+                                 progress=lambda done, _t: progress(first + done))
+        paths = [str(out / f"{item.id}.png") for item in prompt_set.items]
         events.emit("samples", None, folder=str(out), paths=paths, model="teacher")
     except StopRequested:
         raise

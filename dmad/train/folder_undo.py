@@ -31,7 +31,7 @@ CONTROL_NAME = "control.jsonl"  # the app's to write: never touched
 REWRITTEN = ("config.json", "prompt_set.json", "env.json", "command.txt", "status.json", LOCK_NAME)
 # Appended to while the engine runs: their old length, and the last bytes (a torn last row or line
 # is cut when a writer opens the file).
-APPENDED = ("events.jsonl", "metrics.csv", "gpu_mem.csv")
+APPENDED = ("events.jsonl", "metrics.csv", "health.csv", "gpu_mem.csv")
 TAIL_BYTES = 1 << 20
 WHOLE_MAX_BYTES = 64 << 20  # a planted giant status.json is not copied into memory; it is left as it is
 

@@ -79,6 +79,8 @@ def train_loop(s: Session, tr: Trainer, stop: "StopFlag", phase: Phase, control:
         stopping = _control(s, tr, control, stop)
         if stopping:
             return _stop(s, tr, checkpoint=stopping == "stop")
+        if s.health.stop_signal:  # observation.health.stop_on_alert: as stop_now, no new checkpoint
+            return _stop(s, tr, checkpoint=False, reason=f"health alert: {s.health.stop_signal}")
         t_iter = time.perf_counter()
         batches = s.data.take(p.batches_used, cfg.resources.gradient_accumulation_steps)
         p.batches_used += len(batches)
@@ -124,9 +126,10 @@ def _finish(s: Session, tr: Trainer) -> int:
     return 0
 
 
-def _stop(s: Session, tr: Trainer, checkpoint: bool = True) -> int:
+def _stop(s: Session, tr: Trainer, checkpoint: bool = True, reason: Optional[str] = None) -> int:
     """stop: a checkpoint at this iteration and its samples (the last column of the grid), then
-    stopped. stop_now: stopped at once, with the checkpoints there are."""
+    stopped. stop_now: stopped at once, with the checkpoints there are. `reason`: a health alert
+    (stop_on_alert), named in the stopped event with the last checkpoint that raised none."""
     folder, it = s.files.folder, s.progress.iter
     folder.write_status("stopping", iter=it)
     saved = checkpoint and s.progress.last_saved != it
@@ -135,8 +138,9 @@ def _stop(s: Session, tr: Trainer, checkpoint: bool = True) -> int:
         render_samples(s, tr)
     last = folder.latest_checkpoint() if tr.is_main else None
     folder.write_status("stopped", iter=it, **_cache_counts(s))
+    why = {} if reason is None else {"reason": reason, "healthy_checkpoint": s.health.healthy_checkpoint}
     s.files.events.emit("stopped", it, last_checkpoint=last[0] if last else None, checkpoint_saved=saved,
-                        network_passes=tr.passes.equivalents())
+                        network_passes=tr.passes.equivalents(), **why)
     return 0
 
 

@@ -5,6 +5,7 @@ dmad.models.checkpoint's and the method's (its unit names its networks and files
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -62,10 +63,21 @@ def _write_checkpoint(s: Session, tr: Trainer) -> None:
 
             shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint (a full disk) must not hold the space
             raise
-    path = folder.commit_checkpoint(p.iter, tmp, tr.cfg.observation.checkpoints_total_limit)
+    path = folder.commit_checkpoint(p.iter, tmp, tr.cfg.observation.checkpoints_total_limit, protect=_healthy(s, tr))
     p.last_saved = p.iter
     folder.write_status(folder.read_status().get("state", "running"), last_checkpoint=p.iter)
     s.files.events.emit("checkpoint", p.iter, path=str(path), student_timesteps=tr.timesteps)
+
+
+def _healthy(s: Session, tr: Trainer) -> Optional[int]:
+    """The checkpoint rotation must keep: the last one whose health raised no alert, with
+    observation.health.stop_on_alert (health.csv after a resume; what this engine saw since)."""
+    if not (tr.cfg.observation.health.stop_on_alert and s.files.prompt_set.health_seeds):
+        return None
+    from dmad.contract.runlog import read_health
+    from dmad.train.health_check import last_healthy_checkpoint
+
+    return last_healthy_checkpoint(read_health(s.files.folder.health_csv))
 
 
 def checkpoint_bytes(tr: Trainer) -> int:

@@ -17,6 +17,7 @@ from dmad.contract.prompts import PromptSet
 from dmad.contract.runs import CsvAppender, RunFolder
 from dmad.methods.noise import SampleRNG
 from dmad.methods.unit import MicroBatch
+from dmad.train.health_check import HealthState
 
 if TYPE_CHECKING:
     from dmad.data.encode import Caches
@@ -96,3 +97,4 @@ class Session:
     data: DataStream
     progress: Progress
     checkpoint_bytes: Callable[[], int]  # about what a checkpoint takes on disk (a full disk's message)
+    health: HealthState = field(default_factory=HealthState)  # the health signals' state (dmad.train.health_check)

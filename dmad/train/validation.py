@@ -1,8 +1,9 @@
 """What a training session renders: the teacher reference before iteration 1, the prompt set with
 the student's own timesteps (at checkpoints, every validation_steps, and on sample_now), and one
 image of a prompt typed in the app (sample_now with a prompt). Every rank calls render_samples and
-render_teacher; rank 0 renders (in its own copy of the global RNGs) while the others wait. A failure
-is a warning event: sampling never ends training.
+render_teacher; rank 0 renders (in its own copy of the global RNGs) while the others wait, then
+computes the prompt set's health signals (when it has health_seeds). A failure is a warning event:
+sampling never ends training (a health alert does, with observation.health.stop_on_alert).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from dmad.contract.prompts import PromptItem
 from dmad.contract.runs import SAMPLES_META, TMP_PREFIX, atomic_write_json
 from dmad.models.networks import trainable_parameters
+from dmad.train.ranks import broadcast
 from dmad.train.run_files import is_oom
 from dmad.train.session import Session
 from dmad.train.trainer import Trainer
@@ -35,6 +37,8 @@ def render_samples(s: Session, tr: Trainer, prompt: Optional[str] = None, seed: 
             tr.barrier()
     else:
         tr.barrier()
+    if not prompt and tr.world > 1 and tr.cfg.observation.health.stop_on_alert and s.files.prompt_set.health_seeds:
+        s.health.stop_signal = broadcast(tr.accelerator, s.health.stop_signal)  # every rank stops alike
 
 
 def render_teacher(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None) -> None:
@@ -96,13 +100,22 @@ def _render(s: Session, tr: Trainer, out: Path, prompt_set) -> list[str]:
 
 
 def render_prompt_set(s: Session, tr: Trainer) -> None:
-    """samples/iter_<N>/: the run's prompt set with the student's own timesteps (EMA when on)."""
+    """samples/iter_<N>/: the run's prompt set with the student's own timesteps (EMA when on);
+    with the prompt set's health_seeds, then its health signals (dmad.train.health_check)."""
     it = s.progress.iter
     out = s.files.folder.samples_dir / f"iter_{it}"
+    rendered = False
     with _warn_on_failure(s, "sampling"):
         paths = _render(s, tr, out, s.files.prompt_set)
         s.files.events.emit("samples", it, folder=str(out), paths=paths, model="student",
                             ema=tr.trainables.ema is not None)
+        rendered = True
+    if rendered and s.files.prompt_set.health_seeds > 0:
+        from dmad.train.health_check import record_health
+
+        checkpoint = f"iter_{it}" if s.progress.last_saved == it else None
+        with _warn_on_failure(s, "health signals"):
+            record_health(s, tr, out, checkpoint)
 
 
 def render_one_off(s: Session, tr: Trainer, prompt: str, seed: Optional[int]) -> None:

@@ -15,6 +15,8 @@ PAYLOADS = {
     "metric": dict(loss_dm=0.25, loss_fake=1.5, step_time_s=0.12, mem_peak_alloc_gb=3.2),
     "checkpoint": dict(path="checkpoints/iter_10"),
     "samples": dict(dir="samples/iter_10", images=["samples/iter_10/red.png"]),
+    "health": dict(checkpoint="iter_10", folder="/runs/x/samples/iter_10", seeds=4, prompts=2,
+                   signals={"diversity": 0.82, "teacher_distance": 0.12}, teacher={"diversity": 0.2}, alerts=[]),
     "warning": dict(message="data: 2 images without captions skipped"),
     "error": dict(message="CUDA out of memory", phase="step-3", exit_code=3),
     "paused": {}, "resumed": {}, "stopped": dict(reason="user"), "finished": dict(elapsed_s=12.5),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dmad.contract.events import read_events
+from dmad.contract.runlog import read_health
 from tests.conftest import dmad_captured, dmad_in_process
 
 torch = pytest.importorskip("torch")
@@ -45,13 +47,14 @@ def _leftovers(run: Path) -> list:
 
 
 def _one_update(write_config, tmp_path, name: str, batch: int, processes: int,
-                identity: dict | None = None) -> Path:
+                identity: dict | None = None, prompt_set: Path | None = None) -> Path:
     cfg = write_config({
         "identity": identity or {},
+        "observation": {"checkpointing_steps": 1, "log_every_steps": 1,
+                        **({"prompt_set": str(prompt_set)} if prompt_set else {})},
         "resources": {"train_batch_size": batch},
         "optimization": {"max_train_steps": 1, "optimizer": "sgd", "generator_lr": 0.5, "critic_lr": 0.5,
-                         "max_grad_norm": 0.0, "lr_scheduler": "constant"},
-        "observation": {"checkpointing_steps": 1, "log_every_steps": 1}}, name=f"{name}.json")
+                         "max_grad_norm": 0.0, "lr_scheduler": "constant"}}, name=f"{name}.json")
     run = tmp_path / name
     # in this process: the reference run, and the launcher of a multi-process run (its ranks are
     # processes of their own, started by accelerate launch); a CLI start is ~7 s of imports
@@ -59,14 +62,14 @@ def _one_update(write_config, tmp_path, name: str, batch: int, processes: int,
     return run
 
 
-def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, tmp_path, tiny_teacher):
+def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, tmp_path, tiny_teacher, health_prompt_set):
     """Rank r takes the samples (and per-sample noise) at global positions r*B ... (r+1)*B - 1, so
     two ranks of batch 2 see what one process of batch 4 sees; DDP averages the gradients: one SGD
     update must agree up to float rounding."""
     from tests.e2e.test_train import _unet_state
 
     one = _one_update(write_config, tmp_path, "one", 4, 1)
-    two = _one_update(write_config, tmp_path, "two", 2, 2)
+    two = _one_update(write_config, tmp_path, "two", 2, 2, prompt_set=health_prompt_set)
     teacher = _unet_state(tiny_teacher / "unet")
     for net in ("student", "fake_score"):
         sa = _unet_state(one / "checkpoints" / "iter_1" / net)
@@ -84,6 +87,9 @@ def test_two_processes_of_batch_b_step_like_one_of_batch_2b(write_config, tmp_pa
     assert len(two_rows) == 2  # one row, written once (rank 0): the mean over both ranks
     loss = one_rows[0].split(",").index("loss_fake")
     assert float(two_rows[1].split(",")[loss]) == pytest.approx(float(one_rows[1].split(",")[loss]), rel=1e-4)
+    # one health row and event for the one validation (iteration 1), rank 0's
+    assert [(r["iter"], r["checkpoint"]) for r in read_health(two / "health.csv")] == [(1, "iter_1")]
+    assert [e.iter for e in read_events(two / "events.jsonl") if e.kind == "health"] == [1]
 
 
 def test_shared_base_adapters_step_alike_in_two_processes(write_config, tmp_path):

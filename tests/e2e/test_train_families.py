@@ -16,6 +16,7 @@ from tests.conftest import dmad_in_process, run_dmad
 torch = pytest.importorskip("torch")
 
 from dmad.contract.events import read_events  # noqa: E402
+from dmad.contract.runlog import read_health  # noqa: E402
 from dmad.testing.tiny import make_tiny_flux_pipeline, make_tiny_sd3_pipeline, make_tiny_sdxl_pipeline  # noqa: E402
 
 FAMILIES = {
@@ -69,8 +70,8 @@ def _pngs(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["sdxl", "sd3", "flux"])
-def test_family_trains_checkpoints_samples_and_resumes(family, family_teachers, tiny_data, tiny_prompt_set, tmp_path):
-    cfg = _config(tmp_path, family_teachers[family], tiny_data, tiny_prompt_set, family, {})
+def test_family_trains_checkpoints_samples_and_resumes(family, family_teachers, tiny_data, health_prompt_set, tmp_path):
+    cfg = _config(tmp_path, family_teachers[family], tiny_data, health_prompt_set, family, {})
     assert dmad_in_process("train", "--config", str(cfg)) == 0
     run = tmp_path / "runs" / family
     rows = _rows(run)
@@ -80,7 +81,10 @@ def test_family_trains_checkpoints_samples_and_resumes(family, family_teachers, 
     teacher_meta = json.loads((run / "samples" / "teacher" / "meta.json").read_text())
     flow = family != "sdxl"
     assert teacher_meta["sampler"] == ("flow_match_euler" if flow else "ddim")
-    assert set(_pngs(run / "samples" / "teacher")) == {"red.png", "blue.png"}
+    assert set(_pngs(run / "samples" / "teacher")) == {"red.png", "blue.png", "red~s1.png", "blue~s1.png"}
+    health = [e for e in read_events(run / "events.jsonl") if e.kind == "health"]  # the family's health signals
+    assert [(e.iter, e.data["checkpoint"]) for e in health] == [(2, "iter_2"), (4, "iter_4")]
+    assert {"diversity", "teacher_distance"} <= set(health[-1].data["signals"])
     student_meta = json.loads((run / "samples" / "iter_4" / "meta.json").read_text())
     assert student_meta["timesteps"] == [999, 499]
     log = (run / "logs" / "engine.log").read_text()
@@ -94,13 +98,14 @@ def test_family_trains_checkpoints_samples_and_resumes(family, family_teachers, 
         assert np.asarray(Image.open(BytesIO(png))).std() > 1
 
     # resume to 6: every iteration exactly once, the checkpoint's state carried over
-    cfg6 = _config(tmp_path, family_teachers[family], tiny_data, tiny_prompt_set, family,
+    cfg6 = _config(tmp_path, family_teachers[family], tiny_data, health_prompt_set, family,
                    {"optimization": {"max_train_steps": 6}})
     assert dmad_in_process("train", "--config", str(cfg6), "--resume", "latest") == 0
     rows = _rows(run)
     assert [int(x["iter"]) for x in rows] == [1, 2, 3, 4, 5, 6]
     _finite_losses(rows)
     assert any(e.kind == "phase" and e.data.get("phase") == "restored" for e in read_events(run / "events.jsonl"))
+    assert [r["iter"] for r in read_health(run / "health.csv")] == [2, 4, 6]
 
     # `dmad sample` re-renders the checkpoint's images exactly (same weights, noise, sampler)
     assert dmad_in_process("sample", "--run", str(run), "--checkpoint", "6", "--out", str(tmp_path / "again")) == 0
