@@ -17,6 +17,7 @@ from typing import Optional
 
 from app.models.methods import label, read_method
 from dmad.contract.jsonfile import read_json_or_problem
+from dmad.contract.prompts import HEALTH_FILE_MARK
 from dmad.contract.runs import SAMPLES_META, RunFolder
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
@@ -93,6 +94,8 @@ def _list_images(folder: Path) -> dict[str, ImageFile]:
     with os.scandir(folder) as it:
         for e in it:
             stem, ext = os.path.splitext(e.name)
+            if HEALTH_FILE_MARK in stem:  # <id>~s<k>.png: a health seed, not a row of the grid
+                continue
             if ext.lower() in IMAGE_EXTS and e.is_file():
                 st = e.stat()
                 out[stem] = ImageFile(Path(e.path), st.st_size, st.st_mtime_ns)

@@ -133,3 +133,18 @@ def test_an_alert_is_new_once_until_a_row_without_it():
     assert tracker.new_alerts(300, [div, sat]) == [sat]
     assert tracker.new_alerts(400, []) == []
     assert tracker.new_alerts(500, [div]) == [div]
+
+
+def test_health_seed_images_are_not_rows_of_the_grid(run):
+    """<id>~s<k>.png are a validation's extra seeds for the health signals: the grid still shows one
+    row per prompt (its seed-0 image)."""
+    import shutil
+
+    from app.models.sample_index import scan_samples
+
+    rows = scan_samples(run).rows
+    for folder in ("teacher", "iter_60", "iter_120"):
+        for pid in rows:
+            for k in (1, 2, 3):
+                shutil.copy(run / "samples" / folder / f"{pid}.png", run / "samples" / folder / f"{pid}~s{k}.png")
+    assert scan_samples(run).rows == rows and len(rows) > 1
