@@ -15,7 +15,6 @@ import os
 import threading
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import QSettings, QThread, QTimer
 from PySide6.QtWidgets import QApplication
 
