@@ -176,12 +176,13 @@ class MainWindow(QMainWindow):
             self.show_panel("Training")
         return choice == start_question.NEW
 
-    def open_run(self, run_dir: Path) -> bool:
+    def open_run(self, run_dir: Path, then: Optional[Callable[[], None]] = None) -> bool:
         """Show a run folder: its curves (reattaching when it is live), samples, memory and its own
-        config (read-only in the Config tab)."""
+        config (read-only in the Config tab). Every panel reads the folder in workers: the Training
+        panel shows the run when its reads are in (its `opened`), then runs `then()`."""
         run_dir = Path(run_dir)
         self.show_panel("Training")
-        if self.training.open_run(run_dir) is False:  # our own engine is live: the panel says why
+        if self.training.open_run(run_dir, then) is False:  # our own engine is live: the panel says why
             return False
         self._set_run(run_dir)
         self.config.show_run_config(run_dir)
@@ -199,9 +200,8 @@ class MainWindow(QMainWindow):
 
     def continue_run(self, run_dir: Path) -> None:
         """Show a stopped or failed run and continue it in its folder. The panel decides from the
-        status.json it just read, not from the Runs panel's last scan (the run may have moved)."""
-        if self.open_run(run_dir):
-            self.training.continue_run()
+        status.json it just read (in a worker), not from the Runs panel's last scan (the run may have moved)."""
+        self.open_run(run_dir, then=self.training.continue_run)
 
     def _on_run_state(self, state: str) -> None:
         self._state = state

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene
 
 from app.engine.background import Task
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.regular import read_regular
 
 BLINK_MS = 500
 MODES = ("side", "blink", "diff")
@@ -75,12 +76,18 @@ def image_difference(a: QImage, b: QImage) -> Difference:
     return Difference(heat, peak, float(d.mean()) if d.size else 0.0, note)
 
 
+def load_image(path: Path) -> QImage:
+    """Worker side: `path` decoded from its bytes (read_regular: a FIFO swapped in for a sample is
+    refused at once, never waited on); OSError naming the file when it cannot be decoded."""
+    img = QImage.fromData(read_regular(path))
+    if img.isNull():
+        raise OSError(f"cannot decode {path}")
+    return img
+
+
 def load_and_compare(path_a: Path, path_b: Path) -> tuple[QImage, QImage, Difference]:
     """Worker side."""
-    a, b = QImage(str(path_a)), QImage(str(path_b))
-    for img, p in ((a, path_a), (b, path_b)):
-        if img.isNull():
-            raise OSError(f"cannot decode {p}")
+    a, b = load_image(path_a), load_image(path_b)
     return a, b, image_difference(a, b)
 
 

@@ -1,7 +1,7 @@
 """The image a "Sample prompt…" request rendered: shown when the engine's `samples` event (one_off) says
 it is on disk, with its prompt, seed and iteration. One window, reused: a new one-off replaces the last.
 
-The PNG is decoded in a pool worker as a QImage (QPixmap is made on the GUI thread).
+The PNG is read and decoded in a pool worker as a QImage (QPixmap is made on the GUI thread).
 """
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPushButton, QV
 
 from app.engine.background import Task
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.regular import read_regular
 
 MIN_SIDE = 256  # px on screen: a 64 px demo image is shown enlarged (nearest neighbour), not as a speck
 MIN_WIDTH = 460  # px: the caption (prompt, seed, iteration) and the path have room
 
 
 def _load(path: Path) -> tuple[Path, QImage]:
-    return path, QImage(str(path))
+    """Worker side; a null QImage when the bytes are not an image (read_regular: a FIFO there is
+    refused at once, never waited on)."""
+    return path, QImage.fromData(read_regular(path))
 
 
 class OneOffViewer(QDialog):

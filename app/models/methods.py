@@ -58,8 +58,8 @@ def _unused(method: Any) -> tuple[tuple[str, str], ...]:
 
 
 def read_method(config_path: Path) -> Optional[str]:
-    """The method of a config file (a run's config.json), None when it cannot be read. A few hundred
-    bytes: read on the GUI thread like status.json, and as bounded (read_json_or_problem)."""
+    """The method of a config file (a run's config.json), None when it cannot be read. Bounded and
+    non-blocking (read_json_or_problem), but a read all the same: call it in a pool worker."""
     raw, problem = read_json_or_problem(config_path)
     if problem:
         return None

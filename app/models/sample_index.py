@@ -22,6 +22,7 @@ from dmad.contract.runs import SAMPLES_META, RunFolder
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 TEACHER = "teacher"
+NO_PROMPT_SET = "no prompt_set.json"  # the index's prompt_note when the run has none
 # teacher | iter_<N>, and `dmad sample`'s re-renders beside them: <name>-r2, -r3, ... (never replaced)
 _FOLDER = re.compile(r"^(?:teacher|iter_(\d+))(?:-r(\d+))?$")
 

@@ -25,7 +25,7 @@ from app.dialogs.prompt_set_editor import PromptSetEditor
 from app.engine.background import Task
 from app.engine.command import DmadCommand
 from app.models.health import LABELS, SIGNALS, figure
-from app.models.sample_index import SamplesIndex, checkpoint_of, provenance
+from app.models.sample_index import NO_PROMPT_SET, SamplesIndex, checkpoint_of, provenance
 from app.models.thumbs import THUMB_PX, ThumbCache, ThumbLoader
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.export_button import ExportButton, reveal_folder
@@ -35,7 +35,6 @@ from app.widgets.samples_grid import (CELL_PX, CELL_RANGE, NO_SAMPLES, GridListi
                                       SamplesModel, scan_grid)
 from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.events import Event
-from dmad.contract.jsonfile import read_json_or_problem
 from dmad.contract.runs import RunFolder
 
 RESCAN_MS = 3000
@@ -313,8 +312,8 @@ class SamplesPanel(QWidget):
             a, b = (Mark(run, *self.model.key(*c), self.model.image(*c).path) for c in selected)
             return a, b
         a, b = self.model.mark("A"), self.model.mark("B")
-        if a is not None and b is not None and a.path.is_file() and b.path.is_file():
-            return a, b
+        if a is not None and b is not None:
+            return a, b  # not stat()ed here: the A/B view's worker says if one is gone
         return None
 
     def compare(self) -> bool:
@@ -347,7 +346,7 @@ class SamplesPanel(QWidget):
             ckpt = checkpoint_of(self.model.key(*cell)[1])
             render.setToolTip(f"Run dmad sample --run <this run> --checkpoint {ckpt}: the same prompt set, "
                               "seeds and settings, into a new column <folder>-r<K> beside it")
-        self.buttons["prompts"].setEnabled(self._run is not None)
+        self.buttons["prompts"].setEnabled(self._listed())
         self._update_export(cell)
 
     def _update_export(self, cell: Optional[tuple[int, int]]) -> None:
@@ -400,16 +399,21 @@ class SamplesPanel(QWidget):
 
     # ------------------------------------------------------------ prompt set
 
+    def _listed(self) -> bool:
+        """The open run's listing (its prompt_set.json with it) has come from the worker."""
+        return self._run is not None and self.model.listing.index.run_dir == self._run
+
     def edit_prompt_set(self) -> Optional[PromptSetEditor]:
-        """The editor on the run's prompt_set.json; its name + version counts as taken (the run used it)."""
-        if self._run is None:
+        """The editor on the run's prompt_set.json, as the listing's worker read it (the GUI thread reads
+        no run file); its name + version counts as taken (the run used it). None until the listing is in."""
+        if not self._listed():
             return None
-        source = RunFolder(self._run).prompt_set_json
-        raw, problem = read_json_or_problem(source)
+        index = self.model.listing.index
+        raw, problem = index.prompt_set, index.prompt_note
         editor = PromptSetEditor(self._prompt_set_dir, [] if problem else [raw], self)
         if not problem:
-            editor.show_raw(raw, source.name)
-        elif source.exists():  # the run's copy is broken (or planted): an empty editor that says so
+            editor.show_raw(raw, RunFolder(self._run).prompt_set_json.name)
+        elif problem != NO_PROMPT_SET:  # the run's copy is broken (or planted): an empty editor that says so
             editor.message.setText(f"The run's prompt set is not shown: {problem}")
         editor.show()
         return editor

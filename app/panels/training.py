@@ -11,12 +11,19 @@ Continue (`continue_run`) runs `dmad train --resume latest` on the shown run, in
 Commands go through RunCommands (app/dialogs/run_commands.py): a Stop that takes long offers Stop now
 (no checkpoint), then Kill, in the stop bar; "Sample prompt…" shows its one-off image when it comes.
 The ETA is the recent pace smoothed (app/models/eta.py), not the engine's jumpy eta_s.
+
+The GUI thread reads nothing from a run folder (a stalled network drive would freeze the window):
+opening a run reads its status.json, config.json and engine.log tail in a pool worker
+(app/models/run_open.py) and shows the run when the answer comes (`opened`); events.jsonl, health.csv,
+status.json polls and the checkpoints are read in workers too. An open that a newer one (or Start,
+Continue) overtook is dropped; a read that fails is one line in the panel.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
@@ -30,6 +37,7 @@ from app.models.eta import EtaSmoother
 from app.models.health import AlertTracker, HealthRow, HealthTable, event_alerts, read_health_csv, row_from_event
 from app.models.lifecycle import LIVE, LOG_LINES, Failure, RunLifecycle
 from app.models.methods import read_method
+from app.models.run_open import OpenedRun, read_opened_run
 from app.models.resume import CONTINUABLE, ResumeLookup, continue_text
 from app.models.run_source import RunSource
 from app.models.run_state import RunState
@@ -47,11 +55,17 @@ from app.widgets.stop_bar import StopBar
 from dmad.contract.runs import LIVE_STATES, RunFolder
 
 
+def same_path(a: Path, b: Path) -> bool:
+    """The same folder by name (absolute, normalised): no stat, which a stalled drive would hold."""
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
 class TrainingPanel(QWidget):
     start_requested = Signal()
     run_state_changed = Signal(str)  # the lifecycle's state, after this panel's own timers followed it
     plots_refreshed = Signal(int)  # the newest plotted iteration, after setData ran
     health_alert = Signal(str)  # a new health alert of the followed run, seen live: one line (notification)
+    opened = Signal(object)  # the run folder (Path) an open_run asked for is shown, or its one-line error is
 
     def __init__(self, parent: Optional[QWidget] = None, engine_command: Optional[Sequence[str]] = None):
         super().__init__(parent)
@@ -74,6 +88,12 @@ class TrainingPanel(QWidget):
         self.health_alerts = AlertTracker()  # which alerts are new (one banner / notification each)
         self.health_reads = Task(self)  # <run>/health.csv, the Health page's history, read in a worker
         self.health_reads.done.connect(self._health_read)
+        self.open_reads = Task(self)  # what open_run shows first: status.json, config.json, engine.log's tail
+        self.open_reads.done.connect(self._opened)
+        self.open_reads.failed.connect(self._open_failed)
+        self._opening: Optional[tuple[Path, Optional[Callable[[], None]]]] = None  # (run, then) being read
+        self.method_reads = Task(self)  # the method of the config a Start or Continue runs: which plots it fills
+        self.method_reads.done.connect(lambda method: self.loss_plot.set_method(method))
         self._start_allowed, self._start_reason = True, ""
         self.resume = ResumeLookup(self)  # what Continue would do: the checkpoints on disk, read in a worker
         self.resume.found.connect(self._update_buttons)
@@ -152,47 +172,80 @@ class TrainingPanel(QWidget):
             self.note_label.setText("a run is already live here: stop it first")
             return False
         self._clear()
-        self.loss_plot.set_method(read_method(config_path))  # which plots this run fills
+        self._read_method(Path(config_path))
         self._then(self.lifecycle.start, self._target[0], time.time())
         self._clock_timer.start()
         self.engine.start_train(Path(config_path), overrides=root_override(runs_root),
                                 num_processes=self.processes.value(), machines=self.machines)
         return True
 
-    def open_run(self, run_dir: Path) -> bool:
-        """Show a run from its folder; if it is live, keep following it (reattach)."""
+    def open_run(self, run_dir: Path, then: Optional[Callable[[], None]] = None) -> bool:
+        """Show a run from its folder; if it is live, keep following it (reattach). Its files are read
+        in a worker: the run is shown when they are in (`opened`), then `then()` runs. False when our
+        engine is live (the panel says why)."""
         run_dir = Path(run_dir)
         if self.engine.is_running():
             current = self.lifecycle.run_dir
-            if current is not None and run_dir.resolve() == current.resolve():
+            if current is not None and same_path(run_dir, current):
                 return True
             self.note_label.setText("the run started here is still live: stop it before opening another")
             return False
         self._clear()
-        folder = RunFolder(run_dir)
-        self.loss_plot.set_method(read_method(folder.config_json))
-        self.log_view.load_tail(folder.engine_log)
-        self.lifecycle.open(run_dir, folder.read_status())  # small and bounded: read here, shown at once
+        self._opening = (run_dir, then)
+        self.open_reads.submit(lambda: read_opened_run(run_dir))
+        self._refresh()  # every run-bound control waits for the answer
+        self.note_label.setText(f"reading {run_dir.name} ...")
+        return True
+
+    def opening(self) -> Optional[Path]:
+        """The run folder an open_run is reading now (None: none)."""
+        return self._opening[0] if self._opening is not None else None
+
+    def busy(self) -> bool:
+        return self.open_reads.busy()
+
+    def _opened(self, run: OpenedRun) -> None:
+        """The open's reads are in (open_reads answers only the latest open; _clear drops it): show it."""
+        if self._opening is None or self._opening[0] != run.run_dir:
+            return
+        then, self._opening = self._opening[1], None
+        self.note_label.clear()
+        self.loss_plot.set_method(run.method)
+        self.log_view.show_tail(run.log_tail)
+        self.lifecycle.open(run.run_dir, run.status)
         live = self.lifecycle.state in LIVE_STATES
-        self.source.follow(run_dir, live)
-        self._read_health(run_dir)
+        self.source.follow(run.run_dir, live)
+        self._read_health(run.run_dir)
         self._look_up_resume_point()  # the state may be the one shown before: no state_changed then
         if live:
             self._clock_timer.start()
         self._refresh()
-        return True
+        self.opened.emit(run.run_dir)
+        if then is not None:
+            then()
+
+    def _open_failed(self, message: str) -> None:
+        if self._opening is None:
+            return
+        run_dir, self._opening = self._opening[0], None
+        self._refresh()
+        self.note_label.setText(f"could not open {run_dir.name}: {' '.join(message.split())}")
+        self.opened.emit(run_dir)
 
     def continue_run(self) -> bool:
         """Continue the shown run in its own folder with this panel's process settings: `dmad train
         --config <run>/config.json --run-dir <run> --resume latest` goes on from its newest complete
         checkpoint, or starts again from iteration 0 when it has none."""
         run_dir, state = self.lifecycle.run_dir, self.lifecycle.state
+        if self._opening is not None:
+            self.note_label.setText(f"{self._opening[0].name} is still being read: continue it once it shows")
+            return False
         if run_dir is None or state not in CONTINUABLE or self.engine.is_running():
             self.note_label.setText(f"only a stopped or failed run can be continued (this one is {state})")
             return False
         self._clear()
         config = RunFolder(run_dir).config_json
-        self.loss_plot.set_method(read_method(config))
+        self._read_method(config)
         self.lifecycle.continue_run(run_dir, time.time())
         self.source.follow(run_dir, live=True)  # the history for the plots; the engine says what happens
         self._read_health(run_dir)
@@ -258,6 +311,10 @@ class TrainingPanel(QWidget):
                                     f"({data.get('num_processes', 1)} process(es))")
         self._log(describe_event(kind, it, data))
 
+    def _read_method(self, config_path: Path) -> None:
+        """Which plots the run fills: its config's method, read in a worker (set_method when it is in)."""
+        self.method_reads.submit(lambda: read_method(config_path))
+
     # ------------------------------------------------------------ health (issue 39)
 
     def _read_health(self, run_dir: Path) -> None:
@@ -303,8 +360,8 @@ class TrainingPanel(QWidget):
     def _refused(self, run_dir: Path, line: str) -> None:
         """The engine would not continue the run (exit 2: another engine writes the folder, or its
         config no longer passes) and changed nothing: show the folder as it is, and the one line why."""
-        self.open_run(run_dir)
-        self.banner.show_report(f"Could not continue {run_dir.name} - exit code 2 ({exit_meaning(2)})", [line])
+        title = f"Could not continue {run_dir.name} - exit code 2 ({exit_meaning(2)})"
+        self.open_run(run_dir, then=lambda: self.banner.show_report(title, [line]))
 
     def _refresh(self) -> None:
         self._update_buttons()
@@ -314,10 +371,11 @@ class TrainingPanel(QWidget):
         lc, running = self.lifecycle, self.engine.is_running()
         s, has_dir = lc.state, lc.run_dir is not None
         for key, enabled in enabled_controls(s, has_dir, running, lc.pending, self._start_allowed).items():
-            self.buttons[key].setEnabled(enabled)
+            self.buttons[key].setEnabled(enabled and (self._opening is None or key == "start"))
         self.buttons["start"].setToolTip(self._target[1] if self._start_allowed else self._start_reason)
         known, checkpoint = self.resume.point_for(lc.run_dir)
-        self.controls.show_continue(has_dir and s in CONTINUABLE and not running, *continue_text(s, checkpoint, known))
+        self.controls.show_continue(has_dir and s in CONTINUABLE and not running and self._opening is None,
+                                    *continue_text(s, checkpoint, known))
         self.state_label.setText(state_line(s, lc.pending, lc.phase, self._target[0], lc.starting_in, has_dir))
 
     def _update_numbers(self) -> None:
@@ -344,6 +402,9 @@ class TrainingPanel(QWidget):
     def _clear(self) -> None:
         """Before another run is shown: stop reading the last one and empty what showed it."""
         self.source.clear()
+        self.open_reads.reset()  # an open still being read answers nobody
+        self.method_reads.reset()
+        self._opening = None
         self._clock_timer.stop()
         self.eta.reset()
         self.commands.reset()

@@ -49,3 +49,21 @@ def pytest_runtest_teardown(item):
         yield
     finally:
         close.ask_unsaved_config = asked
+
+
+OPEN_WAIT_MS = 20_000
+
+
+@pytest.fixture
+def open_and_wait(qtbot):
+    """`open_and_wait(panel, run_dir)`: TrainingPanel.open_run (or MainWindow.open_run), then wait until
+    the run is shown. The panel reads the folder in a worker (the GUI thread reads no run file), so the
+    run shows when the worker's answer comes: `opened`. Returns open_run's answer (False: refused, and
+    nothing to wait for); the run is shown once opening() is None (`opened` was emitted)."""
+    def open_and_wait(panel, run_dir, **kwargs) -> bool:
+        training = getattr(panel, "training", panel)
+        opened = panel.open_run(run_dir, **kwargs)
+        if opened:
+            qtbot.waitUntil(lambda: training.opening() is None, timeout=OPEN_WAIT_MS)
+        return opened
+    return open_and_wait

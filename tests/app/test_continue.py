@@ -141,11 +141,11 @@ def wait_idle(qtbot, panel: TrainingPanel) -> None:
                                             ("running", False), ("paused", False), ("stopping", False),
                                             ("finished", False)])
 def test_continue_is_offered_only_for_a_run_that_is_not_live_nor_finished(qtbot, make_panel, tmp_path, state,
-                                                                          offered):
+                                                                          offered, open_and_wait):
     panel = make_panel()
     assert not continue_button(panel).isEnabled()  # nothing shown
     run = write_run(tmp_path, "r", state, checkpoint=10)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel)) == 20, timeout=WAIT_MS)
     if offered:
         qtbot.waitUntil(lambda: continue_button(panel).text() == "Continue from iteration 10", timeout=WAIT_MS)
@@ -153,26 +153,26 @@ def test_continue_is_offered_only_for_a_run_that_is_not_live_nor_finished(qtbot,
     panel._clear()  # a live run's follower and status poll
 
 
-def test_the_label_says_start_again_when_no_checkpoint_is_on_disk(qtbot, make_panel, tmp_path):
+def test_the_label_says_start_again_when_no_checkpoint_is_on_disk(qtbot, make_panel, tmp_path, open_and_wait):
     # status.json names checkpoint 10 but its folder is gone: `--resume latest` would start again
     run = write_run(tmp_path, "gone", "failed", status_checkpoint=10)
     panel = make_panel()
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Start again", timeout=WAIT_MS)
     assert continue_button(panel).isEnabled() and continue_button(panel).toolTip() == START_AGAIN_TIP
     with_checkpoint = write_run(tmp_path, "kept", "failed", checkpoint=20)
-    panel.open_run(with_checkpoint.path)
+    open_and_wait(panel, with_checkpoint.path)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Continue from iteration 20", timeout=WAIT_MS)
     assert "checkpoints/iter_20" in continue_button(panel).toolTip()
 
 
 # ---------------------------------------------------------------- continuing
 
-def test_continue_resumes_latest_in_the_run_folder_and_follows_the_cut_back_history(qtbot, make_panel, tmp_path):
+def test_continue_resumes_latest_in_the_run_folder_and_follows_the_cut_back_history(qtbot, make_panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "r", "stopped", checkpoint=10)
     panel = make_panel("resume")
     panel.processes.setValue(2)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Continue from iteration 10", timeout=WAIT_MS)
     states = []
     panel.run_state_changed.connect(states.append)
@@ -196,10 +196,10 @@ def test_continue_resumes_latest_in_the_run_folder_and_follows_the_cut_back_hist
     assert continue_button(panel).isEnabled()
 
 
-def test_a_refused_continue_shows_the_engines_one_line_and_the_run_as_it_is(qtbot, make_panel, tmp_path):
+def test_a_refused_continue_shows_the_engines_one_line_and_the_run_as_it_is(qtbot, make_panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "busy", "stopped", checkpoint=10)
     panel = make_panel("refuse")
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel)) == 20, timeout=WAIT_MS)
     assert panel.continue_run()
     qtbot.waitUntil(lambda: not panel.banner.isHidden(), timeout=WAIT_MS)
@@ -213,10 +213,10 @@ def test_a_refused_continue_shows_the_engines_one_line_and_the_run_as_it_is(qtbo
     assert continue_button(panel).isEnabled()
 
 
-def test_stop_while_loading_ends_stopped_and_offers_start_again(qtbot, make_panel, tmp_path):
+def test_stop_while_loading_ends_stopped_and_offers_start_again(qtbot, make_panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "early", "failed", iters=range(0))  # failed before its first checkpoint
     panel = make_panel("loading")
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: continue_button(panel).text() == "Start again", timeout=WAIT_MS)
     qtbot.mouseClick(continue_button(panel), Qt.LeftButton)
     qtbot.waitUntil(lambda: panel.run_state.state == "running" and panel.buttons["stop"].isEnabled(), timeout=WAIT_MS)
@@ -273,6 +273,7 @@ def test_continue_in_the_runs_panel_opens_the_run_and_continues_it(qtbot, tmp_pa
     qtbot.waitUntil(lambda: len(window.runs.rows()) == 1, timeout=WAIT_MS)
     _select(qtbot, window.runs, "kept")
     qtbot.mouseClick(window.runs.continue_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: len(calls) > 0, timeout=WAIT_MS)  # the open's reads come from a worker
     assert calls == [(run.path, "stopped")]  # opened first, then continued
     assert window.tabs.currentWidget() is window.training and window.samples.run_dir() == run.path
     window.training._clear()

@@ -24,12 +24,12 @@ def plotted(panel: TrainingPanel, signal: str) -> tuple[list, list]:
     return ([], []) if x is None else (list(x), [round(float(v), 4) for v in y])
 
 
-def test_health_page_plots_the_csv_history_then_live_events(qtbot, panel, tmp_path, health_kind):
+def test_health_page_plots_the_csv_history_then_live_events(qtbot, panel, tmp_path, health_kind, open_and_wait):
     run = write_run(tmp_path, "live", state="running")
     write_health_csv(run.path, [csv_row(100, signals(0.95, 1.02, 0.9), "iter_100"),
                                 csv_row(200, signals(0.80, 1.10, 0.85)),
                                 csv_row(300, signals(0.50, 1.20, 0.80), "iter_300", alerts=("diversity",))])
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     panel.loss_plot.tabs.setCurrentIndex(2)  # the Health page
     assert panel.loss_plot.tabs.tabText(2) == "Health"
     qtbot.waitUntil(lambda: len(plotted(panel, "diversity")[0]) == 3, timeout=WAIT_MS)
@@ -49,22 +49,22 @@ def test_health_page_plots_the_csv_history_then_live_events(qtbot, panel, tmp_pa
     assert list(div.teacher_line.getData()[0]) == [100.0, 400.0]  # the guides span the drawn x
 
 
-def test_health_page_is_shown_for_every_method_and_says_no_data_without_health(qtbot, panel, tmp_path):
+def test_health_page_is_shown_for_every_method_and_says_no_data_without_health(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "old")  # a run from before issue 39: no health.csv, no health event
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.lifecycle.replaying, timeout=WAIT_MS)
     panel.feed.refresh()
     plots = panel.loss_plot.health_plots
     assert len(plots) == 7 and all(not p.isHidden() and p.is_empty() for p in plots)
 
 
-def test_an_alert_raises_the_banner_and_exactly_one_notification(qtbot, panel, tmp_path, health_kind):
+def test_an_alert_raises_the_banner_and_exactly_one_notification(qtbot, panel, tmp_path, health_kind, open_and_wait):
     notifier = RunNotifier(panel.run_state, lambda text: None, panel)
     panel.health_alert.connect(notifier.notify_health)
     history = alert("saturation", 1.6, 100)  # an alert of the history: the banner, no notification
     run = write_run(tmp_path, "live", state="running",
                     tail=health_event(100, signals(saturation=1.6), alerts=(history,)).encode())
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.lifecycle.replaying, timeout=WAIT_MS)
     assert notifier.sent == [] and "saturation" in panel.health_banner.text()
     panel.health_banner.dismiss.click()
@@ -86,7 +86,7 @@ def test_an_alert_raises_the_banner_and_exactly_one_notification(qtbot, panel, t
     assert len(notifier.sent) == 1 and panel.health_banner.isHidden()
 
 
-def test_a_hostile_health_csv_never_raises_or_blocks(qtbot, panel, tmp_path):
+def test_a_hostile_health_csv_never_raises_or_blocks(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "hostile")
     (run.path / "health.csv").write_text(
         "iter,checkpoint,diversity,saturation,alerts\n"  # missing columns
@@ -95,7 +95,7 @@ def test_a_hostile_health_csv_never_raises_or_blocks(qtbot, panel, tmp_path):
         "300,iter_300,nan,banana,\n"
         "400,../../etc,0.7,1.1,", encoding="utf-8")  # an unfinished last row
     panel.loss_plot.tabs.setCurrentIndex(2)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: "health: health.csv" in panel.log_view.toPlainText(), timeout=WAIT_MS)
     panel.feed.refresh()
     assert plotted(panel, "saturation") == ([100], [0.9]) and plotted(panel, "diversity") == ([], [])

@@ -79,14 +79,14 @@ def test_the_runs_table_lists_every_run_and_says_what_is_wrong_with_the_hostile_
     assert good.read_status()["state"] == "finished" and giant_status.read_status() is None  # polled on the GUI thread
 
 
-def test_the_training_panel_opens_a_run_whose_config_is_hostile(qtbot, tmp_path):
+def test_the_training_panel_opens_a_run_whose_config_is_hostile(qtbot, tmp_path, open_and_wait):
     run = _run(tmp_path, "r")
     assert read_method(run.config_json) == "lcm"
     run.config_json.write_text(DEEP)
     assert read_method(run.config_json) is None
     panel = TrainingPanel()
     qtbot.addWidget(panel)
-    assert panel.open_run(run.path)  # raised RecursionError before
+    assert open_and_wait(panel, run.path)  # raised RecursionError before
     assert panel.run_state.run_dir == run.path
 
 
@@ -96,6 +96,8 @@ def test_the_prompt_set_editor_says_why_a_hostile_set_is_not_shown(qtbot, tmp_pa
     panel = SamplesPanel(cache=ThumbCache(tmp_path / "thumbs"), prompt_set_dir=tmp_path / "mine")
     qtbot.addWidget(panel)
     panel.set_run(run)
+    assert panel.edit_prompt_set() is None  # until the listing (and the prompt set with it) is read in a worker
+    qtbot.waitUntil(lambda: panel.buttons["prompts"].isEnabled(), timeout=5000)
     editor = panel.edit_prompt_set()  # raised RecursionError before
     assert editor.message.text() == "The run's prompt set is not shown: prompt_set.json is nested too deeply to read"
     assert editor.name.text() == "my_prompts" and editor.windowTitle() != "Prompt set - prompt_set.json"  # a new set
@@ -252,7 +254,7 @@ def test_a_scan_of_a_folder_of_hostile_runs_lists_every_run_with_its_reason(tmp_
 @needs_fifo
 @pytest.mark.parametrize("name", ["status.json", "config.json", "events.jsonl", "logs/engine.log", "metrics.csv",
                                   "gpu_mem.csv", "prompt_set.json"])
-def test_the_training_and_samples_panels_open_a_run_with_a_fifo_without_waiting(qtbot, tmp_path, name):
+def test_the_training_and_samples_panels_open_a_run_with_a_fifo_without_waiting(qtbot, tmp_path, name, open_and_wait):
     run = _full_run(tmp_path, "r")
     (run.path / name).unlink()
     os.mkfifo(run.path / name)
@@ -261,7 +263,7 @@ def test_the_training_and_samples_panels_open_a_run_with_a_fifo_without_waiting(
     samples = SamplesPanel(cache=ThumbCache(tmp_path / "thumbs"), prompt_set_dir=tmp_path / "mine")
     qtbot.addWidget(samples)
     with _no_hang(run.path / name):
-        assert training.open_run(run.path)
+        assert open_and_wait(training, run.path)
         samples.set_run(run.path)
         qtbot.wait(300)  # the followers' first polls and the samples scan run meanwhile
         assert read_json_or_problem(run.path / name)[1].endswith("is a FIFO (named pipe), not a regular file: not read")
@@ -271,12 +273,12 @@ def test_the_training_and_samples_panels_open_a_run_with_a_fifo_without_waiting(
 
 @pytest.mark.parametrize("status", [{"state": "running", "pid": 2**31}, {"state": {"a": 1}}, {"state": [1]},
                                     {"state": "running", "pid": 2**63, "heartbeat": "x"}, {"state": 5}])
-def test_the_training_panel_shows_a_run_whose_status_holds_hostile_values(qtbot, tmp_path, status):
+def test_the_training_panel_shows_a_run_whose_status_holds_hostile_values(qtbot, tmp_path, status, open_and_wait):
     run = _full_run(tmp_path, "r")
     run.status_json.write_text(json.dumps({**status, "host": socket.gethostname()}))
     panel = TrainingPanel()
     qtbot.addWidget(panel)
-    assert panel.open_run(run.path)  # OverflowError / TypeError before
+    assert open_and_wait(panel, run.path)  # OverflowError / TypeError before
     qtbot.wait(300)
     assert isinstance(panel.run_state.state, str)
     assert RunFolder(run.path).read_status_or_problem()[1].startswith("status.json: ")

@@ -35,7 +35,8 @@ def _window(qtbot, tmp_path: Path) -> MainWindow:
 def _with_run(qtbot, tmp_path: Path) -> MainWindow:
     w = _window(qtbot, tmp_path)
     w.open_run(prepare_recorded_run(RECORDED_RUN, tmp_path / "runs"))
-    qtbot.waitUntil(lambda: w.samples.model.columnCount() == 3 and w.samples.model.filled(), timeout=20_000)
+    qtbot.waitUntil(lambda: w.samples.model.columnCount() == 3 and w.samples.model.filled()
+                    and w.training.opening() is None, timeout=20_000)  # every panel reads the run in a worker
     return w
 
 

@@ -201,7 +201,7 @@ REATTACHED = textwrap.dedent(r'''
 ''')
 
 
-def test_a_reattached_run_stays_stopping_and_can_be_killed_by_its_pid(qtbot, tmp_path, monkeypatch):
+def test_a_reattached_run_stays_stopping_and_can_be_killed_by_its_pid(qtbot, tmp_path, monkeypatch, open_and_wait):
     run = RunFolder.create(tmp_path / "stuck")
     atomic_write_json(run.config_json, {"config_version": 1})
     run.events_jsonl.write_text(make_event("started", None, run_dir=str(run.path)).to_line() + "\n")
@@ -212,7 +212,7 @@ def test_a_reattached_run_stays_stopping_and_can_be_killed_by_its_pid(qtbot, tmp
         qtbot.waitUntil(lambda: run.status_json.exists(), timeout=WAIT_MS)
         panel = TrainingPanel()
         qtbot.addWidget(panel)
-        panel.open_run(run.path)
+        open_and_wait(panel, run.path)
         assert panel.run_state.state == "running"
         qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
         with qtbot.waitSignal(panel.source.status_reads.done, timeout=WAIT_MS):
@@ -270,7 +270,7 @@ def test_sample_prompt_sends_the_prompt_and_shows_the_one_off_image(qtbot, engin
     qtbot.waitUntil(lambda: panel.run_state.state == "stopped" and not panel.engine.is_running(), timeout=WAIT_MS)
 
 
-def test_a_one_off_in_the_replayed_history_opens_nothing(qtbot, tmp_path):
+def test_a_one_off_in_the_replayed_history_opens_nothing(qtbot, tmp_path, open_and_wait):
     run = RunFolder.create(tmp_path / "old")
     atomic_write_json(run.config_json, {"config_version": 1})
     lines = [make_event("started", None, run_dir=str(run.path)), make_event("samples", 5, folder="x", paths=[str(PNG)],
@@ -280,7 +280,7 @@ def test_a_one_off_in_the_replayed_history_opens_nothing(qtbot, tmp_path):
     atomic_write_json(run.status_json, {"state": "finished"})
     panel = TrainingPanel()
     qtbot.addWidget(panel)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.lifecycle.following, timeout=WAIT_MS)
     assert panel.findChild(OneOffViewer) is None
 
@@ -321,7 +321,7 @@ def test_the_eta_counts_down_between_events_and_not_while_paused():
     assert eta.seconds_per_iter() == pytest.approx(1.0)
 
 
-def test_the_training_panel_shows_the_smoothed_eta_not_the_engines_jumps(qtbot, tmp_path):
+def test_the_training_panel_shows_the_smoothed_eta_not_the_engines_jumps(qtbot, tmp_path, open_and_wait):
     """The engine's eta_s jumps between 4 and 22 minutes (a window that held a save); the pace does not."""
     run = RunFolder.create(tmp_path / "live")
     atomic_write_json(run.config_json, {"config_version": 1})
@@ -336,7 +336,7 @@ def test_the_training_panel_shows_the_smoothed_eta_not_the_engines_jumps(qtbot, 
                                         "heartbeat": time.time(), "iter": 400})
     panel = TrainingPanel()
     qtbot.addWidget(panel)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: panel.run_state.iteration == 400, timeout=WAIT_MS)
     shown = panel.eta.eta(now=events[-1].t)
     assert shown == pytest.approx(600.0, rel=0.05)

@@ -457,14 +457,14 @@ def test_failure_report_adds_the_advice_after_the_cause():
     assert not any(line.startswith("Advice") for line in failure_report(1, "x", {"cause": "exception"}, {})[1])
 
 
-def test_the_banner_shows_the_oom_advice(qtbot, tmp_path):
+def test_the_banner_shows_the_oom_advice(qtbot, tmp_path, open_and_wait):
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     err = _event("error", 1, reason="out of memory during first-backward: CUDA out of memory", exit_code=3,
                  cause="out_of_memory", phase="first-backward", advice=ADVICE, last_checkpoint=None)
     run = write_run(tmp_path, "oom", iters=range(1, 2), state="failed", tail=err,
                     failure_reason="out of memory during first-backward", exit_code=3, advice=ADVICE)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.banner.isHidden(), timeout=WAIT_MS)
     text = panel.banner.text()
     assert "Cause: out of memory during first-backward" in text and f"Advice: {ADVICE}" in text

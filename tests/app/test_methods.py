@@ -237,13 +237,13 @@ def write_lcm_run(root: Path, name: str, iters=range(1, 11)) -> RunFolder:
     return run
 
 
-def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_path):
+def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_path, open_and_wait):
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     panel.resize(1280, 800)
     panel.show()
     run = write_lcm_run(tmp_path, "lcm_run", iters=range(1, 11))
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     board = panel.loss_plot
     assert shown(board) == ["lcm", "gradients", "lr"]  # from config.json, before the replay draws anything
     qtbot.waitUntil(lambda: board.plot_named("lcm").keys_with_data() == ["loss_lcm"], timeout=WAIT_MS)
@@ -255,7 +255,7 @@ def test_the_training_panel_takes_the_method_from_the_runs_config(qtbot, tmp_pat
     atomic_write_json(dmad.status_json, {"state": "stopped", "pid": os.getpid(), "host": socket.gethostname(),
                                          "heartbeat": time.time()})
     dmad.events_jsonl.write_text("")
-    panel.open_run(dmad.path)
+    open_and_wait(panel, dmad.path)
     assert shown(board) == ["generator", "critic", "accuracy", "gradients", "lr"]
     assert board.plot_named("lcm").isHidden() and board.plot_named("critic").is_empty()
 

@@ -195,19 +195,19 @@ def test_every_plot_spans_the_same_iterations(qtbot, board):
     qtbot.waitUntil(lambda: generator.view.viewRange()[0] == critic.view.viewRange()[0], timeout=WAIT_MS)
 
 
-def test_a_new_run_starts_with_fresh_ranges_and_legend(qtbot, tmp_path):
+def test_a_new_run_starts_with_fresh_ranges_and_legend(qtbot, tmp_path, open_and_wait):
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     panel.resize(1280, 800)
     panel.show()
     big = write_run(tmp_path, "big", range(1, 301), scale=100.0)
-    panel.open_run(big.path)
+    open_and_wait(panel, big.path)
     plot = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(plot.curve("loss_fake")) == 300, timeout=WAIT_MS)
     plot.view.setRange(xRange=(100, 200), yRange=(5, 50))  # the user zoomed in: auto-range is off
     qtbot.mouseClick(plot.legend.entry("loss_c"), Qt.LeftButton)  # and hid a series
     small = write_run(tmp_path, "small", range(1, 11), scale=1.0)
-    panel.open_run(small.path)
+    open_and_wait(panel, small.path)
     qtbot.waitUntil(lambda: n_points(plot.curve("loss_fake")) == 10, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: plot.view.viewRange()[0][1] < 12, timeout=WAIT_MS)
     (x0, x1), (y0, y1) = plot.view.viewRange()
@@ -348,14 +348,14 @@ def test_a_recorded_run_overlay_has_its_event_times():
     assert "mem_peak_alloc_gb" not in run.series  # an empty column is no curve
 
 
-def test_the_panel_redraws_a_recorded_run_on_the_wall_clock_axis(qtbot, tmp_path):
+def test_the_panel_redraws_a_recorded_run_on_the_wall_clock_axis(qtbot, tmp_path, open_and_wait):
     from app.screenshots import prepare_recorded_run
     from dmad.contract.events import read_events
     run = prepare_recorded_run(FIXTURES / "demo_run", tmp_path)
     times = [ev.t for ev in read_events(run / "events.jsonl") if ev.kind == "metric"]
     panel = TrainingPanel()
     qtbot.addWidget(panel)
-    panel.open_run(run)
+    open_and_wait(panel, run)
     critic = panel.loss_plot.plot_named("critic")
     qtbot.waitUntil(lambda: n_points(critic.curve("loss_c")) == 60, timeout=WAIT_MS)
     panel.loss_plot.x_axis.setCurrentIndex(panel.loss_plot.x_axis.findData("elapsed"))  # through the feed

@@ -70,6 +70,7 @@ def test_a_set_used_by_a_run_is_a_taken_version_even_when_the_folder_lacks_it(qt
     panel = SamplesPanel(cache=ThumbCache(tmp_path / "thumbs"), prompt_set_dir=tmp_path / "mine")
     qtbot.addWidget(panel)
     panel.set_run(run)
+    qtbot.waitUntil(lambda: panel.buttons["prompts"].isEnabled(), timeout=5000)  # the listing is read in a worker
     editor = panel.edit_prompt_set()
     run_bytes = (run / "prompt_set.json").read_bytes()
     assert editor.name.text() == "demo" and editor.version.text() == "v1"

@@ -74,11 +74,11 @@ def _enabled(panel: TrainingPanel) -> dict[str, bool]:
     return {k: b.isEnabled() for k, b in panel.buttons.items()}
 
 
-def test_replayed_run_plots_every_series(qtbot, panel, tmp_path):
+def test_replayed_run_plots_every_series(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "done", tail=_event("checkpoint", 10, path="x") + _event("finished", 10, elapsed_s=65.0))
     states = []
     panel.run_state_changed.connect(states.append)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     assert sorted(panel.loss_plot.loss_keys()) == sorted(LOSSES)  # d_real_acc etc. are not loss terms
     for key in ("loss_g", "loss_c", "mem_peak_alloc_gb", "mem_device_used_gb", "step_time_s", "data_time_s"):
@@ -93,9 +93,9 @@ def test_replayed_run_plots_every_series(qtbot, panel, tmp_path):
     assert "INFO dmad: log line 19" in panel.log_view.toPlainText()
 
 
-def test_memory_scopes_are_separate_curves_and_the_total_is_a_line(qtbot, panel, tmp_path):
+def test_memory_scopes_are_separate_curves_and_the_total_is_a_line(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "mem", iters=range(1, 4), tail=_metric(4, mem_device_total_gb=80.0))
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "mem_device_used_gb")) == 4, timeout=WAIT_MS)
     labels = panel.memory_plot.legend.labels()
     assert labels == [FRAMEWORK_PEAK, DEVICE_USED]
@@ -105,9 +105,9 @@ def test_memory_scopes_are_separate_curves_and_the_total_is_a_line(qtbot, panel,
     assert panel.memory_plot.total_line.isVisible() and panel.memory_plot.total_line.value() == 80.0
 
 
-def test_smoothing_and_log_scale(qtbot, panel, tmp_path):
+def test_smoothing_and_log_scale(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "smooth", iters=range(1, 31))
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 30, timeout=WAIT_MS)
     raw = 1.0 / np.arange(1, 31)
     panel.loss_plot.spin.setValue(0.9)
@@ -123,16 +123,16 @@ def test_smoothing_and_log_scale(qtbot, panel, tmp_path):
     assert panel.loss_plot.plot_named("generator").getPlotItem().ctrl.logYCheck.isChecked()
 
 
-def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path):
+def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path, open_and_wait):
     half = _metric(11)
     run = write_run(tmp_path, "live", state="running", tail=half[:25])  # the engine is mid-write
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     assert panel.run_state.state == "running" and panel.run_state.is_live()
     append(run, half[25:] + b"".join(_metric(i) for i in range(9, 21)))  # 9 and 10 again: a re-read overlap
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 20, timeout=WAIT_MS)
     assert xs(panel, "loss_dm") == list(range(1, 21))
-    panel.open_run(run.path)  # reopened (the app restarted): history again, nothing doubled
+    open_and_wait(panel, run.path)  # reopened (the app restarted): history again, nothing doubled
     qtbot.waitUntil(lambda: not panel.lifecycle.replaying, timeout=WAIT_MS)  # the whole history is read
     panel.feed.refresh()  # drawn now, not at the feed's next tick
     assert xs(panel, "loss_dm") == list(range(1, 21))
@@ -146,10 +146,10 @@ def test_reattach_continues_a_live_run_without_duplicates(qtbot, panel, tmp_path
     assert panel.run_state.state == "stopped" and not panel.run_state.is_live()
 
 
-def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path):
+def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "resumed", iters=range(1, 21), state="running",
                     tail=_event("stopped", 20, last_checkpoint=10))
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 20, timeout=WAIT_MS)
     assert panel.run_state.state == "running"  # status.json says running: the old "stopped" is history
     run.truncate_after(10)  # `dmad train --resume` from checkpoint 10
@@ -161,11 +161,11 @@ def test_resume_truncation_resets_the_plots(qtbot, panel, tmp_path):
     assert panel.run_state.state == "running"
 
 
-def test_a_dead_pid_with_status_running_shows_as_failed(qtbot, panel, tmp_path):
+def test_a_dead_pid_with_status_running_shows_as_failed(qtbot, panel, tmp_path, open_and_wait):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     run = write_run(tmp_path, "killed", state="running", pid=gone.pid)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.banner.isHidden(), timeout=WAIT_MS)
     assert panel.run_state.state == "failed" and not panel.run_state.is_live()
     text = panel.banner.text()
@@ -173,20 +173,20 @@ def test_a_dead_pid_with_status_running_shows_as_failed(qtbot, panel, tmp_path):
     assert not panel.buttons["stop"].isEnabled() and panel.buttons["start"].isEnabled()
 
 
-def test_a_failed_run_reopened_shows_its_cause(qtbot, panel, tmp_path):
+def test_a_failed_run_reopened_shows_its_cause(qtbot, panel, tmp_path, open_and_wait):
     err = _event("error", 12, reason="loss_dm is NaN at iteration 12; the last good checkpoint is kept",
                  exit_code=1, last_checkpoint=10, term="loss_dm", cause="non_finite_loss")
     run = write_run(tmp_path, "nan", iters=range(1, 12), state="failed", tail=err,
                     failure_reason="loss_dm is NaN", exit_code=1)
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: not panel.banner.isHidden(), timeout=WAIT_MS)
     text = panel.banner.text()
     assert "exit code 1" in text and "NaN or infinite" in text and "iter_10" in text and "loss_dm is NaN" in text
 
 
-def test_control_buttons_append_commands(qtbot, panel, tmp_path):
+def test_control_buttons_append_commands(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "ctl", state="running")
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     cmds = lambda: [json.loads(line)["cmd"] for line in run.control_jsonl.read_text().splitlines()]  # noqa: E731
     assert _enabled(panel) == {"start": False, "continue": False, "pause": True, "resume": False, "stop": True,
@@ -291,13 +291,13 @@ def test_crashed_engine_shows_the_banner_with_cause_and_exit_code(qtbot, engine_
     assert (run.state, run.exit_code) == ("failed", 3) and run.message.startswith("out of memory during first-forward")
 
 
-def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path):
+def test_memory_sampler_events_are_not_iterations(qtbot, panel, tmp_path, open_and_wait):
     """The engine's memory sampler emits metric events (source "sampler", every few seconds):
     they neither move the iteration nor add points to the iteration curves."""
     sampler = _event("metric", 10, source="sampler", scope="device_nvml", mem_used_gb=30.0, mem_total_gb=80.0,
                      utilization_pct=97.0)
     run = write_run(tmp_path, "sampled", tail=sampler + _event("finished", 10, elapsed_s=65.0))
-    panel.open_run(run.path)
+    open_and_wait(panel, run.path)
     qtbot.waitUntil(lambda: len(xs(panel, "loss_dm")) == 10, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: panel.run_state.state == "finished", timeout=WAIT_MS)
     assert panel.numbers.rate_label.text() == "4.00 it/s"  # from the last iteration row, not the sampler's

@@ -55,8 +55,8 @@ def test_window_has_the_six_places_in_order(window):
     assert window.panel("Training") is window.training and window.panel("Memory") is window.memory
 
 
-def test_the_run_state_drives_the_title_and_the_run_bound_tabs(window, recorded_run):
-    window.open_run(recorded_run)
+def test_the_run_state_drives_the_title_and_the_run_bound_tabs(window, recorded_run, open_and_wait):
+    open_and_wait(window, recorded_run)
     state = window.run_state
     assert state is window.training.run_state and state.state == "finished" and state.run_dir == recorded_run
     assert window.windowTitle() == f"{recorded_run.name} [finished] - DMAD Studio"
@@ -125,8 +125,10 @@ def test_opening_a_run_from_the_runs_panel_fills_training_samples_memory_and_tit
     window.show_panel("Runs")
     window.runs.run_opened.emit(recorded_run)
     assert window.tabs.currentWidget() is window.training
+    assert window.samples.run_dir() == recorded_run  # told at once; each tab reads the folder in a worker
+    assert window.training.opening() == recorded_run and window.training.run_state.run_dir is None
+    qtbot.waitUntil(lambda: window.training.opening() is None, timeout=10_000)  # the Training panel's reads
     assert window.training.run_state.run_dir == recorded_run
-    assert window.samples.run_dir() == recorded_run
     assert recorded_run.name in window.windowTitle() and "finished" in window.windowTitle()
     qtbot.waitUntil(lambda: window.memory.readings.rowCount() == 1, timeout=10_000)
     assert isinstance(window.samples, SamplesPanel)

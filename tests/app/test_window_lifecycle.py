@@ -71,11 +71,11 @@ def _click(monkeypatch, text: str) -> list[str]:
 
 # ---------------------------------------------------------------- an opened run's config
 
-def test_opening_a_run_shows_its_own_config_read_only(qtbot, make_window, stopped_run):
+def test_opening_a_run_shows_its_own_config_read_only(qtbot, make_window, stopped_run, open_and_wait):
     window = make_window()
     window.show()
     assert not window.config.is_read_only()
-    window.open_run(stopped_run)
+    open_and_wait(window, stopped_run)
     qtbot.waitUntil(window.config.is_read_only, timeout=WAIT_MS)
     config = window.config
     assert config.config() == json.loads((stopped_run / "config.json").read_text())
@@ -90,13 +90,13 @@ def test_opening_a_run_shows_its_own_config_read_only(qtbot, make_window, stoppe
     assert config.run_banner.isHidden()
 
 
-def test_new_run_from_this_config_is_an_editable_unsaved_copy_without_the_run_name(qtbot, make_window, stopped_run):
+def test_new_run_from_this_config_is_an_editable_unsaved_copy_without_the_run_name(qtbot, make_window, stopped_run, open_and_wait):
     window = make_window()
     window.show()
     raw = json.loads((stopped_run / "config.json").read_text())
     raw["identity"]["run_name"] = stopped_run.name  # a run named by hand: its copy must not reuse the folder
     atomic_write_json(stopped_run / "config.json", raw)
-    window.open_run(stopped_run)
+    open_and_wait(window, stopped_run)
     qtbot.waitUntil(window.config.is_read_only, timeout=WAIT_MS)
     qtbot.mouseClick(window.config.run_banner.new_run_button, Qt.LeftButton)
     config = window.config
@@ -109,12 +109,12 @@ def test_new_run_from_this_config_is_an_editable_unsaved_copy_without_the_run_na
     config.set_config(config.config())  # closing the window would ask about the edit
 
 
-def test_start_while_a_run_is_open_asks_and_cancel_starts_nothing(qtbot, make_window, stopped_run, monkeypatch):
+def test_start_while_a_run_is_open_asks_and_cancel_starts_nothing(qtbot, make_window, stopped_run, monkeypatch, open_and_wait):
     window = make_window()
     started, continued = [], []
     monkeypatch.setattr(window.training, "start", lambda path, root: started.append(path) or True)
     monkeypatch.setattr(window.training, "continue_run", lambda: continued.append(True) or True)
-    window.open_run(stopped_run)
+    open_and_wait(window, stopped_run)
     qtbot.waitUntil(window.config.is_read_only, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: window.training.buttons["continue"].text() == "Continue from iteration 60",
                     timeout=WAIT_MS)
@@ -202,11 +202,11 @@ def test_close_asks_about_unsaved_config_edits(qtbot, make_window, monkeypatch, 
     assert json.loads((tmp_path / "mine.json").read_text())["resources"]["train_batch_size"] == 2
 
 
-def test_discard_closes_and_edits_waiting_behind_a_run_view_count_too(qtbot, make_window, monkeypatch, stopped_run):
+def test_discard_closes_and_edits_waiting_behind_a_run_view_count_too(qtbot, make_window, monkeypatch, stopped_run, open_and_wait):
     window = make_window()
     window.show()
     window.config.apply_changes({"resources.train_batch_size": 2})  # the preset, edited
-    window.open_run(stopped_run)
+    open_and_wait(window, stopped_run)
     qtbot.waitUntil(window.config.is_read_only, timeout=WAIT_MS)
     assert not window.config.doc.is_modified() and window.config.has_unsaved_changes()
     asked = _click(monkeypatch, "Discard")
@@ -249,13 +249,13 @@ def test_a_run_that_ends_is_announced_in_the_status_bar_without_a_tray(qtbot, ma
 
 
 def test_a_run_that_ends_shows_a_tray_message_where_there_is_a_tray(qtbot, make_window, tmp_path, monkeypatch,
-                                                                    stopped_run):
+                                                                    stopped_run, open_and_wait):
     shown = []
     monkeypatch.setattr(QSystemTrayIcon, "isSystemTrayAvailable", staticmethod(lambda: True))
     monkeypatch.setattr(QSystemTrayIcon, "supportsMessages", staticmethod(lambda: True))
     monkeypatch.setattr(QSystemTrayIcon, "showMessage", lambda self, title, text, *a: shown.append((title, text)))
     window = make_window()
-    window.open_run(stopped_run)  # an ended run opened: nothing happened now, nothing to announce
+    open_and_wait(window, stopped_run)  # an ended run opened: nothing happened now, nothing to announce
     assert shown == []
     _run_to(qtbot, window, tmp_path, "finished", "finished 120 iterations in 65 s")
     assert shown == [("Run finished", "r1 finished: finished 120 iterations in 65 s")]

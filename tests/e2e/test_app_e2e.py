@@ -132,6 +132,7 @@ def test_leave_it_running_then_reattach_through_the_folder(qtbot, tmp_path, writ
 
     w = _window(qtbot, tmp_path)
     w.open_run(run)
+    qtbot.waitUntil(lambda: w.training.opening() is None, timeout=WAIT_MS)  # the run's files are read in a worker
     assert w.training.run_state.run_dir == run
     assert w.training.run_state.state == "running"  # a reattach, not the replay of a finished run
     qtbot.waitUntil(lambda: w.training.run_state.state == "finished", timeout=WAIT_MS)
