@@ -54,7 +54,12 @@ def schema_keys() -> list[tuple[str, ...]]:
             keys.append((name,))
             continue
         group = schema["$defs"][prop["$ref"].rsplit("/", 1)[-1]]
-        keys += [(name, field) for field in group["properties"]]
+        for field, sub in group["properties"].items():
+            if "$ref" in sub:  # a group in a group (observation.health): a row per field of it
+                inner = schema["$defs"][sub["$ref"].rsplit("/", 1)[-1]]
+                keys += [(name, field, f) for f in inner["properties"]]
+            else:
+                keys.append((name, field))
     return keys
 
 
@@ -79,7 +84,7 @@ def test_form_has_a_widget_for_every_schema_field_in_schema_order(panel):
     assert list(panel.form.rows) == schema_keys()
     titles = [box.title() for box in panel.form.findChildren(type(panel.form.rows[("identity", "student")]
                                                                    .parentWidget()))]
-    assert titles[1:] == ["identity", "resources", "optimization", "distillation", "observation"]
+    assert titles[1:] == ["identity", "resources", "optimization", "distillation", "observation", "observation.health"]
 
 
 def test_widgets_by_type_with_tooltips_from_the_schema(panel):
