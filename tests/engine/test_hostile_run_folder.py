@@ -77,28 +77,6 @@ def _in_thread(fn, fifos: list[Path] = ()):
     return box.get("result")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set):
-    """A finished 4-iteration run with checkpoints iter_2 and iter_4 (copied per test)."""
-    from tests.conftest import tiny_config_dict
-
-    base = tmp_path_factory.mktemp("hostile")
-    cfg = tiny_config_dict(tiny_teacher, tiny_data, tiny_prompt_set, base / "runs")
-    cfg["optimization"]["max_train_steps"] = 4
-    config = base / "config.json"
-    config.write_text(json.dumps(cfg))
-    assert _train(config, base / "run") == 0
-    return config, base / "run"
-
-
-@pytest.fixture
-def run_copy(trained, tmp_path):
-    config, run = trained
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy, symlinks=True)
-    return config, copy
-
-
 RUN_FILES = ["status.json", "checkpoints/latest.json", "metrics.csv", "events.jsonl", "control.jsonl",
              "gpu_mem.csv", "engine.lock", "logs/engine.log", "config.json", "prompt_set.json"]
 

@@ -44,28 +44,6 @@ def _status(run: Path) -> dict:
     return json.loads((run / "status.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set):
-    """A finished 4-iteration run with checkpoints iter_2 and iter_4 (copied per test)."""
-    from tests.conftest import tiny_config_dict
-
-    base = tmp_path_factory.mktemp("trained")
-    cfg = tiny_config_dict(tiny_teacher, tiny_data, tiny_prompt_set, base / "runs")
-    cfg["optimization"]["max_train_steps"] = 4
-    config = base / "config.json"
-    config.write_text(json.dumps(cfg))
-    assert _train(config, base / "run") == 0
-    return config, base / "run"
-
-
-@pytest.fixture
-def run_copy(trained, tmp_path):
-    config, run = trained
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy, symlinks=True)
-    return config, copy
-
-
 # ---------------------------------------------------------------- one writer
 
 HOLD = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); " \
