@@ -59,9 +59,7 @@ def resolve_target(folder, spec: str, cfg) -> Target:
     """--checkpoint latest | teacher | N -> what to render. latest follows the rule resume and export
     share (RunFolder.checkpoints_from_latest): a damaged checkpoint, or one whose student holds NaN
     or Inf, is passed over for an older one with a warning; a named one is used or refused."""
-    from dmad.errors import CheckpointUnusable
-    from dmad.methods import method_unit
-    from dmad.models.checkpoint import pick_checkpoint, read_training_state
+    from dmad.models.checkpoint import read_training_state
 
     if spec == "teacher":
         return Target("teacher", None, None)
@@ -79,19 +77,28 @@ def resolve_target(folder, spec: str, cfg) -> Target:
     else:
         raise UserInputError(f"--checkpoint {printable(spec)[:40]!r}: expected latest, teacher or an iteration number "
                              f"(available: {names})")
+    it, path = usable_checkpoint(candidates, cfg, spec)
+    return Target(f"iter_{it}", path, list(read_training_state(path).student_timesteps))
+
+
+def usable_checkpoint(candidates: list, cfg, spec: str) -> tuple[int, Path]:
+    """(iteration, folder) of the checkpoint `dmad sample` or `dmad export` reads: the first of
+    `candidates` whose files verify and whose student holds no NaN or Inf (dmad.models.checkpoint.
+    pick_checkpoint); each passed over is a warning line, and a named one (`spec` not latest)
+    that fails is one line, exit 2."""
+    from dmad.errors import CheckpointUnusable
+    from dmad.methods import method_unit
+    from dmad.models.checkpoint import pick_checkpoint
+
     try:
         picked = pick_checkpoint(candidates, method_unit(cfg.distillation.method).layout(cfg.identity),
                                  finite=("student",), named=spec != "latest")
     except CheckpointUnusable as e:
         raise UserInputError(f"--checkpoint {spec}: {e}") from None
     for reason in picked.skipped:
-        print(f"dmad: warning: passed over a damaged checkpoint: {_one_line(reason)}", file=sys.stderr, flush=True)
-    path = picked.path
-    return Target(f"iter_{picked.iteration}", path, list(read_training_state(path).student_timesteps))
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+        print(f"dmad: warning: passed over a damaged checkpoint: {' '.join(reason.split())}", file=sys.stderr,
+              flush=True)
+    return picked.iteration, picked.path
 
 
 def parse_sweep(tokens: list[str]) -> list[tuple[str, list]]:

@@ -47,7 +47,6 @@ import errno
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from dmad.contract.diskspace import missing_folders, remove_made, reporting_disk
 from dmad.contract.jsonfile import check_output_folder, check_path, make_output_folder, printable
 from dmad.contract.runs import RunFolder
 from dmad.errors import UserInputError
-from dmad.sample.command import ITERATION
+from dmad.sample.command import ITERATION, usable_checkpoint
 
 FORMATS = ("diffusers", "lora")
 TIMESTEP_SCALING = 1e9  # makes LCM's c_out exactly 1 and c_skip negligible (module docstring)
@@ -98,26 +97,8 @@ def resolve_source(run_dir: str, checkpoint: str, fmt: Optional[str] = None, out
     check_format(folder.path, cfg, fmt)  # a request that cannot be met needs no checkpoint read
     if out is not None:
         check_output_folder(out, "--out")
-    it, path = _usable(candidates, cfg, checkpoint)
+    it, path = usable_checkpoint(candidates, cfg, checkpoint)
     return ExportSource(run=folder.path, cfg=cfg, iter=it, checkpoint=path)
-
-
-def _usable(candidates: list[tuple[int, Path]], cfg, spec: str) -> tuple[int, Path]:
-    """The checkpoint to export, by the rule resume and sample share: latest passes over a damaged
-    one (or one whose student holds NaN or Inf) with a warning; a named one is used or refused."""
-    from dmad.errors import CheckpointUnusable
-    from dmad.methods import method_unit
-    from dmad.models.checkpoint import pick_checkpoint
-
-    try:
-        picked = pick_checkpoint(candidates, method_unit(cfg.distillation.method).layout(cfg.identity),
-                                 finite=("student",), named=spec != "latest")
-    except CheckpointUnusable as e:
-        raise UserInputError(f"--checkpoint {spec}: {e}") from None
-    for reason in picked.skipped:
-        print(f"dmad: warning: passed over a damaged checkpoint: {' '.join(reason.split())}", file=sys.stderr,
-              flush=True)
-    return picked.iteration, picked.path
 
 
 def default_out(src: ExportSource, fmt: str) -> Path:
