@@ -78,3 +78,20 @@ def test_grid_has_a_row_per_prompt_and_teacher_first_then_iterations_in_order(tm
     with Image.open(out) as im:
         assert im.size == (3 * 16, 2 * 16)
         assert im.getpixel((0, 0)) == (0, 0, 255) and im.getpixel((16, 0)) == (0, 128, 0)
+
+
+def test_the_demo_says_each_validations_health(capsys):
+    """`dmad demo` prints a health event's figures (its alerts follow as warning lines)."""
+    import json
+
+    from dmad.demo.run import _progress
+
+    line = json.dumps({"v": 1, "t": 1.0, "kind": "health", "iter": 400,
+                       "data": {"signals": {"diversity": 0.842, "saturation": 0.938, "detail": 1.09}, "alerts": []}})
+    _progress(line, {})
+    alert = json.dumps({"v": 1, "t": 1.0, "kind": "health", "iter": 300,
+                        "data": {"signals": {"diversity": 0.56}, "alerts": [{"signal": "diversity"}]}})
+    _progress(alert, {})
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  health at iter 400: diversity 84%, saturation 94%, detail 109% of the teacher's (no alert)",
+                   "  health at iter 300: diversity 56% of the teacher's (alert: diversity)"]
