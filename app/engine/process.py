@@ -11,7 +11,6 @@ Exit codes (dmad/errors.py): 0 done or stopped, 1 the run failed (an error event
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from PySide6.QtCore import QObject, Signal
 from app.engine.command import DmadCommand, exit_meaning
 from dmad.contract.events import CAUSE_DISK_FULL, ERROR_CAUSES, Event
 from dmad.contract.paths import engine_argv
-from dmad.contract.runlog import append_control
+from dmad.contract.runlog import append_control, health_summary
 from dmad.contract.runs import RunFolder
 
 LOG_KEEP = 200  # stderr lines kept for the failure banner
@@ -282,20 +281,10 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
         n = len(data.get("paths") or [])
         return f"samples{at}: {n} image{'' if n == 1 else 's'} in {data.get('folder', '')}"
     if kind == "health":
-        return f"health{at}: {_health_figures(data) or 'no signal computed'}"
+        return f"health{at}: {health_summary(data)}"
     if kind == "started":
         resume = f" (resuming {data['resume_from']})" if data.get("resume_from") else ""
         batch = (f"; effective batch {data['effective_batch']} over {data.get('num_processes', 1)} process(es)"
                  if data.get("effective_batch") else "")
         return f"started: {data.get('run_dir', '')}{resume}{batch}"
     return f"{kind}{at}"
-
-
-def _health_figures(data: dict) -> str:
-    """"diversity 82% · saturation 105% · detail 93%" of a health event (the Samples grid's header
-    figures come from app.models.health, a layer this one does not import); alerts named after."""
-    signals = data.get("signals") if isinstance(data.get("signals"), dict) else {}
-    shown = [f"{name} {v * 100:.0f}%" for name in ("diversity", "saturation", "detail")
-             if isinstance(v := signals.get(name), (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    alerts = [a.get("signal") for a in data.get("alerts") or [] if isinstance(a, dict) and isinstance(a.get("signal"), str)]
-    return " · ".join(shown) + (f" (alert: {', '.join(alerts)})" if alerts else "")

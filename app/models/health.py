@@ -14,16 +14,15 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from dmad.contract.regular import NotRegularFile, read_regular
+from dmad.contract.runlog import HEALTH_LABELS, HEALTH_SIGNALS
+
 HEALTH_CSV = "health.csv"
-SIGNALS = ("diversity", "saturation", "brightness", "contrast", "colourfulness", "detail", "teacher_distance")
-LABELS = {"diversity": "Diversity", "saturation": "Saturation", "brightness": "Brightness", "contrast": "Contrast",
-          "colourfulness": "Colourfulness", "detail": "Detail", "teacher_distance": "Distance to teacher"}
+SIGNALS, LABELS = HEALTH_SIGNALS, HEALTH_LABELS  # the engine's (dmad.contract.runlog)
 SHORT = {"diversity": "div", "saturation": "sat", "brightness": "bright", "contrast": "contr",
          "colourfulness": "colour", "detail": "detail", "teacher_distance": "dist"}
 ABSOLUTE = ("teacher_distance",)  # not a ratio: no teacher level of 1.0; lower is closer to the teacher
@@ -69,17 +68,15 @@ def _iteration(text: str) -> Optional[int]:
 
 
 def _read_bytes(path: Path) -> tuple[bytes, str]:
-    """(the file's first MAX_BYTES, problem): never waits on a FIFO or a device."""
+    """(the file's first MAX_BYTES, problem): never waits on a FIFO or a device (read_regular)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        data = read_regular(path, MAX_BYTES + 1)
     except FileNotFoundError:
         return b"", ""
+    except NotRegularFile:
+        return b"", f"{path.name} is not a regular file: not read"
     except OSError as e:
         return b"", f"{path.name}: cannot be read ({e.strerror or e})"
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b"", f"{path.name} is not a regular file: not read"
-        data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         return b"", f"{path.name} is larger than {MAX_BYTES >> 20} MB: not read"
     return data, ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import numbers
 import os
 import time
@@ -148,6 +149,20 @@ def read_metrics(path: PathLike) -> tuple[list[str], list[dict[str, Optional[flo
 # validation of a prompt set with health_seeds (rank 0 writes; cut back on resume like metrics.csv).
 HEALTH_SIGNALS = ("diversity", "saturation", "brightness", "contrast", "colourfulness", "detail", "teacher_distance")
 HEALTH_COLUMNS = ["iter", "checkpoint", *HEALTH_SIGNALS, "alerts"]
+HEALTH_LABELS = {"diversity": "Diversity", "saturation": "Saturation", "brightness": "Brightness",
+                 "contrast": "Contrast", "colourfulness": "Colourfulness", "detail": "Detail",
+                 "teacher_distance": "Distance to teacher"}
+
+
+def health_summary(data: dict) -> str:
+    """One line of a `health` event for a log or a terminal: "diversity 84%, saturation 94%, detail
+    109% of the teacher's (no alert)"; its alerts' own lines follow as warning events."""
+    signals = data.get("signals") if isinstance(data.get("signals"), dict) else {}
+    shown = [f"{name} {v * 100:.0f}%" for name in ("diversity", "saturation", "detail")
+             if isinstance(v := signals.get(name), (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    alerts = [a.get("signal") for a in data.get("alerts") or [] if isinstance(a, dict)]
+    return (", ".join(shown) + " of the teacher's" if shown else "no signal computed") + \
+        (f" (alert: {', '.join(map(str, alerts))})" if alerts else " (no alert)")
 
 
 def health_row(iter: int, checkpoint: Optional[str], signals: dict[str, float], alerts: list[str]) -> dict[str, str]:

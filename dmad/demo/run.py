@@ -71,6 +71,7 @@ def ensure_dataset(shipped: Path) -> Optional[Path]:
 
 def _progress(line: str, state: dict) -> None:
     from dmad.contract.events import is_iteration_metric, parse_line
+    from dmad.contract.runlog import health_summary
 
     ev = parse_line(line)
     if ev is None:
@@ -91,20 +92,10 @@ def _progress(line: str, state: dict) -> None:
     elif ev.kind == "samples":
         _say(f"  {d.get('model', 'student')} samples: {d.get('folder')}")
     elif ev.kind == "health":
-        _say(f"  health at iter {ev.iter}: {_health_figures(d)}")
+        _say(f"  health at iter {ev.iter}: {health_summary(d)}")
     elif ev.kind in ("warning", "error"):
         _say(f"  {ev.kind}: {d.get('message') or d.get('reason')}")
 
-
-def _health_figures(d: dict) -> str:
-    """"diversity 84%, saturation 94%, detail 109% of the teacher's (no alert)" (docs/health.md);
-    an alert's own line follows as a warning."""
-    signals = d.get("signals") if isinstance(d.get("signals"), dict) else {}
-    shown = [f"{name} {v * 100:.0f}%" for name in ("diversity", "saturation", "detail")
-             if isinstance(v := signals.get(name), (int, float)) and not isinstance(v, bool)]
-    alerts = [a.get("signal") for a in d.get("alerts") or [] if isinstance(a, dict)]
-    return (", ".join(shown) + " of the teacher's" if shown else "no signal computed") + \
-        (f" (alert: {', '.join(map(str, alerts))})" if alerts else " (no alert)")
 
 
 def run_demo(*, run_dir: Optional[str | Path] = None, overrides: Sequence[str] = (),

@@ -27,9 +27,9 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-SIGNALS = ("diversity", "saturation", "brightness", "contrast", "colourfulness", "detail", "teacher_distance")
-LABELS = {"diversity": "Diversity", "saturation": "Saturation", "brightness": "Brightness", "contrast": "Contrast",
-          "colourfulness": "Colourfulness", "detail": "Detail", "teacher_distance": "Distance to teacher"}
+from dmad.contract.runlog import HEALTH_LABELS, HEALTH_SIGNALS
+
+SIGNALS, LABELS = HEALTH_SIGNALS, HEALTH_LABELS  # the contract's names and order (health.csv, events)
 
 # PROVISIONAL: set from the measurements in docs/benchmarks.md (the lead engineer tunes them on the
 # demo's deliberately broken runs). Per signal (low, high): an alert fires when the signal is below
