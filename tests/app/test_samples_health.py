@@ -11,12 +11,11 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.models.health import AlertTracker, read_health_csv
-from app.models.thumbs import ThumbCache
 from app.panels.samples import SamplesPanel
 from app.screenshots import RECORDED_RUN, prepare_recorded_run
 from app.widgets.samples_grid import RED, scan_grid
 from tests.app.health_fixtures import alert, csv_row, signals, write_health_csv
-from tests.app.test_samples_grid import _copy_folder
+from tests.app.test_samples_grid import _copy_folder, _open, _panel
 
 HANG_S = 60  # only a real hang fails
 
@@ -30,20 +29,6 @@ def run(tmp_path) -> Path:
                            csv_row(120, signals(0.41, 1.30, 0.80, 0.3), "iter_120", alerts=("diversity",)),
                            csv_row(180, signals(0.97, 0.98, 1.1, 0.2), "iter_180")])
     return run
-
-
-def _panel(qtbot, tmp_path) -> SamplesPanel:
-    panel = SamplesPanel(cache=ThumbCache(tmp_path / "thumbs"), prompt_set_dir=tmp_path / "prompt_sets")
-    qtbot.addWidget(panel)
-    panel.resize(1200, 700)
-    panel.show()
-    return panel
-
-
-def _open(qtbot, panel: SamplesPanel, run: Path) -> None:
-    with qtbot.waitSignal(panel.grid_filled, timeout=20_000):
-        panel.set_run(run)
-    qtbot.waitUntil(lambda: not panel.busy(), timeout=10_000)
 
 
 def _shown_headers(panel: SamplesPanel) -> list[str]:
