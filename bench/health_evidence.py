@@ -1,6 +1,6 @@
 """Do the health signals see what the bench's evaluator sees? (issue 39, item 3)
 
-Renders every checkpoint of a `dmad bench distill` folder's runs again with a health prompt set
+Renders every checkpoint of a `dmad bench distill` folder's runs (DMAD, its parts and LCM) again with a health prompt set
 (default: the demo's demo_v4, 4 seeds a prompt), and the teacher once at the same seeds, computes
 the seven health signals of each checkpoint exactly as a run's validation does
 (dmad.sample.health.health_signals), replays each run's checkpoints through the alert rule
@@ -34,7 +34,7 @@ from dmad.train.health_check import folder_images  # noqa: E402
 
 ROW_NAME = {"dmad": "dmad-4-steps{at}-seed-{seed}", "dm_only": "dmad-dm-alone-4-steps{at}-seed-{seed}",
             "gan_only": "dmad-gan-alone-4-steps{at}-seed-{seed}"}
-RUN = re.compile(r"^(dmad|dm_only|gan_only)-seed(\d+)$")
+RUN = re.compile(r"^(dmad|dm_only|gan_only|lcm)-seed(\d+)$")  # LCM's checkpoints have no bench row of their own
 
 
 def render(run: Path, checkpoint: str, prompt_set: Path, out: Path) -> Path:
@@ -49,6 +49,8 @@ def render(run: Path, checkpoint: str, prompt_set: Path, out: Path) -> Path:
 
 def bench_row(rows: Path, method: str, seed: int, it: int, final: int) -> dict:
     at = "" if it == final else f"-iter-{it}"
+    if method not in ROW_NAME:
+        return {}
     path = rows / (ROW_NAME[method].format(at=at, seed=seed) + ".json")
     if not path.is_file():
         return {}
@@ -84,7 +86,7 @@ def main() -> int:
     ps = load_prompt_set(args.prompt_set)
     runs = sorted(p for p in (args.bench / "runs").iterdir() if p.is_dir() and RUN.match(p.name))
     if not runs:
-        raise SystemExit(f"health_evidence: no dmad / dm_only / gan_only runs in {args.bench / 'runs'}")
+        raise SystemExit(f"health_evidence: no dmad / dm_only / gan_only / lcm runs in {args.bench / 'runs'}")
     t0 = time.process_time()
     teacher = folder_images(render(runs[0], "teacher", args.prompt_set, args.out / "teacher"), ps)
     levels = health.set_levels(teacher)

@@ -101,22 +101,37 @@ def student_png(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[i
     """One student image. `emb`: the prompt's conditioning (a Cond, or a (1, L, D) tensor for SD);
     cfg > 1 (with `uncond`) guides the student's own prediction, u + cfg (c - u), at twice the
     cost; None or 1: the plain student, as trained. `family`: the teacher's (None: SD)."""
+    return student_pngs(student=student, vae=vae, emb=emb, schedule=schedule, timesteps=timesteps, seeds=[seed],
+                        device=device, dtype=dtype, cfg=cfg, uncond=uncond, size=size, family=family)[0]
+
+
+@torch.no_grad()
+def student_pngs(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[int], seeds: list[int],
+                 device: torch.device, dtype: torch.dtype, cfg: Optional[float] = None,
+                 uncond=None, size: tuple[int, int], family=None) -> list[bytes]:
+    """One prompt's student images at `seeds`, as one batch (student_png is the batch of one). Each
+    image's noise and re-noising come from its own seed's generator, as in student_png; a batch's
+    floats may differ from single renders in the last bits (batched matrix products)."""
     from dmad.models.families import Family, as_cond
 
     family = family or Family()
-    noise, gen = item_noise(seed, latent_shape(vae, *size))
+    drawn = [item_noise(seed, latent_shape(vae, *size)) for seed in seeds]
+    noise, gens = torch.cat([n for n, _ in drawn]), [g for _, g in drawn]
     guided = cfg is not None and cfg != 1.0 and uncond is not None
-    cond = as_cond(emb).to(device)
-    uncond = as_cond(uncond).to(device) if guided else None
+    cond = as_cond(emb).to(device).expand(len(seeds))
+    uncond = as_cond(uncond).to(device).expand(len(seeds)) if guided else None
 
     def x0_fn(x_t, t):
         if guided:
             return family.guided_x0(student, x_t.to(dtype), t, cond, uncond, cfg, schedule).float()
         return family.x0(student, x_t.to(dtype), t, cond, schedule).float()
 
-    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, gen,
-                        noise_fn=lambda like: family.fresh_noise(like, gen))
-    return decode_to_png(vae, x0, family)
+    def fresh(like):
+        return torch.cat([family.fresh_noise(like[i:i + 1], g) for i, g in enumerate(gens)])
+
+    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, None,
+                        noise_fn=fresh)
+    return [decode_to_png(vae, x0[i:i + 1], family) for i in range(len(seeds))]
 
 
 @torch.no_grad()
@@ -140,11 +155,13 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
             for item in prompt_set.items:
                 emb = encode([item.prompt]).to(device)
                 seeds = health_seed_list(prompt_set, item)
-                for k, seed in enumerate(seeds):  # k = 0: the grid image; k >= 1: the health seeds
-                    png = student_png(student=student, vae=vae, emb=emb, schedule=schedule,
-                                      timesteps=timesteps, seed=seed, device=device, dtype=dtype,
-                                      size=(prompt_set.width, prompt_set.height), family=family)
-                    atomic_write_bytes(out_dir / health_file_name(item.id, k), png, durable=False)
+                # the grid image alone (its bytes as ever), then the health seeds as one batch
+                for first, group in ((0, seeds[:1]), (1, seeds[1:])):
+                    pngs = student_pngs(student=student, vae=vae, emb=emb, schedule=schedule, timesteps=timesteps,
+                                        seeds=group, device=device, dtype=dtype,
+                                        size=(prompt_set.width, prompt_set.height), family=family) if group else []
+                    for k, png in enumerate(pngs, start=first):
+                        atomic_write_bytes(out_dir / health_file_name(item.id, k), png, durable=False)
                 paths.append(str(out_dir / health_file_name(item.id, 0)))
                 items[item.id] = {"prompt": item.prompt, "seed": seeds[0], "file": health_file_name(item.id, 0),
                                   **health_meta(prompt_set, item.id, seeds)}

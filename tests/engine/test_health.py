@@ -107,7 +107,7 @@ def test_one_seed_gives_no_diversity():
 def test_a_falling_diversity_fires_with_the_start_of_its_fall():
     history = {"diversity": [(1000, 0.95), (2000, 0.9), (3000, 0.7)]}
     alerts = health.alerts_for({"diversity": 0.41, "saturation": 1.0}, 4000, history, "iter_2000")
-    assert [(a.signal, a.direction, a.threshold, a.since_iter) for a in alerts] == [("diversity", "low", 0.6, 1000)]
+    assert [(a.signal, a.direction, a.threshold, a.since_iter) for a in alerts] == [("diversity", "low", health.THRESHOLDS["diversity"][0], 1000)]
     a = alerts[0]
     assert a.message == "diversity 41% of the teacher's at iteration 4,000, falling since 1,000"
     assert "GAN weight" in a.advice and "iter_2000" in a.advice
@@ -134,7 +134,7 @@ def test_a_value_beyond_its_threshold_fires_without_a_trend_and_says_so():
 
 
 def test_a_steady_fall_close_to_the_threshold_fires_early():
-    close = 0.6 * (1 + health.TREND_MARGIN / 2)
+    close = health.THRESHOLDS["diversity"][0] * (1 + health.TREND_MARGIN / 2)
     steady = [(100, 0.95), (200, 0.85), (300, 0.75)]
     assert [a.signal for a in health.alerts_for({"diversity": close}, 400, {"diversity": steady})] == ["diversity"]
     assert health.alerts_for({"diversity": close}, 400, {"diversity": steady[1:]}) == []  # too short a fall
@@ -317,3 +317,32 @@ def _alerts_after(it: int, alerts_for):
     def wrapped(signals, at, *args, **kwargs):
         return alerts_for(signals, at, *args, **kwargs) if at > it else []
     return wrapped
+
+
+def test_a_prompts_health_seeds_render_as_one_batch_that_matches_single_renders(tiny_teacher):
+    """The health seeds of a prompt are one batch (their cost); each batched image is its seed's
+    single render up to the last bits, and a batch of one is student_png's bytes exactly."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    from dmad.models.teacher import load_teacher
+    from dmad.sample.render import student_png, student_pngs
+
+    teacher = load_teacher(str(tiny_teacher))
+    fam = teacher.family
+    emb = fam.encode(teacher.modules, ["a red square"], "cpu")
+    kw = dict(student=teacher.denoiser, vae=teacher.vae, emb=emb, schedule=fam.schedule(teacher.scheduler, 32),
+              timesteps=[999, 499], device="cpu", dtype=torch.float32, size=(32, 32), family=fam)
+    seeds = [11, 12, 13]
+    batch = student_pngs(seeds=seeds, **kw)
+    singles = [student_png(seed=s, **kw) for s in seeds]
+    assert student_pngs(seeds=[12], **kw)[0] == singles[1]
+
+    def pixels(png):
+        return np.asarray(Image.open(io.BytesIO(png)), dtype=np.int16)
+
+    for b, s in zip(batch, singles):
+        assert np.abs(pixels(b) - pixels(s)).max() <= 1
+    assert np.abs(pixels(batch[0]) - pixels(batch[1])).max() > 10  # each image its own seed's noise
