@@ -31,19 +31,29 @@ from dmad.contract.runlog import HEALTH_LABELS, HEALTH_SIGNALS
 
 SIGNALS, LABELS = HEALTH_SIGNALS, HEALTH_LABELS  # the contract's names and order (health.csv, events)
 
-# PROVISIONAL: set from the measurements in docs/benchmarks.md (the lead engineer tunes them on the
-# demo's deliberately broken runs). Per signal (low, high): an alert fires when the signal is below
-# `low` or above `high` (None: no bound); ratios to the teacher, except teacher_distance (absolute).
+# Per signal (low, high): an alert fires when the signal is below `low` or above `high` (None: no
+# bound); ratios to the teacher, except teacher_distance (absolute). Set on the demo (docs/benchmarks.md,
+# "Health signals"; bench/health_broken.py, bench/health_evidence.py), on training seed 0 of the
+# deliberately broken runs and on the held-out bench's healthy runs, then checked on seed 1:
+# - diversity 0.7: healthy runs 0.84 at the least (DMAD, DM alone, LCM: 30 checkpoints); the
+#   collapse (generator_lr 25x) 0.66 at its best-FD checkpoint, 0.53-0.56 after; a 1-step LCM 0.66-0.70.
+# - saturation 1.15: healthy 0.99 at most; a critic that does not learn 1.19 one validation before
+#   its FD_real quadrupled; a real-score CFG of 40 drifts up to 1.13 without FD damage.
+# - colourfulness 1.25: healthy 1.03 at most; GAN alone 1.32-1.34; the frozen critic 1.33-1.37.
+# - detail (0.7, 1.6): healthy 1.02-1.13; GAN alone 2.0-8; the collapse 1.93 at its worst-FD
+#   checkpoint; a 1-step LCM (blur) 0.60-0.65; CFG 40 rises to 1.59.
+# - brightness, contrast, teacher_distance: not moved from their first guesses; no healthy run came
+#   within 25% of them, and a broken run crossed them only where another signal fired too.
 THRESHOLDS: dict[str, tuple[Optional[float], Optional[float]]] = {
-    "diversity": (0.6, None),
-    "saturation": (None, 1.35),
+    "diversity": (0.7, None),
+    "saturation": (None, 1.15),
     "brightness": (0.67, 1.5),
     "contrast": (0.6, 1.6),
-    "colourfulness": (None, 1.35),
-    "detail": (0.6, 1.6),
+    "colourfulness": (None, 1.25),
+    "detail": (0.7, 1.6),
     "teacher_distance": (None, 0.35),
 }
-# PROVISIONAL too: a signal that has moved towards a bound for TREND_VALIDATIONS validations in a
+# A signal that has moved towards a bound for TREND_VALIDATIONS validations in a
 # row (TREND_VALIDATIONS + 1 rows) and is within TREND_MARGIN of it (relative) alerts early.
 TREND_VALIDATIONS = 3
 TREND_MARGIN = 0.1
@@ -52,10 +62,12 @@ TREND_MARGIN = 0.1
 ADVICE = {
     ("diversity", "low"): "lower the GAN weight or the generator's learning rate, raise the critic ratio, or go back "
                           "to {back}",
-    ("saturation", "high"): "the real score's CFG (guidance) is likely too high: lower real_guidance_scale, or go "
+    ("saturation", "high"): "the teacher's guidance is winning over the critic: lower real_guidance_scale towards "
+                            "the teacher's own CFG, check that the critic learns (critic_lr, critic ratio), or go "
                             "back to {back}",
-    ("colourfulness", "high"): "the real score's CFG (guidance) is likely too high: lower real_guidance_scale, or "
-                               "go back to {back}",
+    ("colourfulness", "high"): "the teacher's guidance is winning over the critic: lower real_guidance_scale towards "
+                               "the teacher's own CFG, check that the critic learns (critic_lr, critic ratio), or go "
+                               "back to {back}",
     ("brightness", "low"): "images are getting darker than the teacher's: check the real score's CFG, lower the "
                            "generator's learning rate, or go back to {back}",
     ("brightness", "high"): "images are getting lighter than the teacher's (washed out): check the real score's CFG, "
