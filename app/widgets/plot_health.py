@@ -3,6 +3,8 @@ same SeriesStore and PlotFeed as the loss plots), with two reference lines and t
 
 - dotted grey: the teacher's level, 1.0 (ratio signals only; teacher_distance is absolute);
 - dashed, in the curve's colour: the run's own early level, its first health row;
+- dash-dotted red: the alert bound(s) (the contract's HEALTH_THRESHOLDS), so that a few percent of
+  drift reads as a few percent, and the distance to an alert is plain;
 - red triangles: the rows that raised an alert for this signal (series "health_alert.<signal>").
 
 The reference lines are two-point curves over the drawn x span, so the y range always includes them.
@@ -18,6 +20,7 @@ from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap, QPolygon
 from PySide6.QtWidgets import QWidget
 
 from app.models.health import ABSOLUTE
+from dmad.contract.runlog import HEALTH_THRESHOLDS
 from app.models.plot_data import X_ELAPSED, elapsed_map
 from app.models.series import SeriesStore
 from app.widgets.plot_legend import DASH, sample_icon
@@ -25,7 +28,7 @@ from app.widgets.plot_specs import GREY, PlotSpec, health_alert_key
 from app.widgets.plots import MetricPlot
 
 ALERT_RED = (235, 60, 60)
-TEACHER, EARLY, ALERTS = "~teacher", "~early", "~alerts"
+TEACHER, EARLY, BOUND, ALERTS = "~teacher", "~early", "~bound", "~alerts"
 
 
 class HealthPlot(MetricPlot):
@@ -46,12 +49,22 @@ class HealthPlot(MetricPlot):
         item.addItem(self.early_line)
         self.legend.add_entry(EARLY, "early", sample_icon(colour, DASH, Qt.DashLine),
                               "this run's early level (its first health row), for comparison")
+        self.bounds = tuple(b for b in HEALTH_THRESHOLDS.get(signal, (None, None)) if b is not None)
+        self.bound_line = None
+        if self.bounds:
+            # one item for both bounds: two segments, joined only where connect says so
+            self.bound_line = pg.PlotDataItem(pen=pg.mkPen(ALERT_RED, width=1.2, style=Qt.DashDotLine),
+                                              connect="pairs")
+            item.addItem(self.bound_line)
+            self.legend.add_entry(BOUND, "alert bound", sample_icon(ALERT_RED, DASH, Qt.DashDotLine),
+                                  "an alert fires beyond this line: " + " and ".join(f"{b:g}" for b in self.bounds))
         self.alert_points = pg.ScatterPlotItem(symbol="t", size=12, pen=pg.mkPen(ALERT_RED),
                                                brush=pg.mkBrush(*ALERT_RED))
         self.alert_points.setZValue(2)
         item.addItem(self.alert_points)
         self.legend.add_entry(ALERTS, "alert", _alert_icon(), "a health row that raised an alert for this signal")
-        self._guides = {TEACHER: self.teacher_line, EARLY: self.early_line, ALERTS: self.alert_points}
+        self._guides = {TEACHER: self.teacher_line, EARLY: self.early_line, BOUND: self.bound_line,
+                        ALERTS: self.alert_points}
 
     def _draw(self, key, raw, to_x) -> None:
         super()._draw(key, raw, to_x)
@@ -74,6 +87,9 @@ class HealthPlot(MetricPlot):
             self.legend.show_entry(TEACHER)
         self.early_line.setData(span, np.full(2, float(drawn[1][0])))
         self.legend.show_entry(EARLY)
+        if self.bound_line is not None:
+            self.bound_line.setData(np.tile(span, len(self.bounds)), np.repeat(np.array(self.bounds, dtype=np.float64), 2))
+            self.legend.show_entry(BOUND)
         alerts = store.get(self.alert_key)
         ax, ay = alerts.view() if alerts is not None else (np.empty(0), np.empty(0))
         if len(ax) and self._x_mode == X_ELAPSED:
@@ -97,7 +113,8 @@ class HealthPlot(MetricPlot):
 
     def _set_shown(self, key: str, shown: bool) -> None:
         if key in self._guides:
-            self._guides[key].setVisible(shown)
+            if self._guides[key] is not None:
+                self._guides[key].setVisible(shown)
             self.view.updateAutoRange()
             return
         super()._set_shown(key, shown)

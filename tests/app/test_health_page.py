@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.panels.training import TrainingPanel
+from dmad.contract.runlog import HEALTH_THRESHOLDS
 from app.widgets.run_notifier import HEALTH_ALERT, RunNotifier
 from tests.app.health_fixtures import alert, csv_row, health_event, health_kind, signals, write_health_csv  # noqa: F401
 from tests.app.test_training_panel import WAIT_MS, append, write_run
@@ -38,6 +39,10 @@ def test_health_page_plots_the_csv_history_then_live_events(qtbot, panel, tmp_pa
     assert list(div.teacher_line.getData()[1]) == [1.0, 1.0]  # the teacher's level
     assert list(div.early_line.getData()[1]) == [0.95, 0.95]  # the run's first health row
     assert div.alert_iterations() == [300.0]
+    assert list(div.bound_line.getData()[1]) == [HEALTH_THRESHOLDS["diversity"][0]] * 2  # the alert bound
+    low, high = HEALTH_THRESHOLDS["detail"]
+    x, y = panel.loss_plot.plot_named("health_detail").bound_line.getData()
+    assert list(y) == [low, low, high, high] and list(x) == [100.0, 300.0, 100.0, 300.0]  # two segments
     dist = panel.loss_plot.plot_named("health_teacher_distance")
     assert dist.teacher_line is None and list(dist.early_line.getData()[1]) == [0.1, 0.1]  # absolute: no 1.0
     assert panel.loss_plot.plot_named("health_saturation").alert_iterations() == []
