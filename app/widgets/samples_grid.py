@@ -6,7 +6,8 @@ thumbnail pixmaps, so opening, scrolling and live updates stay cheap. Arrow keys
 navigation: up/down moves along prompts, left/right along checkpoints.
 
 Under each checkpoint's name its health figures (issue 39, from <run>/health.csv read with the
-listing): "div 82% · sat 105% · detail 93%", a warning mark and red when that checkpoint raised an
+listing): "div 82% · sat 105% · detail 93%", two a line, one where the thumbnails are narrow, none
+(its tooltip) where not even one fits; a warning mark and red when that checkpoint raised an
 alert; the teacher column is the "reference". The columns can be ordered by a health signal (teacher
 first; best = closest to the teacher's level, or lowest distance to the teacher).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QKeyEvent, QPainter, QPixmap
@@ -112,6 +113,7 @@ class SamplesModel(QAbstractTableModel):
         self._rendering: set[str] = set()  # checkpoints (teacher | N) a `dmad sample` of ours renders now
         self._health: dict[str, HealthRow] = {}
         self.sort_signal = ""  # the health signal the header's figures add, when the columns are sorted by it
+        self.header_fits: Callable[[str], bool] = lambda text: True  # does a header line fit the column (the view's)
 
     @property
     def index_(self) -> SamplesIndex:
@@ -237,16 +239,25 @@ class SamplesModel(QAbstractTableModel):
         return None if row is None else row.value(signal)
 
     def header_text(self, col: int) -> str:
-        """The column's name, then its health figures (two a line), or "reference" for the teacher."""
+        """The column's name, then its health figures, two a line where they fit the column, else one,
+        else none (the tooltip has them all); "reference" for the teacher."""
         name = self.index_.columns[col].name
         row = self.health_of(col)
         if self._is_teacher(col):
-            return f"{name}\nreference" if self._health else name
+            return f"{name}\nreference" if self._health and self.header_fits("reference") else name
         if row is None:
             return name
+        first = f"{ALERT_MARK} {name}" if row.alerts else name
         parts = header_figures(row, self.sort_signal).split(" · ")
-        lines = [" · ".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]
-        return "\n".join([f"{ALERT_MARK} {name}" if row.alerts else name] + lines)
+        for n in (2, 1):
+            lines = [" · ".join(parts[i:i + n]) for i in range(0, len(parts), n)]
+            if all(self.header_fits(line) for line in lines):
+                return "\n".join([first] + lines)
+        return first
+
+    def set_header_fits(self, fits: Callable[[str], bool]) -> None:
+        self.header_fits = fits
+        self.headerDataChanged.emit(Qt.Horizontal, 0, max(0, self.columnCount() - 1))
 
     # ------------------------------------------------------------ A/B marks
 
@@ -410,12 +421,17 @@ class SamplesGridView(QTableView):
         self.setWordWrap(False)
 
     def set_cell_px(self, px: int) -> None:
-        """Every cell px x px: the thumbnail size control."""
+        """Every cell px x px: the thumbnail size control. The header's health figures take as many a
+        line as the column's width holds (two, one, or none: then its tooltip)."""
         px = max(CELL_RANGE[0], min(CELL_RANGE[1], int(px)))
         for header in (self.horizontalHeader(), self.verticalHeader()):
             header.setDefaultSectionSize(px)
             for i in range(header.count()):
                 header.resizeSection(i, px)
+        model = self.model()
+        if isinstance(model, SamplesModel):
+            fm, room = self.horizontalHeader().fontMetrics(), px - 2  # what a section draws unclipped (checked in a real window)
+            model.set_header_fits(lambda text: fm.horizontalAdvance(text) <= room)
 
     def set_column_order(self, order: list[int]) -> None:
         """Show the columns (model indices) in this order, left to right."""

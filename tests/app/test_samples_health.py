@@ -64,6 +64,29 @@ def test_figures_under_headers_order_and_best(qtbot, tmp_path, run):
     assert _names(panel) == ["teacher", "iter_60", "iter_120", "iter_180"]
 
 
+def test_header_figures_take_as_many_a_line_as_the_column_holds(qtbot, tmp_path, run):
+    """Narrow thumbnails: one figure a line, then none (the tooltip keeps them); never a figure line
+    wider than its column, which Qt would clip on both sides."""
+    from app.widgets.samples_grid import CELL_RANGE
+
+    panel = _panel(qtbot, tmp_path)
+    _open(qtbot, panel, run)
+    fm = panel.grid.horizontalHeader().fontMetrics()
+    pair, single = fm.horizontalAdvance("div 82% · sat 105%"), fm.horizontalAdvance("detail 110%")
+    panel.grid.set_cell_px(max(single, fm.horizontalAdvance("div 97%"), fm.horizontalAdvance("sat 130%")) + 4)
+    assert single + 4 < pair + 2  # the width chosen holds one figure and not two
+    assert _shown_headers(panel)[1] == "iter_60\ndiv 82%\nsat 105%\ndetail 93%"
+    panel.grid.set_cell_px(CELL_RANGE[0])
+    assert _shown_headers(panel) == ["teacher", "iter_60", "\u26a0 iter_120", "iter_180"]
+    assert "Diversity: 82%" in panel.model.headerData(1, Qt.Horizontal, Qt.ToolTipRole)
+    for px in (CELL_RANGE[0], 80, 120, CELL_RANGE[1]):
+        panel.grid.set_cell_px(px)
+        for header in _shown_headers(panel):
+            assert all(fm.horizontalAdvance(line) <= px - 2 for line in header.split("\n")[1:])
+    panel.grid.set_cell_px(CELL_RANGE[1])
+    assert _shown_headers(panel)[1] == "iter_60\ndiv 82% · sat 105%\ndetail 93%"
+
+
 def test_a_run_without_health_shows_plain_headers(qtbot, tmp_path):
     run = prepare_recorded_run(RECORDED_RUN, tmp_path / "runs")
     panel = _panel(qtbot, tmp_path)
