@@ -20,12 +20,12 @@ from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap, QPolygon
 from PySide6.QtWidgets import QWidget
 
 from app.models.health import ABSOLUTE
-from dmad.contract.runlog import HEALTH_THRESHOLDS
 from app.models.plot_data import X_ELAPSED, elapsed_map
 from app.models.series import SeriesStore
 from app.widgets.plot_legend import DASH, sample_icon
 from app.widgets.plot_specs import GREY, PlotSpec, health_alert_key
 from app.widgets.plots import MetricPlot
+from dmad.contract.runlog import HEALTH_THRESHOLDS
 
 ALERT_RED = (235, 60, 60)
 TEACHER, EARLY, BOUND, ALERTS = "~teacher", "~early", "~bound", "~alerts"
@@ -63,8 +63,8 @@ class HealthPlot(MetricPlot):
         self.alert_points.setZValue(2)
         item.addItem(self.alert_points)
         self.legend.add_entry(ALERTS, "alert", _alert_icon(), "a health row that raised an alert for this signal")
-        self._guides = {TEACHER: self.teacher_line, EARLY: self.early_line, BOUND: self.bound_line,
-                        ALERTS: self.alert_points}
+        guides = {TEACHER: self.teacher_line, EARLY: self.early_line, BOUND: self.bound_line, ALERTS: self.alert_points}
+        self._guides = {key: item for key, item in guides.items() if item is not None}  # this signal's own
 
     def _draw(self, key, raw, to_x) -> None:
         super()._draw(key, raw, to_x)
@@ -100,9 +100,8 @@ class HealthPlot(MetricPlot):
 
     def _clear_guides(self) -> None:
         for key, item in self._guides.items():
-            if item is not None:
-                item.setData([], [])
-                self.legend.show_entry(key, False)
+            item.setData([], [])
+            self.legend.show_entry(key, False)
 
     def alert_iterations(self) -> list[float]:
         return [float(v) for v in self.alert_points.data["x"]]
@@ -113,8 +112,7 @@ class HealthPlot(MetricPlot):
 
     def _set_shown(self, key: str, shown: bool) -> None:
         if key in self._guides:
-            if self._guides[key] is not None:
-                self._guides[key].setVisible(shown)
+            self._guides[key].setVisible(shown)
             self.view.updateAutoRange()
             return
         super()._set_shown(key, shown)

@@ -39,15 +39,13 @@ TREND_VALIDATIONS = 3
 TREND_MARGIN = 0.1
 
 # What users usually change, per signal and direction ({back}: the checkpoint to go back to).
+_GUIDANCE_WINS = ("the teacher's guidance is winning over the critic: lower real_guidance_scale towards the teacher's "
+                  "own CFG, check that the critic learns (critic_lr, critic ratio), or go back to {back}")
 ADVICE = {
     ("diversity", "low"): "lower the GAN weight or the generator's learning rate, raise the critic ratio, or go back "
                           "to {back}",
-    ("saturation", "high"): "the teacher's guidance is winning over the critic: lower real_guidance_scale towards "
-                            "the teacher's own CFG, check that the critic learns (critic_lr, critic ratio), or go "
-                            "back to {back}",
-    ("colourfulness", "high"): "the teacher's guidance is winning over the critic: lower real_guidance_scale towards "
-                               "the teacher's own CFG, check that the critic learns (critic_lr, critic ratio), or go "
-                               "back to {back}",
+    ("saturation", "high"): _GUIDANCE_WINS,
+    ("colourfulness", "high"): _GUIDANCE_WINS,  # the same over-saturation, seen on colour spread
     ("brightness", "low"): "images are getting darker than the teacher's: check the real score's CFG, lower the "
                            "generator's learning rate, or go back to {back}",
     ("brightness", "high"): "images are getting lighter than the teacher's (washed out): check the real score's CFG, "

@@ -129,8 +129,7 @@ def student_pngs(*, student, vae, emb, schedule: NoiseSchedule, timesteps: list[
     def fresh(like):
         return torch.cat([family.fresh_noise(like[i:i + 1], g) for i, g in enumerate(gens)])
 
-    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, None,
-                        noise_fn=fresh)
+    x0 = sample_student(x0_fn, noise.to(device), timesteps, schedule, noise_fn=fresh)
     return [decode_to_png(vae, x0[i:i + 1], family) for i in range(len(seeds))]
 
 
