@@ -131,6 +131,19 @@ def tiny_config_dict(teacher: Path, data: Path, prompt_set: Path, output_dir: Pa
     }
 
 
+
+def train_tiny_run(base: Path, teacher: Path, data: Path, prompt_set: Path, steps: int) -> tuple[Path, Path]:
+    """(config, run folder) of a finished tiny run of `steps` iterations under `base`, a checkpoint
+    every 2, trained in process through the command line."""
+    from dmad.cli import main
+
+    cfg = tiny_config_dict(teacher, data, prompt_set, base / "runs")
+    cfg["optimization"]["max_train_steps"] = steps
+    config = base / "config.json"
+    config.write_text(json.dumps(cfg))
+    assert main(["train", "--config", str(config), "--run-dir", str(base / "run")]) == 0
+    return config, base / "run"
+
 @pytest.fixture
 def write_config(tmp_path, tiny_teacher, tiny_data, tiny_prompt_set) -> Callable[..., Path]:
     """write_config(extra=None, name="config.json") -> path of a valid tiny config in tmp_path,

@@ -28,16 +28,9 @@ from tests.conftest import dmad_captured  # noqa: E402
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_teacher, tiny_data, tiny_prompt_set):
     """(config, a finished 6-iteration run with checkpoints at 2, 4 and 6)."""
-    from dmad.cli import main
-    from tests.conftest import tiny_config_dict
+    from tests.conftest import train_tiny_run
 
-    base = tmp_path_factory.mktemp("rules")
-    cfg = tiny_config_dict(tiny_teacher, tiny_data, tiny_prompt_set, base / "runs")
-    cfg["optimization"]["max_train_steps"] = 6
-    config = base / "config.json"
-    config.write_text(json.dumps(cfg))
-    assert main(["train", "--config", str(config), "--run-dir", str(base / "run")]) == 0
-    return config, base / "run"
+    return train_tiny_run(tmp_path_factory.mktemp("rules"), tiny_teacher, tiny_data, tiny_prompt_set, 6)
 
 
 @pytest.fixture
