@@ -158,6 +158,8 @@ def _add_demo(sub) -> None:
 
 def _add_bench(sub) -> None:
     """`dmad bench`."""
+    from dmad.demo.bench_runs import METHODS, PEER
+
     bench = sub.add_parser("bench", allow_abbrev=False, help="benchmarks", description="Benchmarks.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     distill = bench_sub.add_parser(
@@ -173,10 +175,11 @@ def _add_bench(sub) -> None:
     distill.add_argument("--out", type=_path, metavar="DIR", help="keep the distillation run here (default: a temp folder)")
     distill.add_argument("--config", type=_path, metavar="FILE", help="distillation config (default: resources/configs/demo.json)")
     distill.add_argument("--methods", default="dmad", metavar="LIST",
-                         help="dmad plus any of lcm (latent consistency distillation on DMAD's wall clock and at equal "
-                              "training compute), gan_only and dm_only (DMAD's parts alone), comma-separated")
-    distill.add_argument("--lcm-config", type=_path, metavar="FILE",
-                         help="LCM's config with lcm in --methods (default: resources/configs/demo_lcm.json)")
+                         help=f"dmad plus any of {PEER} (the peer: {METHODS[PEER].name} on DMAD's wall clock and at "
+                              "equal training compute), gan_only and dm_only (DMAD's parts alone), comma-separated")
+    distill.add_argument("--peer-config", type=_path, metavar="FILE",
+                         help=f"the peer's config with {PEER} in --methods (default: resources/configs/"
+                              f"{METHODS[PEER].config})")
     distill.add_argument("--set", dest="bench_set", default="heldout", choices=("heldout", "tuning"),
                          help="the held-out set (report numbers here) or the tuning set (choose defaults here)")
     distill.add_argument("--seeds", metavar="LIST",
@@ -368,7 +371,7 @@ def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.demo.bench import main_distill
 
     return main_distill(quick=args.quick, json_out=args.json, out_dir=args.out, config=args.config,
-                        methods=args.methods, lcm_config=args.lcm_config, set_name=args.bench_set, seeds=args.seeds)
+                        methods=args.methods, peer_config=args.peer_config, set_name=args.bench_set, seeds=args.seeds)
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:

@@ -4,7 +4,7 @@ Pure python, no Qt: nested dicts are flattened to dotted paths ("optimization.ge
 lists are leaves and compared whole (student_timesteps [999, 499] vs [999, 749, 499] is one
 difference, not three); a field present on one side only is shown as "(absent)". A field that a
 side's distillation method does not read (critic_lr of a run without a critic, the peer method's
-settings in a DMAD run) carries a note, so a DMAD run compared with an LCM run does not look like it
+settings in a DMAD run) carries a note, so a DMAD run compared with a peer's run does not look like it
 differs where neither cares.
 """
 from __future__ import annotations

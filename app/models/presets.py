@@ -1,4 +1,4 @@
-"""Config presets: the CPU demos (DMAD, and LCM, the peer method) and model configs named by the GPU
+"""Config presets: the CPU demos (DMAD, and the peer method) and model configs named by the GPU
 memory they target.
 
 resources/configs/presets/index.json lists them (name, file, distillation method, and what the

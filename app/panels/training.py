@@ -31,24 +31,24 @@ from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 from app.dialogs.launch import edit_machines
 from app.dialogs.run_commands import RunCommands
 from app.engine.command import exit_meaning
-from app.engine.process import EngineProcess, LaunchMachines, describe_event
+from app.engine.process import EngineProcess, describe_event
 from app.models.controls import enabled_controls, state_line
 from app.models.eta import EtaSmoother
-from app.models.health import AlertTracker, HealthRow, HealthTable, event_alerts, read_health_csv, row_from_event
 from app.models.lifecycle import LIVE, LOG_LINES, Failure, RunLifecycle
 from app.models.methods import read_method
-from app.models.run_open import OpenedRun, read_opened_run
+from app.models.run_open import OpenedRun
 from app.models.resume import CONTINUABLE, ResumeLookup, continue_text
 from app.models.run_source import RunSource
 from app.models.run_state import RunState
 from app.models.run_target import root_override
 from app.models.series import SeriesStore
 from app.engine.background import Task
+from app.panels.training_health import HealthFeed
+from app.panels.training_open import RunOpener
 from app.widgets.failure_banner import FailureBanner, HealthBanner
 from app.widgets.log_tail import LogTail
 from app.widgets.plot_board import PlotBoard
 from app.widgets.plot_feed import PlotFeed
-from app.widgets.plot_specs import health_alert_key, health_key
 from app.widgets.run_controls import RunControls
 from app.widgets.run_numbers import RunNumbers
 from app.widgets.stop_bar import StopBar
@@ -85,13 +85,9 @@ class TrainingPanel(QWidget):
         self.source.fed.connect(self._refresh)
         self.engine.finished.connect(lambda *_: self.feed.refresh())  # the last points, drawn now
         self.store = SeriesStore()
-        self.health_alerts = AlertTracker()  # which alerts are new (one banner / notification each)
-        self.health_reads = Task(self)  # <run>/health.csv, the Health page's history, read in a worker
-        self.health_reads.done.connect(self._health_read)
-        self.open_reads = Task(self)  # what open_run shows first: status.json, config.json, engine.log's tail
-        self.open_reads.done.connect(self._opened)
-        self.open_reads.failed.connect(self._open_failed)
-        self._opening: Optional[tuple[Path, Optional[Callable[[], None]]]] = None  # (run, then) being read
+        self.opener = RunOpener(self)  # what open_run shows first, read in a worker (app/panels/training_open.py)
+        self.opener.opened.connect(self._opened)
+        self.opener.failed.connect(self._open_failed)
         self.method_reads = Task(self)  # the method of the config a Start or Continue runs: which plots it fills
         self.method_reads.done.connect(lambda method: self.loss_plot.set_method(method))
         self._start_allowed, self._start_reason = True, ""
@@ -114,8 +110,6 @@ class TrainingPanel(QWidget):
     def _build(self) -> None:
         self.controls = RunControls()
         self.buttons, self.processes = self.controls.buttons, self.controls.processes
-        self.machines_button = self.controls.machines_button
-        self.machines = LaunchMachines()
         for key, slot in (("start", lambda: self.start_requested.emit()), ("continue", self.continue_run),
                           ("pause", lambda: self.commands.send("pause")),
                           ("resume", lambda: self.commands.send("resume")), ("stop", self.stop_run),
@@ -124,7 +118,7 @@ class TrainingPanel(QWidget):
                           ("checkpoint", lambda: self.commands.send("checkpoint_now"))):
             self.buttons[key].clicked.connect(slot)
         self.controls.machines_requested.connect(
-            lambda: edit_machines(self, self.machines, self.processes.value(), self.set_machines))
+            lambda: edit_machines(self, self.controls.machines, self.processes.value(), self.controls.show_machines))
         self.stop_bar = StopBar()
         self.stop_bar.stop_now_requested.connect(self.commands.stop_now)
         self.stop_bar.kill_requested.connect(self.commands.kill)
@@ -139,6 +133,10 @@ class TrainingPanel(QWidget):
         self.feed.refreshed.connect(lambda: self.plots_refreshed.emit(
             -1 if self.lifecycle.iteration is None else self.lifecycle.iteration))
         self.loss_plot.display_changed.connect(lambda: self.feed.mark(self.store.names()))
+        # the Health page's rows and alerts (app/panels/training_health.py)
+        self.health = HealthFeed(self.store, self.feed, self.health_banner, lambda: self.lifecycle.replaying, self)
+        self.health.alert.connect(self.health_alert)
+        self.health.problem.connect(self._log)
         self.log_view = LogTail()
         split = QSplitter(Qt.Vertical)
         for w in (self.loss_plot, self.log_view):
@@ -150,10 +148,6 @@ class TrainingPanel(QWidget):
         layout.addWidget(split, 1)
 
     # ------------------------------------------------------------ public API
-
-    def set_machines(self, machines: LaunchMachines) -> None:
-        self.machines = machines
-        self.controls.show_machines(machines)
 
     def set_start_enabled(self, enabled: bool, reason: str = "") -> None:
         self._start_allowed, self._start_reason = enabled, reason
@@ -171,12 +165,8 @@ class TrainingPanel(QWidget):
         if self.lifecycle.is_live():
             self.note_label.setText("a run is already live here: stop it first")
             return False
-        self._clear()
-        self._read_method(Path(config_path))
-        self._then(self.lifecycle.start, self._target[0], time.time())
-        self._clock_timer.start()
-        self.engine.start_train(Path(config_path), overrides=root_override(runs_root),
-                                num_processes=self.processes.value(), machines=self.machines)
+        self._launch(Path(config_path), lambda: self.lifecycle.start(self._target[0], time.time()),
+                     overrides=root_override(runs_root))
         return True
 
     def open_run(self, run_dir: Path, then: Optional[Callable[[], None]] = None) -> bool:
@@ -191,31 +181,24 @@ class TrainingPanel(QWidget):
             self.note_label.setText("the run started here is still live: stop it before opening another")
             return False
         self._clear()
-        self._opening = (run_dir, then)
-        self.open_reads.submit(lambda: read_opened_run(run_dir))
+        self.opener.open(run_dir, then)
         self._refresh()  # every run-bound control waits for the answer
         self.note_label.setText(f"reading {run_dir.name} ...")
         return True
 
     def opening(self) -> Optional[Path]:
         """The run folder an open_run is reading now (None: none)."""
-        return self._opening[0] if self._opening is not None else None
+        return self.opener.waiting()
 
-    def busy(self) -> bool:
-        return self.open_reads.busy()
-
-    def _opened(self, run: OpenedRun) -> None:
-        """The open's reads are in (open_reads answers only the latest open; _clear drops it): show it."""
-        if self._opening is None or self._opening[0] != run.run_dir:
-            return
-        then, self._opening = self._opening[1], None
+    def _opened(self, run: OpenedRun, then: Optional[Callable[[], None]]) -> None:
+        """The latest open's reads are in (_clear drops an open under way): show it."""
         self.note_label.clear()
         self.loss_plot.set_method(run.method)
         self.log_view.show_tail(run.log_tail)
         self.lifecycle.open(run.run_dir, run.status)
         live = self.lifecycle.state in LIVE_STATES
         self.source.follow(run.run_dir, live)
-        self._read_health(run.run_dir)
+        self.health.read(run.run_dir)
         self._look_up_resume_point()  # the state may be the one shown before: no state_changed then
         if live:
             self._clock_timer.start()
@@ -224,10 +207,7 @@ class TrainingPanel(QWidget):
         if then is not None:
             then()
 
-    def _open_failed(self, message: str) -> None:
-        if self._opening is None:
-            return
-        run_dir, self._opening = self._opening[0], None
+    def _open_failed(self, run_dir: Path, message: str) -> None:
         self._refresh()
         self.note_label.setText(f"could not open {run_dir.name}: {' '.join(message.split())}")
         self.opened.emit(run_dir)
@@ -237,23 +217,29 @@ class TrainingPanel(QWidget):
         --config <run>/config.json --run-dir <run> --resume latest` goes on from its newest complete
         checkpoint, or starts again from iteration 0 when it has none."""
         run_dir, state = self.lifecycle.run_dir, self.lifecycle.state
-        if self._opening is not None:
-            self.note_label.setText(f"{self._opening[0].name} is still being read: continue it once it shows")
+        if self.opening() is not None:
+            self.note_label.setText(f"{self.opening().name} is still being read: continue it once it shows")
             return False
         if run_dir is None or state not in CONTINUABLE or self.engine.is_running():
             self.note_label.setText(f"only a stopped or failed run can be continued (this one is {state})")
             return False
+        self._launch(RunFolder(run_dir).config_json, lambda: self.lifecycle.continue_run(run_dir, time.time()),
+                     run_dir=run_dir, resume="latest")
+        return True
+
+    def _launch(self, config: Path, change: Callable[[], None], **where) -> None:
+        """`dmad train` on `config` after the lifecycle's `change` (start or continue), with this
+        panel's process settings; `where`: run_dir / resume (a Continue) or overrides (a Start)."""
         self._clear()
-        config = RunFolder(run_dir).config_json
-        self._read_method(config)
-        self.lifecycle.continue_run(run_dir, time.time())
-        self.source.follow(run_dir, live=True)  # the history for the plots; the engine says what happens
-        self._read_health(run_dir)
+        self.method_reads.submit(lambda: read_method(config))  # which plots the run fills
+        change()
+        run_dir = where.get("run_dir")
+        if run_dir is not None:  # the history for the plots; the engine says what happens
+            self.source.follow(run_dir, live=True)
+            self.health.read(run_dir)
         self._clock_timer.start()
         self._refresh()
-        self.engine.start_train(config, run_dir=run_dir, resume="latest", num_processes=self.processes.value(),
-                                machines=self.machines)
-        return True
+        self.engine.start_train(config, num_processes=self.processes.value(), machines=self.controls.machines, **where)
 
     def stop_run(self) -> None:
         """Graceful stop: the engine saves a checkpoint at the next iteration boundary."""
@@ -305,53 +291,11 @@ class TrainingPanel(QWidget):
                 self.memory_plot.set_total(float(data["mem_device_total_gb"]))
             return
         if kind == "health":
-            self._show_health(it, data)
+            self.health.show_event(it, data)
         if kind == "started" and data.get("effective_batch"):
             self.note_label.setText(f"effective batch {data['effective_batch']} "
                                     f"({data.get('num_processes', 1)} process(es))")
         self._log(describe_event(kind, it, data))
-
-    def _read_method(self, config_path: Path) -> None:
-        """Which plots the run fills: its config's method, read in a worker (set_method when it is in)."""
-        self.method_reads.submit(lambda: read_method(config_path))
-
-    # ------------------------------------------------------------ health (issue 39)
-
-    def _read_health(self, run_dir: Path) -> None:
-        """The Health page's history: <run>/health.csv, read in a worker (events.jsonl's health
-        events tell the same rows; whichever comes first is drawn, the other adds nothing)."""
-        self.health_reads.submit(lambda: read_health_csv(run_dir))
-
-    def _health_read(self, table: HealthTable) -> None:
-        if table.problem:
-            self._log(f"health: {table.problem}")
-        self._add_health_rows(sorted(table.rows, key=lambda r: r.iter))
-
-    def _add_health_rows(self, rows: list[HealthRow]) -> None:
-        for row in rows:
-            values = {health_key(s): v for s, v in row.values}
-            self.store.add_metric(row.iter, values, skip=())
-            alerted = {health_alert_key(s): v for s, v in row.values if s in row.alerts}
-            if alerted:
-                self.store.add_metric(row.iter, alerted, skip=())
-        if rows:
-            self.feed.schedule()
-
-    def _show_health(self, it: Optional[int], data: dict) -> None:
-        """A health event: its row on the Health page; a new alert raises the banner and, seen live,
-        one notification (a signal that stays in alert is announced once)."""
-        row = row_from_event(it, data)
-        if row is None:
-            return
-        self._add_health_rows([row])
-        fresh = self.health_alerts.new_alerts(row.iter, event_alerts(data))
-        if not fresh:
-            return
-        self.health_banner.show_alerts(fresh)
-        if not self.lifecycle.replaying:
-            for alert in fresh:
-                advice = f" — {alert['advice']}" if alert["advice"] else ""
-                self.health_alert.emit(alert["message"] + advice)
 
     def _show_failure(self, failure: Failure) -> None:
         lines = failure.log_lines if failure.log_lines is not None else self.log_view.last_lines(LOG_LINES)
@@ -371,10 +315,10 @@ class TrainingPanel(QWidget):
         lc, running = self.lifecycle, self.engine.is_running()
         s, has_dir = lc.state, lc.run_dir is not None
         for key, enabled in enabled_controls(s, has_dir, running, lc.pending, self._start_allowed).items():
-            self.buttons[key].setEnabled(enabled and (self._opening is None or key == "start"))
+            self.buttons[key].setEnabled(enabled and (self.opening() is None or key == "start"))
         self.buttons["start"].setToolTip(self._target[1] if self._start_allowed else self._start_reason)
         known, checkpoint = self.resume.point_for(lc.run_dir)
-        self.controls.show_continue(has_dir and s in CONTINUABLE and not running and self._opening is None,
+        self.controls.show_continue(has_dir and s in CONTINUABLE and not running and self.opening() is None,
                                     *continue_text(s, checkpoint, known))
         self.state_label.setText(state_line(s, lc.pending, lc.phase, self._target[0], lc.starting_in, has_dir))
 
@@ -389,22 +333,20 @@ class TrainingPanel(QWidget):
 
     def _reset_plots(self) -> None:
         self.store.reset()
-        self.health_alerts.reset()
-        self.health_reads.reset()
+        self.health.reset()
         self.loss_plot.reset()  # every plot: data, legend entries, ranges
 
     def _rewound(self) -> None:
         """events.jsonl was cut back by a resume (and health.csv with it): show it again from the start."""
         self._reset_plots()
         if self.lifecycle.run_dir is not None:
-            self._read_health(self.lifecycle.run_dir)
+            self.health.read(self.lifecycle.run_dir)
 
     def _clear(self) -> None:
         """Before another run is shown: stop reading the last one and empty what showed it."""
         self.source.clear()
-        self.open_reads.reset()  # an open still being read answers nobody
+        self.opener.reset()  # an open still being read answers nobody
         self.method_reads.reset()
-        self._opening = None
         self._clock_timer.stop()
         self.eta.reset()
         self.commands.reset()

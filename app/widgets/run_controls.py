@@ -55,6 +55,7 @@ class RunControls(QWidget):
                                   "launch` (DDP). The effective batch is batch x accumulation x processes; learning "
                                   "rates are not rescaled. Over several machines this is the total (Machines...).")
         row.addWidget(self.processes)
+        self.machines = LaunchMachines()  # this machine alone, until the Machines dialog says otherwise
         self.machines_button = QPushButton("Machines: 1")
         self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
                                         "--main-process-ip, --main-process-port)")
@@ -63,6 +64,8 @@ class RunControls(QWidget):
         row.addStretch(1)
 
     def show_machines(self, machines: LaunchMachines) -> None:
+        """The machines a Start or Continue launches on (`machines`), shown on their button."""
+        self.machines = machines
         self.machines_button.setText(f"Machines: {machines.count}"
                                      + (f" (rank {machines.rank})" if machines.count > 1 else ""))
 

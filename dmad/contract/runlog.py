@@ -158,13 +158,14 @@ HEALTH_LABELS = {"diversity": "Diversity", "saturation": "Saturation", "brightne
 # bound); ratios to the teacher, except teacher_distance (absolute). Set on the demo (docs/benchmarks.md,
 # "Health signals"; bench/health_broken.py, bench/health_evidence.py), on training seed 0 of the
 # deliberately broken runs and on the held-out bench's healthy runs, then checked on seed 1:
-# - diversity 0.7: healthy runs 0.84 at the least (DMAD, DM alone, LCM: 30 checkpoints); the
-#   collapse (generator_lr 25x) 0.66 at its best-FD checkpoint, 0.53-0.56 after; a 1-step LCM 0.66-0.70.
+# - diversity 0.7: healthy runs 0.84 at the least (DMAD, DM alone, the peer: 30 checkpoints); the
+#   collapse (generator_lr 25x) 0.66 at its best-FD checkpoint, 0.53-0.56 after; the consistency
+#   peer's 1-step student 0.66-0.70.
 # - saturation 1.15: healthy 0.99 at most; a critic that does not learn 1.19 one validation before
 #   its FD_real quadrupled; a real-score CFG of 40 drifts up to 1.13 without FD damage.
 # - colourfulness 1.25: healthy 1.03 at most; GAN alone 1.32-1.34; the frozen critic 1.33-1.37.
 # - detail (0.7, 1.6): healthy 1.02-1.13; GAN alone 2.0-8; the collapse 1.93 at its worst-FD
-#   checkpoint; a 1-step LCM (blur) 0.60-0.65; CFG 40 rises to 1.59.
+#   checkpoint; the peer's 1-step student (blur) 0.60-0.65; CFG 40 rises to 1.59.
 # - brightness, contrast, teacher_distance: not moved from their first guesses; no healthy run came
 #   within 25% of them, and a broken run crossed them only where another signal fired too.
 HEALTH_THRESHOLDS: dict[str, tuple[Optional[float], Optional[float]]] = {

@@ -11,11 +11,11 @@ how does DMAD compare with its peer and with its own parts? The protocol (docs/b
 3. For each training seed (resources.seed) and method: a distillation through the real command
    line (`dmad train`, a subprocess, timed wall to wall), its final checkpoint (the rule, fixed in
    advance) sampled at 1, 2 and 4 steps, and its earlier checkpoints at 4 steps (the learning
-   curve). Methods: DMAD (resources/configs/demo.json); LCM (demo_lcm.json), stopped when DMAD's
-   wall time of the same seed has passed and also read at the checkpoint where its counted
-   training compute (every network pass: dmad.train.passes) equals DMAD's; and DMAD's two parts
-   alone: the GAN without distribution matching (gan_only) and distribution matching without
-   the GAN (dm_only).
+   curve). Methods (bench_runs.METHODS): DMAD (resources/configs/demo.json); its peer, latent
+   consistency distillation (bench_runs.PEER), stopped when DMAD's wall time of the same seed has
+   passed and also read at the checkpoint where its counted training compute (every network pass:
+   dmad.train.passes) equals DMAD's; and DMAD's two parts alone: the GAN without distribution
+   matching (gan_only) and distribution matching without the GAN (dm_only).
 4. dmad.demo.bench_report: per-row numbers, means and standard deviations over training seeds,
    "beats" tests whose intervals carry the training-seed variance, and the targets.
 
@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from dmad.contract.paths import resource
 from dmad.demo.bench_rows import Row, RowKey, RowStore, evaluate, prompt_captions
-from dmad.demo.bench_runs import METHODS, PARTS, PEER, Method, lcm_readings, passes_total, plan_lcm, train
+from dmad.demo.bench_runs import METHODS, PARTS, PEER, Method, legacy_manifest, passes_total, peer_readings, plan_peer, train
 from dmad.demo.bench_sampling import load_student, sample_student, sample_teacher, student_timesteps_for, timed
 from dmad.errors import UserInputError
 
@@ -57,13 +57,13 @@ class BenchSettings:
     train_overrides: tuple[str, ...] = ()   # --set items for every distillation
     methods: tuple[str, ...] = ("dmad",)    # of METHODS; dmad is always first (budgets and comparisons are its)
     training_seeds: tuple[int, ...] = (0, 1, 2)
-    lcm_step_cap: int = 100                 # LCM's max_train_steps, in equal-compute iterations (the wall clock stops it first)
-    lcm_budget_s: Optional[float] = None    # LCM's wall-clock budget; None: DMAD's wall time of the same seed
+    peer_step_cap: int = 100                # the peer's max_train_steps, in equal-compute iterations (the wall clock stops it first)
+    peer_budget_s: Optional[float] = None   # the peer's wall-clock budget; None: DMAD's wall time of the same seed
 
 
 # The bench's distillations validate with demo_v3, the demo's prompt set without health seeds
 # (demo_v4 renders each prompt 4 times for the health signals): the bench scores students with its
-# own evaluator, and LCM's "same wall clock" budget is DMAD's training time, which extra validation
+# own evaluator, and the peer's "same wall clock" budget is DMAD's training time, which extra validation
 # renders would inflate.
 NO_HEALTH = (f"observation.prompt_set={resource('prompt_sets', 'demo_v3.json')}",)
 FULL = BenchSettings(train_overrides=NO_HEALTH)
@@ -136,7 +136,7 @@ class _Bench:
         return made
 
 
-def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_config: Optional[Path] = None,
+def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, peer_config: Optional[Path] = None,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> BenchResult:
     import torch
 
@@ -173,7 +173,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
     # seeds, the teacher and guidance as loaded, what the references and the students are made of
     protocol = {"seeds": asdict(sset), "teacher": cfg.identity.pretrained_model_name_or_path, "cfg": cfg_scale,
                 "references": references_digest(refs),
-                "training": training_digest([config, lcm_config or resource("configs", METHODS[PEER].config)],
+                "training": training_digest([config, peer_config or resource("configs", METHODS[PEER].config)],
                                             list(s.train_overrides))}
     b = _Bench(s, out, log, teacher, classifier, refs, noise, RowStore(out / "rows", protocol), result, cfg_scale,
                cfg.resources.resolution)
@@ -186,7 +186,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, lcm_co
             if key in s.methods:
                 _student_rows(b, METHODS[key], seed, _train(b, METHODS[key], seed, config))
         if PEER in s.methods:
-            _peer(b, seed, dmad, lcm_config)
+            _peer(b, seed, dmad, peer_config)
     result.summary = summarize(result.rows)
     result.comparisons = compare_seeds(result.rows, s)
     from dmad.demo.bench_targets import check_targets
@@ -284,23 +284,23 @@ def _train(b: _Bench, method: Method, seed: int, config: Path, extra: tuple[str,
     return run
 
 
-def _peer(b: _Bench, seed: int, dmad: dict, lcm_config: Optional[Path]) -> None:
-    """The peer, LCM, with two budgets in one run (dmad.demo.bench_runs.plan_lcm): both budgets' checkpoints read
+def _peer(b: _Bench, seed: int, dmad: dict, peer_config: Optional[Path]) -> None:
+    """The peer (bench_runs.PEER) with two budgets in one run (dmad.demo.bench_runs.plan_peer): both budgets' checkpoints read
     at every step count, the others at the most steps (its learning curve)."""
     from dmad.contract.paths import resource
     from dmad.demo.bench_runs import two_budgets
 
     method = METHODS[PEER]
-    plan = plan_lcm(Path(lcm_config) if lcm_config else resource("configs", method.config), b.s.train_overrides,
-                    dmad, not b.teacher.family.guidance_embedded(b.teacher.denoiser), b.s.lcm_step_cap, b.s.lcm_budget_s)
+    plan = plan_peer(Path(peer_config) if peer_config else resource("configs", method.config), b.s.train_overrides,
+                    dmad, not b.teacher.family.guidance_embedded(b.teacher.denoiser), b.s.peer_step_cap, b.s.peer_budget_s)
     run = _train(b, method, seed, plan.config, plan.overrides(), control=two_budgets(plan.budget_s, plan.equal),
                  facts_extra=plan.facts(dmad))
-    budgets, others = lcm_readings(run, plan.equal)
+    budgets, others = peer_readings(run, plan.equal)
     for budget, it, ckpt in budgets:
         if ckpt is not None:
             _student_rows(b, method, seed, run, checkpoint=ckpt, budget=budget)
         else:
-            b.log(f"LCM, seed {seed}: no checkpoint at iteration {it} ({budget})")
+            b.log(f"{method.name}, seed {seed}: no checkpoint at iteration {it} ({budget})")
     for it, ckpt in others.items():
         _student_rows(b, method, seed, run, checkpoint=ckpt, budget=f"iter {it}", steps=(max(b.s.student_steps),))
 
@@ -330,7 +330,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str],
-                 methods: str = "dmad", lcm_config: Optional[str] = None, set_name: str = "heldout",
+                 methods: str = "dmad", peer_config: Optional[str] = None, set_name: str = "heldout",
                  seeds: Optional[str] = None) -> int:
     """The `dmad bench distill` command: prints the tables on stdout, progress on stderr. Outputs
     are checked before any work (the JSON's folder exists; --out is new, or an earlier bench of the
@@ -346,19 +346,19 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     s = replace(QUICK if quick else FULL, methods=parse_methods(methods), set=set_name)
     if seeds is not None:
         s = replace(s, training_seeds=parse_seeds(seeds))
-    if lcm_config and PEER not in s.methods:
-        raise UserInputError("--lcm-config needs lcm in --methods")
+    if peer_config and PEER not in s.methods:
+        raise UserInputError(f"--peer-config needs {PEER} in --methods")
     if json_out:
         check_output_file(Path(json_out).expanduser().resolve(), "--json")
     if out_dir:
         out = Path(out_dir).expanduser().resolve()
         check_output_folder(out, "--out", new=False)  # below a file, /proc, unwritable: before the work
-        _check_out(out, s, config, lcm_config)
-        result = run_bench(s, out, Path(config) if config else None, Path(lcm_config) if lcm_config else None)
+        _check_out(out, s, config, peer_config)
+        result = run_bench(s, out, Path(config) if config else None, Path(peer_config) if peer_config else None)
     else:
         with tempfile.TemporaryDirectory(prefix="dmad-bench-") as tmp:
             result = run_bench(s, Path(tmp), Path(config) if config else None,
-                               Path(lcm_config) if lcm_config else None)
+                               Path(peer_config) if peer_config else None)
     from dmad.demo.bench_report import to_json
 
     if json_out:
@@ -370,7 +370,7 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     return 0
 
 
-def _check_out(out: Path, s: BenchSettings, config: Optional[str], lcm_config: Optional[str]) -> None:
+def _check_out(out: Path, s: BenchSettings, config: Optional[str], peer_config: Optional[str]) -> None:
     """--out: a new folder, or the folder of an earlier bench with the same settings (it goes on from
     there; its finished rows are read back). The methods and training seeds may grow or change: each
     row and run is kept under its own name, so more seeds or methods only add rows. Anything else is
@@ -378,17 +378,17 @@ def _check_out(out: Path, s: BenchSettings, config: Optional[str], lcm_config: O
     from dmad.contract.runs import atomic_write_json
 
     manifest = out / "bench.json"
-    wanted = {"settings": asdict(s), "config": config, "lcm_config": lcm_config}
+    wanted = {"settings": asdict(s), "config": config, "peer_config": peer_config}
     wanted = json.loads(json.dumps(wanted))  # tuples as lists, as read back
     if out.exists() and any(out.iterdir()):
         try:
-            found = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            found = legacy_manifest(json.loads(manifest.read_text(encoding="utf-8")))
+        except (OSError, ValueError, RecursionError, AttributeError):
             raise UserInputError(f"--out {out}: folder exists, is not empty and is not a bench's") from None
         growable = {"methods", "training_seeds"}
         have, want = found.get("settings", {}), wanted["settings"]
         differ = sorted(k for k in set(have) | set(want) if k not in growable and have.get(k) != want.get(k))
-        differ += [k for k in ("config", "lcm_config") if found.get(k) != wanted.get(k)]
+        differ += [k for k in ("config", "peer_config") if found.get(k) != wanted.get(k)]
         if differ:
             raise UserInputError(f"--out {out}: holds a bench with other settings ({', '.join(differ)}); "
                                  "choose a new folder")

@@ -43,7 +43,7 @@ def write_sheet(path: Path, tiles: list[list], column_labels: list[str], row_lab
 
 def write_grid(path: Path, grid: list, captions: list[str], seed: int, teachers: tuple, steps: tuple) -> None:
     """The bench's picture: one row per prompt (its first noise seed), one column per model: the
-    `teachers` rows (RowKeys) first, then each method's final student (LCM's at DMAD's wall clock)
+    `teachers` rows (RowKeys) first, then each method's final student (the peer's at DMAD's wall clock)
     of training seed `seed` at each of `steps`. `grid`: [(RowKey, images)] in the bench's order."""
     keep = [(key, img) for key, img in grid if key in teachers or _in_grid(key, seed, steps)]
     if keep:

@@ -44,7 +44,7 @@ def student_groups(rows: list[Row]) -> dict[tuple, list[Row]]:
 
 
 def group_name(method: str, steps: int, budget: str) -> str:
-    """"DMAD 4 steps", "LCM 1 step @ equal compute": a student group over training seeds."""
+    """"DMAD 4 steps", "DMAD 1 step @ iter 800": a student group over training seeds."""
     return RowKey("student", steps, method, budget=budget).group
 
 
@@ -67,7 +67,7 @@ def summarize(rows: list[Row]) -> list[dict]:
 
 
 def comparison_pairs(methods, steps) -> list[tuple[tuple, tuple, str]]:
-    """(A group, B group, what it asks), A expected better: DMAD against LCM at both budgets, and
+    """(A group, B group, what it asks), A expected better: DMAD against its peer at both budgets, and
     against each of its parts alone, at the most and the fewest student steps."""
     from dmad.demo.bench_runs import PARTS, PEER
 

@@ -32,7 +32,7 @@ class RowKey:
     """Which model a row reads. model: "teacher" (its own sampler + CFG; noise "B": the same model
     on the other noise set, FD's floor), "real" (other real renders: every floor) or "student"
     (a distillation `method` of training `seed`, at `steps`, at its checkpoint rule `budget`:
-    "final", LCM's "same wall clock" / "equal compute", or "iter <N>" on a learning curve)."""
+    "final", the peer's "same wall clock" / "equal compute", or "iter <N>" on a learning curve)."""
 
     model: str
     steps: Optional[int] = None
@@ -43,7 +43,7 @@ class RowKey:
 
     @property
     def group(self) -> str:
-        """The label without the training seed: "DMAD 4 steps", "LCM 1 step @ equal compute"."""
+        """The label without the training seed: "DMAD 4 steps", "DMAD 1 step @ iter 800"."""
         if self.model == "real":
             return "real renders (floor)"
         if self.model == "teacher":
@@ -55,7 +55,7 @@ class RowKey:
 
     @property
     def label(self) -> str:
-        """"teacher 50 steps + CFG", "DMAD 4 steps, seed 1", "LCM 1 step @ equal compute, seed 0"."""
+        """"teacher 50 steps + CFG", "DMAD 4 steps, seed 1", "DMAD 1 step @ iter 800, seed 0"."""
         return self.group + ("" if self.model != "student" else f", seed {self.seed}")
 
 

@@ -1,6 +1,6 @@
 """The distillations of `dmad bench distill`: which methods it trains (METHODS), each once per
 training seed through the real command line (`dmad train` in a subprocess, timed wall to wall with
-its CPU time), kept in <out>/runs so that an interrupted bench goes on; and LCM's plan, two budgets
+its CPU time), kept in <out>/runs so that an interrupted bench goes on; and the peer's plan (PEER), two budgets
 in one run: DMAD's wall clock of the same seed and DMAD's counted training compute."""
 from __future__ import annotations
 
@@ -80,19 +80,33 @@ def passes_total(state) -> Optional[float]:
     return round(sum((c["forward"] + 2 * c["backward"]) * c.get("weight", 1.0) for c in counts.values()), 1)
 
 
-# ------------------------------------------------------------------------------- LCM's budgets
+# ------------------------------------------------------------------------------- the peer's budgets
 
-def lcm_passes_per_iteration(effective_batch: int, cfg_teacher: bool = True) -> int:
-    """LCM's training compute per iteration in teacher-denoiser image-passes (dmad.train.passes):
-    the guided teacher (2 passes an image with CFG), the EMA target (1), the student forward (1)
-    and its backward (2), on the effective batch (a full student is the teacher's size)."""
-    return effective_batch * ((2 if cfg_teacher else 1) + 1 + 1 + 2)
+# bench.json keys of benches run before the peer's settings had their neutral names: read as today's
+LEGACY_KEYS = {"lcm_step_cap": "peer_step_cap", "lcm_budget_s": "peer_budget_s", "lcm_config": "peer_config"}
+
+
+def legacy_manifest(found: dict) -> dict:
+    """An earlier bench's bench.json with its keys as today's (LEGACY_KEYS), so its folder goes on."""
+    rename = lambda d: {LEGACY_KEYS.get(k, k): v for k, v in d.items()}  # noqa: E731
+    out = rename(found)
+    if isinstance(out.get("settings"), dict):
+        out["settings"] = rename(out["settings"])
+    return out
+
+
+def peer_passes_per_iteration(effective_batch: int, guided_teacher: bool = True) -> int:
+    """The peer's training compute per iteration in teacher-denoiser image-passes
+    (dmad.train.passes), as its method unit states it per image, on the effective batch."""
+    from dmad.methods import method_unit
+
+    return effective_batch * method_unit(PEER).passes_per_image(guided_teacher)
 
 
 @dataclass(frozen=True)
-class LcmPlan:
-    """LCM's run against DMAD's of the same seed: `equal` is the iteration where its counted passes
-    equal DMAD's; it checkpoints every `every` iterations (a divisor of `equal`) and stops by
+class PeerPlan:
+    """The peer's run against DMAD's of the same seed: `equal` is the iteration where its counted
+    passes equal DMAD's; it checkpoints every `every` iterations (a divisor of `equal`) and stops by
     two_budgets(budget_s, equal), or at its step cap."""
 
     config: Path
@@ -110,21 +124,22 @@ class LcmPlan:
                 "wall_clock_budget_s": self.budget_s}
 
 
-def plan_lcm(config: Path, overrides: tuple[str, ...], dmad: dict, guided_teacher: bool, step_cap: int,
-             budget_s: Optional[float]) -> LcmPlan:
-    """`config` (checked to be an LCM config) against DMAD's run `dmad`; budget_s None: DMAD's wall time."""
+def plan_peer(config: Path, overrides: tuple[str, ...], dmad: dict, guided_teacher: bool, step_cap: int,
+              budget_s: Optional[float]) -> PeerPlan:
+    """`config` (checked to be the peer's method) against DMAD's run `dmad`; budget_s None: DMAD's wall time."""
     from dmad.contract.config import load_config
 
     cfg = load_config(config, list(overrides))
-    if cfg.distillation.method != "lcm":
-        raise UserInputError(f"--lcm-config {config}: distillation.method is {cfg.distillation.method!r}, not 'lcm'")
-    equal = max(1, round(dmad["network_passes"] / lcm_passes_per_iteration(cfg.effective_batch(), guided_teacher)))
-    return LcmPlan(config, equal, equal // 2 if equal % 2 == 0 else equal,
-                   dmad["wall_time_s"] if budget_s is None else budget_s, step_cap)
+    if cfg.distillation.method != PEER:
+        raise UserInputError(f"--peer-config {config}: distillation.method is {cfg.distillation.method!r}, "
+                             f"not {PEER!r}")
+    equal = max(1, round(dmad["network_passes"] / peer_passes_per_iteration(cfg.effective_batch(), guided_teacher)))
+    return PeerPlan(config, equal, equal // 2 if equal % 2 == 0 else equal,
+                    dmad["wall_time_s"] if budget_s is None else budget_s, step_cap)
 
 
-def lcm_readings(run: dict, equal: int) -> tuple[list[tuple[str, int, Optional[Path]]], dict[int, Path]]:
-    """Which of LCM's checkpoints the bench reads: ([(budget, iteration, checkpoint or None if it
+def peer_readings(run: dict, equal: int) -> tuple[list[tuple[str, int, Optional[Path]]], dict[int, Path]]:
+    """Which of the peer's checkpoints the bench reads: ([(budget, iteration, checkpoint or None if it
     is missing)] for "same wall clock" (the first checkpoint at or after the iteration where DMAD's
     wall clock ran out; the last one if the run ended before) and "equal compute"), and the others
     by iteration (its learning curve)."""
@@ -138,7 +153,7 @@ def lcm_readings(run: dict, equal: int) -> tuple[list[tuple[str, int, Optional[P
 
 
 def wall_clock_iteration(run: dict) -> Optional[int]:
-    """The iteration LCM's run had reached when DMAD's wall clock ran out: that of the first control
+    """The iteration the peer's run had reached when DMAD's wall clock ran out: that of the first control
     command the bench sent (two_budgets sends nothing before then), None when the run ended first.
     Read from the commands sent, not from `wall_clock_iter`: runs benched before 2026-12-06 kept
     the equal-compute iteration there once the stop was sent."""
@@ -147,7 +162,7 @@ def wall_clock_iteration(run: dict) -> Optional[int]:
 
 
 def two_budgets(wall_s: float, equal_iter: int) -> Callable[[float, int], list[str]]:
-    """The control commands of LCM's run as time and iterations pass: at `wall_s`, a checkpoint
+    """The control commands of the peer's run as time and iterations pass: at `wall_s`, a checkpoint
     (then stop, if the equal-compute iteration has been passed too); once both budgets are spent,
     stop. The run checkpoints at `equal_iter` on its own (checkpointing_steps divides it).
     `wall_iteration()`: the iteration at `wall_s` (None before it)."""

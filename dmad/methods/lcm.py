@@ -278,4 +278,7 @@ UNIT = Method(
     modules=lambda nets: [("student", nets.student)],
     save_files=_save_files, load_files=_load_files, state_tensors=lambda nets: list(nets.target.shadow),
     graphs_at_peak=1,  # the student's: the teacher's and the target's passes run without gradients
-    ledger_lines=_ledger_lines, own_copy="LCM's student is its own copy (as diffusers' LCM-LoRA scripts)")
+    ledger_lines=_ledger_lines, own_copy="LCM's student is its own copy (as diffusers' LCM-LoRA scripts)",
+    # the teacher (2 passes an image with CFG), the EMA target (1), the student forward (1) and its
+    # backward (2); a full student is the teacher's size
+    passes_per_image=lambda guided_teacher: (2 if guided_teacher else 1) + 1 + 1 + 2)

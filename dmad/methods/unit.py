@@ -244,6 +244,10 @@ class Method:
     ledger_lines: Callable[[LedgerInputs], list]
     shares_base: bool = False  # its LoRA networks may sit on the teacher's frozen base (resources.share_frozen_base)
     own_copy: str = ""  # when it never shares: why its LoRA student keeps a frozen copy of its own (the ledger)
+    # its training compute per image of the effective batch, in teacher-denoiser image-passes
+    # (dmad.train.passes), given whether the teacher runs with CFG: what a bench plans an
+    # equal-compute budget with before the run (the engine counts the passes it actually ran)
+    passes_per_image: Optional[Callable[[bool], int]] = None
 
     def layout(self, identity: Any) -> CheckpointLayout:
         """The checkpoint files for `identity`'s network modes (identity.student, ...)."""

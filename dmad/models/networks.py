@@ -1,8 +1,8 @@
 """Trainable copies of the teacher's denoiser, as the distillation methods (dmad.methods) ask for
 them: a full float32 copy, a LoRA adapter on a frozen copy, or LoRA adapters on the teacher's own
 denoiser (one shared frozen base: dmad.models.shared_base). TeacherCopies hands them to a method's
-unit, which decides which networks it trains (DMAD: student, fake score and GAN head; LCM: the
-student and its target).
+unit, which decides which networks it trains (DMAD: student, fake score and GAN head; the consistency
+peer: the student and its target).
 
 The teacher itself (the real score) stays frozen and, under mixed precision, is cast to the
 autocast dtype: only trainable weights keep fp32 master copies.

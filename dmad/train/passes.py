@@ -2,12 +2,12 @@
 
 Two methods are compared fairly only at equal compute, and "teacher passes" alone flatters a
 method that runs more networks (DMAD's fake score runs forward and backward every iteration;
-LCM has none). PassCounter counts, per network (teacher, student, fake score, GAN head), the
+the consistency peer has none). PassCounter counts, per network (teacher, student, fake score, GAN head), the
 images each forward call processed (the batch of its first tensor argument: a CFG teacher pass on
 B images counts 2B) and, when that forward's output carries a graph, the same number again as a
 backward pass. In forward-pass equivalents a backward counts as two forwards (its two matrix
 products per layer), so a network's cost is forward + 2 x backward image-passes. The student's
-backward-simulation rollouts and LCM's EMA-target pass (the student's module with the EMA
+backward-simulation rollouts and the consistency peer's EMA-target pass (the student's module with the EMA
 weights) count as student forwards. Gradient checkpointing's recomputation is not counted (it
 re-runs blocks inside the network, not the network). Validation and teacher samples are not
 training and are not counted: only what runs inside `counting()`.

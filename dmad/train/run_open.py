@@ -150,23 +150,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
             if not refused:
                 _fail(folder, events, s, str(full), full.exit_code, cause=CAUSE_DISK_FULL, quiet=True)
             raise full from None
-        if is_oom(e):
-            where = classify(phase.name)
-            tip = advice(where, cfg.resources)
-            folder.write_status("failed", advice=tip)
-            run.exit_code = _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}",
-                                  3, cause=CAUSE_OUT_OF_MEMORY, phase=where, advice=tip)
-            return
-        if isinstance(e, KeyboardInterrupt):
-            _fail(folder, events, s, "interrupted", 130, cause=CAUSE_INTERRUPTED, quiet=True)
-            raise
-        # the traceback goes to the log file only (stderr's formatter leaves it out)
-        log.error("unexpected failure in phase %s: %s: %s", phase.name, type(e).__name__, e, exc_info=True)
-        if not main:
-            record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
-        _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
-              cause=CAUSE_EXCEPTION, quiet=True)
-        raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
+        _failed(run, e, rank)  # out of memory: exit code 3 in run.exit_code; anything else raised
     finally:
         run.stop.uninstall()
         run.monitor.stop()
@@ -184,6 +168,30 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
             lock.release()
         if world == 1:
             _release_accelerate_state()
+
+
+def _failed(run: OpenRun, e: BaseException, rank: int) -> None:
+    """What an unexpected exception `e` (being handled) leaves: out of memory is recorded by phase with
+    its advice (exit code 3 in run.exit_code); an interrupt is recorded and re-raised; anything else is
+    recorded with its traceback in the log file only (stderr's formatter leaves it out) and raised as
+    one DmadError line."""
+    folder, events, s, phase = run.folder, run.events, run.session, run.phase
+    if is_oom(e):
+        where = classify(phase.name)
+        tip = advice(where, run.cfg.resources)
+        folder.write_status("failed", advice=tip)
+        run.exit_code = _fail(folder, events, s, f"out of memory during {where}: {str(e).splitlines()[0][:200]}",
+                              3, cause=CAUSE_OUT_OF_MEMORY, phase=where, advice=tip)
+        return
+    if isinstance(e, KeyboardInterrupt):
+        _fail(folder, events, s, "interrupted", 130, cause=CAUSE_INTERRUPTED, quiet=True)
+        raise e
+    run.log.error("unexpected failure in phase %s: %s: %s", phase.name, type(e).__name__, e, exc_info=True)
+    if rank != 0:
+        record_failure(folder, rank, f"{type(e).__name__}: {e} (in {phase.name})")
+    _fail(folder, events, s, f"{type(e).__name__}: {e} (in {phase.name}; details in {folder.engine_log})", 1,
+          cause=CAUSE_EXCEPTION, quiet=True)
+    raise DmadError(f"{type(e).__name__}: {e} (details in {folder.engine_log})") from None
 
 
 def _open_folder(run_dir: Path, resume: Optional[str], restart: bool, main: bool, acc) -> tuple[Any, Any, Any]:

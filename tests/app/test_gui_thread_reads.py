@@ -194,7 +194,7 @@ def test_an_open_overtaken_by_another_is_dropped(qtbot, tmp_path, monkeypatch, o
         assert open_and_wait(panel, fast.path)  # the user opened another run meanwhile
     finally:
         gate.set()
-    qtbot.waitUntil(lambda: not panel.open_reads.busy(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not panel.opener.busy(), timeout=WAIT_MS)
     qtbot.wait(100)
     assert shown == [fast.path] and panel.run_state.run_dir == fast.path
     qtbot.waitUntil(lambda: panel.run_state.state == "finished", timeout=WAIT_MS)
@@ -207,7 +207,7 @@ def test_a_read_that_fails_is_one_line_in_the_panel(qtbot, tmp_path, monkeypatch
     def broken(run_dir):
         raise OSError(5, "Input/output error\non the drive")  # a dying network drive
 
-    monkeypatch.setattr("app.panels.training.read_opened_run", broken)
+    monkeypatch.setattr("app.panels.training_open.read_opened_run", broken)
     panel = TrainingPanel()
     qtbot.addWidget(panel)
     with qtbot.waitSignal(panel.opened, timeout=WAIT_MS) as blocker:

@@ -62,3 +62,21 @@ def test_the_app_top_level_holds_only_the_entry_points_and_the_window():
     assert packages == ["dialogs", "engine", "models", "panels", "widgets"]
     for name in packages:
         assert (REPO / "app" / name / "__init__.py").is_file(), f"app/{name}/__init__.py is missing"
+
+
+def test_no_function_is_over_80_lines_and_the_training_panel_only_shows_its_run():
+    """Issue 38's size rules, kept: a function a reader follows in one screen or two, and a Training
+    panel that displays the run lifecycle (app/models/lifecycle.py) rather than holding it."""
+    import ast
+
+    long = []
+    for package in ("dmad", "app"):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} "
+                                f"({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+    tree = ast.parse((REPO / "app" / "panels" / "training.py").read_text(encoding="utf-8"))
+    panel = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainingPanel")
+    assert panel.end_lineno - panel.lineno + 1 <= 300

@@ -104,7 +104,7 @@ def small_bench(tmp_path_factory, tiny_prompt_set):
                                                  f"observation.prompt_set={tiny_prompt_set}"),
                                 # LCM ends by its step cap (the equal-compute iteration) however busy the
                                 # machine; the wall-clock stop is what the full and --quick benches show
-                                lcm_step_cap=1, lcm_budget_s=600.0)
+                                peer_step_cap=1, peer_budget_s=600.0)
     tmp = tmp_path_factory.mktemp("bench")
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
@@ -168,12 +168,12 @@ def test_bench_distill_summarises_seeds_and_compares_them_with_their_spread(smal
 def test_bench_distill_reads_lcm_at_dmads_training_compute(small_bench):
     """LCM's equal-compute checkpoint is where its engine-counted network passes reach DMAD's final
     count: the analytic per-iteration cost the bench plans with is what the engine counts."""
-    from dmad.demo.bench_runs import lcm_passes_per_iteration
+    from dmad.demo.bench_runs import peer_passes_per_iteration
 
     table, doc, folder, _ = small_bench
     for seed in (0, 1):
         dmad, lcm = doc["runs"][f"dmad-seed{seed}"], doc["runs"][f"lcm-seed{seed}"]
-        per = lcm_passes_per_iteration(lcm["effective_batch"])
+        per = peer_passes_per_iteration(lcm["effective_batch"])
         assert lcm["equal_compute_iter"] == max(1, round(dmad["network_passes"] / per))
         assert lcm["network_passes"] == pytest.approx(per * lcm["iterations"])  # counted == planned
         assert lcm["wall_clock_iter"] is None  # its step cap (the equal-compute iteration) ended it first
@@ -217,6 +217,17 @@ def test_an_interrupted_bench_goes_on_from_its_rows_and_runs(small_bench, capsys
     assert "| DMAD 4 steps beats LCM 4 steps @ equal compute on tv" in out and "| not measured |" in out  # said, not dropped
     with pytest.raises(UserInputError, match=r"holds a bench with other settings \(set\)"):
         again(methods="dmad", seeds="0", set_name="tuning")
+
+    # a bench.json written before the peer's settings had neutral names (lcm_*) is the same bench
+    manifest = folder / "bench.json"
+    current = json.loads(manifest.read_text(encoding="utf-8"))
+    old = {**{k: v for k, v in current.items() if k != "peer_config"}, "lcm_config": current["peer_config"],
+           "settings": {("lcm_" + k[len("peer_"):] if k.startswith("peer_") else k): v
+                        for k, v in current["settings"].items()}}
+    assert "lcm_step_cap" in old["settings"] and "peer_step_cap" not in old["settings"]
+    manifest.write_text(json.dumps(old), encoding="utf-8")
+    assert strip(again(methods="dmad,lcm", seeds="0,1")) == strip(table)
+    assert json.loads(manifest.read_text(encoding="utf-8"))["settings"]["peer_step_cap"] == 1  # today's names again
 
 
 def test_bench_methods_and_seeds_are_checked_before_any_work(tmp_path):

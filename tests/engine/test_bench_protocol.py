@@ -221,7 +221,7 @@ def test_lcm_is_read_at_the_checkpoint_where_dmads_wall_clock_ran_out(tmp_path):
     """The same-wall-clock rows read the first checkpoint at or after the iteration the run had
     reached when the wall clock ran out (the first command sent), not the equal-compute one; a
     run's facts from before 2026-12-06 held the equal-compute iteration in wall_clock_iter."""
-    from dmad.demo.bench_runs import lcm_readings
+    from dmad.demo.bench_runs import peer_readings
 
     ckpts = tmp_path / "checkpoints"
     for it in (1912, 2895, 3825):
@@ -230,11 +230,11 @@ def test_lcm_is_read_at_the_checkpoint_where_dmads_wall_clock_ran_out(tmp_path):
     (ckpts / "latest.json").write_text(json.dumps({"iter": 3825, "path": "iter_3825"}))
     run = {"run_dir": str(tmp_path), "wall_clock_iter": 3825,
            "control": [{"cmd": "checkpoint_now", "at_s": 677.0, "iter": 2888}, {"cmd": "stop", "at_s": 917.9, "iter": 3825}]}
-    budgets, others = lcm_readings(run, 3825)
+    budgets, others = peer_readings(run, 3825)
     assert [(b, it) for b, it, _ in budgets] == [("same wall clock", 2895), ("equal compute", 3825)]
     assert budgets[0][2] == ckpts / "iter_2895" and list(others) == [1912]
     ended = {"run_dir": str(tmp_path), "control": [], "wall_clock_iter": None}  # its step cap came first
-    assert [(b, it) for b, it, _ in lcm_readings(ended, 3825)[0]] == [("same wall clock", 3825), ("equal compute", 3825)]
+    assert [(b, it) for b, it, _ in peer_readings(ended, 3825)[0]] == [("same wall clock", 3825), ("equal compute", 3825)]
 
 
 def test_a_rows_folder_from_another_protocol_is_refused_not_mixed(tmp_path):

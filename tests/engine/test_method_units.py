@@ -30,6 +30,20 @@ def test_every_method_has_one_unit_and_one_description():
         assert layout.networks[0] == ("student", "lora") and layout.optimizers == info.optimizers
 
 
+def test_a_method_is_named_only_in_its_unit_its_description_and_the_benchs_method_table():
+    """Outside dmad/methods, the peer method's name appears in its torch-free description, the bench's
+    method table and the export (diffusers' LCMScheduler drives every exported few-step UNet
+    student), nowhere else: no engine or app code branches on it (issue 38's target: at most 4 files)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = sorted(str(f.relative_to(root)) for d in ("dmad", "app") for f in (root / d).rglob("*.py")
+                   if not f.is_relative_to(root / "dmad" / "methods")
+                   and re.search("lcm", f.read_text(encoding="utf-8"), re.IGNORECASE))
+    assert found == ["dmad/contract/methods.py", "dmad/demo/bench_runs.py", "dmad/sample/export.py"]
+
+
 def test_the_metrics_columns_are_the_ones_runs_always_had():
     """metrics.csv keeps its columns and their order (old run folders, users' scripts)."""
     from dmad.contract.methods import METRIC_COLUMNS
