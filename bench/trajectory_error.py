@@ -44,7 +44,7 @@ def sharpness(img: torch.Tensor) -> torch.Tensor:
 def euler(fam, teacher, x: torch.Tensor, grid: list[int], cond, uncond, scale: float, schedule,
           keep: set[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The teacher's guided DDIM (= flow Euler) along `grid` (descending, ending at 0); the states at `keep`."""
-    from dmad.methods.lcm import ddim_step
+    from dmad.methods.prediction import ddim_step
 
     states = {}
     for t, t_next in zip(grid[:-1], grid[1:]):

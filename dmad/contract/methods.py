@@ -78,8 +78,12 @@ GENERATOR = Plot(
     "generator", "Generator losses", "loss",
     (Curve("loss_dm", "loss_dm", "sky", tip="distribution matching loss of the student"),
      Curve("loss_g_gan", "loss_g_gan", "orange", tip="non-saturating GAN loss of the student"),
-     Curve("loss_g", "loss_g = loss_dm + w_g·loss_g_gan", "band_red", band=True,
-           tip="the student's total loss; w_g = generator_gan_weight (1e-3 by default), so it lies on loss_dm")),
+     Curve("loss_reg", "loss_reg", "pink",
+           tip="regression loss (regression_weight > 0): the student's x0 against the guided teacher's ODE end "
+               "from the same input, mean squared error in latent space"),
+     Curve("loss_g", "loss_g = loss_dm + w_g·loss_g_gan + w_r·loss_reg", "band_red", band=True,
+           tip="the student's total loss; w_g = generator_gan_weight (1e-3 by default), w_r = regression_weight "
+               "(0 by default), so it lies on loss_dm unless the regression loss is on")),
     x_note="points only on student updates (every K-th iteration)",
     tip="The student (generator) steps only every K-th iteration, K = critic_updates_per_generator_update; "
         "the critic steps every iteration. Generator losses are logged on the rows with a student update, "
@@ -104,14 +108,15 @@ DMAD = MethodInfo(
     what="distribution matching + adversarial (DMD2): a fake score and a GAN head, the critic, train beside the "
          "student",
     columns=("loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c", "dm_grad_norm", "d_real_acc",
-             "d_fake_acc", "grad_norm_g", "grad_norm_c"),
+             "d_fake_acc", "grad_norm_g", "grad_norm_c", "loss_reg"),
     optimizers=("generator", "critic"),
     plots=(GENERATOR, CRITIC, ACCURACY),
     settings=(("identity", "fake_score"), ("optimization", "critic_lr"),
               ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
               ("distillation", "generator_gan_weight"), ("distillation", "critic_gan_weight"),
               ("distillation", "gan_head_placement"), ("distillation", "min_timestep"),
-              ("distillation", "max_timestep"),
+              ("distillation", "max_timestep"), ("distillation", "regression_weight"),
+              ("distillation", "regression_images"), ("distillation", "regression_teacher_steps"),
               ("resources", "share_frozen_base")))  # the student and fake score on one frozen base
 
 # --------------------------------------------------------------------------- LCM
@@ -157,10 +162,14 @@ def _union(parts) -> list[str]:
 
 # metrics.csv: the same columns for every method (a row leaves another method's empty), one row every
 # log_every_steps; the metric event carries the same fields (and mem_device_total_gb).
-LOSS_COLUMNS = _union(m.columns for m in METHODS.values())
+# Columns added after runs were first written go at the end (ADDED_COLUMNS, oldest first), so every
+# older column keeps its place and a run an older engine started goes on with its own header
+# (dmad.contract.runlog.CsvAppender.continued).
+ADDED_COLUMNS = ["loss_reg"]
+LOSS_COLUMNS = [c for c in _union(m.columns for m in METHODS.values()) if c not in ADDED_COLUMNS]
 LR_COLUMNS = [f"lr_{name}" for name in _union(m.optimizers for m in METHODS.values())]
 METRIC_COLUMNS = (["iter"] + LOSS_COLUMNS + ["step_time_s", "data_time_s", "mem_peak_alloc_gb",
-                                              "mem_device_used_gb"] + LR_COLUMNS)
+                                              "mem_device_used_gb"] + LR_COLUMNS + ADDED_COLUMNS)
 
 
 def filled_columns(info: MethodInfo) -> tuple[str, ...]:
@@ -241,6 +250,16 @@ class Distillation(Group):
     min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
     max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
     ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
+    regression_weight: float = Field(
+        0.0, ge=0.0, le=100.0, description="Weight of the regression loss in the student loss (DMD's paired loss): "
+                                           "the student's x0 against where the guided teacher's own ODE takes the "
+                                           "same input, squared error in latent space. 0: off.")
+    regression_images: int = Field(2, ge=1, le=4096, description="How many images of each student micro-batch get "
+                                                                 "the teacher's ODE target (its cost: the teacher's "
+                                                                 "CFG passes along the ODE, per image).")
+    regression_teacher_steps: int = Field(25, ge=1, le=1000, description="The teacher's ODE steps over the whole "
+                                                                         "range (999 to 0); from a lower student "
+                                                                         "timestep the same spacing, fewer steps.")
     # LCM's
     lcm_ddim_timesteps: int = Field(50, ge=2, le=1000, description="lcm: timesteps of the skipping-step DDIM solver "
                                                                    "(N; each solver step skips 1000 / N timesteps).")

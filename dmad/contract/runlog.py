@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional, Union
 
 from dmad.contract.events import MAX_ITER
-from dmad.contract.regular import NotRegularFile, open_regular, read_regular
+from dmad.contract.regular import NotRegularFile, fopen_regular, open_regular, read_regular
 
 PathLike = Union[str, "os.PathLike[str]"]
 CONTROL_COMMANDS = ("stop", "stop_now", "pause", "resume", "sample_now", "checkpoint_now")
@@ -84,6 +84,20 @@ class CsvAppender:
         header = next(csv.reader([first.decode("utf-8", "replace")]), [])
         if header != self.columns:
             raise ValueError(f"{self.path} has columns {header} but this run writes {self.columns}")
+
+    @classmethod
+    def continued(cls, path: PathLike, columns: list[str]) -> "CsvAppender":
+        """The appender of a file this engine version may continue: one an older engine started with
+        fewer columns (a prefix of `columns`: columns are only ever added at the end) keeps its own
+        header, and the newer columns are left out of it. Anything else is refused as __init__ does."""
+        try:
+            return cls(path, columns)
+        except ValueError:
+            with fopen_regular(path, "r", newline="", encoding="utf-8") as f:
+                header = next(csv.reader(f), [])
+            if header and header == list(columns)[:len(header)]:
+                return cls(path, header)
+            raise
 
     def append(self, row: dict[str, Any]) -> None:
         unknown = set(row) - set(self.columns)

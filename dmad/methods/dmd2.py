@@ -33,7 +33,7 @@ from torch import nn
 
 from dmad.contract.methods import DMAD
 from dmad.methods.noise import SampleRNG, fresh_noise, iteration_generator
-from dmad.methods.prediction import NoiseSchedule
+from dmad.methods.prediction import NoiseSchedule, ddim_step
 from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
                                make_lr_scheduler, make_optimizer, trainable_parameters)
 
@@ -63,6 +63,37 @@ def loss_distribution_matching(x0_student: torch.Tensor, x0_real: torch.Tensor,
         grad = torch.nan_to_num((p_real - p_fake) / w)
     loss = 0.5 * F.mse_loss(x, (x - grad).detach())
     return loss, {"loss_dm": loss.detach().item(), "dm_grad_norm": grad.abs().mean().item()}
+
+
+def loss_regression(x0_student: torch.Tensor, x0_teacher: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """DMD's paired regression loss: the student's x0 against the teacher's ODE end from the same
+    input, mean squared error in latent space (DMD used LPIPS on images, which needs a download)."""
+    loss = F.mse_loss(x0_student.float(), x0_teacher.float())
+    return loss, {"loss_reg": loss.detach().item()}
+
+
+def ode_grid(t_start: int, steps_full: int, num_train_timesteps: int = 1000) -> list[int]:
+    """Descending timesteps from t_start to 0 with the spacing of `steps_full` steps over the whole
+    range: ceil(steps_full * (t_start + 1) / T) steps (4 steps from 249 at 25 over 999)."""
+    n = max(1, math.ceil(steps_full * (t_start + 1) / num_train_timesteps))
+    return [round(t_start * (n - i) / n) for i in range(n + 1)]
+
+
+@torch.no_grad()
+def teacher_ode_x0(real: RealScore, schedule: NoiseSchedule, x_t: torch.Tensor, t_start: int, emb: Any,
+                   steps_full: int) -> torch.Tensor:
+    """Where the guided teacher's deterministic sampler takes x_t (at t_start) : DDIM steps (Euler
+    for a flow schedule) on ode_grid, and its x0 prediction at the last point before 0. Cost: one
+    CFG teacher pass per step."""
+    grid = ode_grid(t_start, steps_full, schedule.num_train_timesteps)
+    x = x_t
+    for a, b in zip(grid[:-1], grid[1:]):
+        t = torch.full((x.shape[0],), a, dtype=torch.long, device=x.device)
+        x0 = real.x0(schedule, x, t, emb)
+        if b == 0:
+            return x0
+        x = ddim_step(x, x0, t, torch.full_like(t, b), schedule).to(x_t.dtype)
+    return x0
 
 
 def loss_fake_denoising(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -270,6 +301,8 @@ def iteration(nets: DmadNetworks, opts: dict[str, Stepper], batches: list[MicroB
             if gen_step:
                 with critic_frozen(opts["critic"]):  # backward too: checkpointed recomputation must see the same graph
                     loss, lg = generator_loss(nets, x0, emb, mb.rng, dist.generator_gan_weight, dist.dm_weight)
+                    if dist.regression_weight > 0:
+                        loss, lg = with_regression(nets, loss, lg, x0, x_t, t, emb, dist)
                     stages.backward()
                     acc.backward(loss / accum)
                 logs.add(lg, it + 1)
@@ -353,6 +386,19 @@ def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Any, gen: SampleRN
         logs.update(logs_g)
     logs["loss_g"] = loss.detach().item()
     return loss, logs
+
+
+def with_regression(nets: DmadNetworks, loss: torch.Tensor, logs: dict, x0: torch.Tensor, x_t: torch.Tensor,
+                    t: torch.Tensor, emb: Any, dist: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """The student loss plus regression_weight * loss_regression on the first regression_images of
+    the micro-batch: their x0 against the guided teacher's ODE end from the same input x_t (the
+    student's own input at its step: pure noise, or its backward-simulated rollout)."""
+    r = min(dist.regression_images, x0.shape[0])
+    head = type(emb)({k: v[:r] for k, v in emb.items()})
+    target = teacher_ode_x0(nets.real, nets.schedule, x_t[:r], int(t[0]), head, dist.regression_teacher_steps)
+    loss_r, logs_r = loss_regression(x0[:r], target)
+    loss = loss + dist.regression_weight * loss_r
+    return loss, {**logs, **logs_r, "loss_g": loss.detach().item()}
 
 
 def critic_loss(nets: DmadNetworks, x0_student: torch.Tensor, real_latents: torch.Tensor, emb: Any,

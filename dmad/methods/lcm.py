@@ -37,7 +37,7 @@ from torch import nn
 
 from dmad.contract.methods import LCM
 from dmad.methods.noise import fresh_noise
-from dmad.methods.prediction import NoiseSchedule
+from dmad.methods.prediction import NoiseSchedule, ddim_step
 from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
                                make_lr_scheduler, make_optimizer, read_shadow, trainable_parameters)
 
@@ -79,16 +79,6 @@ def consistency_output(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor) -> 
     """f(x_t, t) = c_skip(t) x_t + c_out(t) x0 (float32)."""
     c_skip, c_out = boundary_scalings(t, x_t.ndim)
     return c_skip * x_t.float() + c_out * x0.float()
-
-
-def ddim_step(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor, schedule) -> torch.Tensor:
-    """One deterministic DDIM step from t to t_prev given the (guided) x0 prediction at t:
-    eps = (x_t - alpha_t x0) / sigma_t, x_prev = alpha_prev x0 + sigma_prev eps (float32)."""
-    a, s = schedule.alpha_sigma(t, x_t.ndim)
-    a_prev, s_prev = schedule.alpha_sigma(t_prev, x_t.ndim)
-    x0 = x0.float()
-    eps = (x_t.float() - a * x0) / s
-    return a_prev * x0 + s_prev * eps
 
 
 def loss_consistency(pred: torch.Tensor, target: torch.Tensor, huber_c: float,

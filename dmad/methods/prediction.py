@@ -122,6 +122,17 @@ class FlowSchedule(NoiseSchedule):
         return (noise.float() - x0.float()).to(x0.dtype)
 
 
+def ddim_step(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor, schedule) -> torch.Tensor:
+    """One deterministic DDIM step from t to t_prev given the (guided) x0 prediction at t:
+    eps = (x_t - alpha_t x0) / sigma_t, x_prev = alpha_prev x0 + sigma_prev eps (float32).
+    For a flow schedule (alpha = 1 - sigma) this is an Euler step of the flow ODE."""
+    a, s = schedule.alpha_sigma(t, x_t.ndim)
+    a_prev, s_prev = schedule.alpha_sigma(t_prev, x_t.ndim)
+    x0 = x0.float()
+    eps = (x_t.float() - a * x0) / s
+    return a_prev * x0 + s_prev * eps
+
+
 def guide(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
     """Classifier-free guidance. Linear in the output, so it is the same rule for eps, v and x0."""
     return uncond + scale * (cond - uncond)

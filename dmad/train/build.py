@@ -163,7 +163,8 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
     loaded(state.iter if state else 0)
     if state is not None:
         events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))
-    metrics = CsvAppender(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
+    # a run an older engine started keeps its metrics.csv header (columns are only added at the end)
+    metrics = CsvAppender.continued(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
     progress = Progress(iter=state.iter if state else 0, batches_used=state.batches_used if state else 0)
     data = _data_stream(dataset, groups, skip_log, caches, teacher, res, acc, progress)
     log.info("loaded teacher %s (%s, %s); student %s, fake score %s; device %s, %s",

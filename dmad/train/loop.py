@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dmad.contract.config import TrainConfig
-from dmad.contract.methods import LR_COLUMNS, METRIC_COLUMNS
+from dmad.contract.methods import LR_COLUMNS
 from dmad.contract.runlog import one_off_problem
 from dmad.contract.runs import ControlReader
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
@@ -234,7 +234,7 @@ def _log_row(s: Session, tr: Trainer, w: _Window) -> None:
     row.update(iter=it, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters)
     opts = tr.optimizers
     row.update({c: opts[c[3:]].lr() if c[3:] in opts else None for c in LR_COLUMNS})  # lr_<optimizer>
-    s.files.metrics.append({k: row.get(k) for k in METRIC_COLUMNS})
+    s.files.metrics.append({k: row.get(k) for k in s.files.metrics.columns})  # an older run's header may lack new columns
     remaining = max_steps - it
     s.files.events.emit("metric", it, **{k: v for k, v in row.items() if k != "iter"}, max_train_steps=max_steps,
                         network_passes=tr.passes.equivalents()["total"], eta_s=round(remaining * elapsed / w.iters, 1))

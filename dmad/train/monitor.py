@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable, Optional
 
-from dmad.contract.regular import fopen_regular
 from dmad.contract.runs import CsvAppender, RunFolder
 
 GPU_MEM_COLUMNS = ["t", "scope", "mem_used_gb", "mem_total_gb", "utilization_pct"]
@@ -32,16 +31,7 @@ def device_reading(device) -> tuple[str, Optional[float], Optional[float], Optio
 
 def _appender(path) -> CsvAppender:
     """gpu_mem.csv; a run started by an older engine (fewer columns) keeps its own header."""
-    import csv
-
-    try:
-        return CsvAppender(path, GPU_MEM_COLUMNS)
-    except ValueError:
-        with fopen_regular(path, "r", newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f), [])
-        if header and header == GPU_MEM_COLUMNS[:len(header)]:
-            return CsvAppender(path, header)
-        raise
+    return CsvAppender.continued(path, GPU_MEM_COLUMNS)
 
 
 class Monitor:

@@ -41,7 +41,9 @@ METHOD = ("distillation", "method")
 UNUSED_WITH_LCM = [("identity", "fake_score"), ("resources", "share_frozen_base"), ("optimization", "critic_lr"),
                    ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
                    ("distillation", "generator_gan_weight"), ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
-                   ("distillation", "min_timestep"), ("distillation", "max_timestep")]
+                   ("distillation", "min_timestep"), ("distillation", "max_timestep"),
+                   ("distillation", "regression_weight"), ("distillation", "regression_images"),
+                   ("distillation", "regression_teacher_steps")]
 LCM_ONLY = [("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
             ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay")]
 LCM_TIP = ("consistency loss (lcm_loss_type: L2 or pseudo-Huber) between the student at t_n+k and the EMA target "

@@ -137,7 +137,7 @@ def test_hovering_shows_every_shown_series_value(qtbot, board):
     hover(plot, 12.2)
     qtbot.waitUntil(lambda: bool(plot.readout.rows), timeout=WAIT_MS)
     assert plot.readout.rows[0] == "iteration 12"
-    assert plot.readout.rows[1:] == ["loss_dm  0.08333", "loss_g_gan  0.7", "loss_g = loss_dm + w_g·loss_g_gan  0.08403"]
+    assert plot.readout.rows[1:] == ["loss_dm  0.08333", "loss_g_gan  0.7", "loss_g = loss_dm + w_g·loss_g_gan + w_r·loss_reg  0.08403"]
     assert plot.readout.box.isVisible() and plot.readout.line.value() == 12
     QApplication.sendEvent(plot.widget.viewport(), QEvent(QEvent.Leave))
     assert not plot.readout.box.isVisible()

@@ -10,8 +10,9 @@ from diffusers import DDIMScheduler, DDPMScheduler, LCMScheduler
 
 from dmad.contract.config import Distillation
 from dmad.contract.methods import lcm_grid
-from dmad.methods.lcm import (TargetEMA, boundary_scalings, consistency_output, ddim_step, loss_consistency,
-                              sample_solver_steps, solver_grid)
+from dmad.methods.lcm import (TargetEMA, boundary_scalings, consistency_output, loss_consistency, sample_solver_steps,
+                              solver_grid)
+from dmad.methods.prediction import ddim_step
 from dmad.methods.noise import SampleRNG
 from dmad.methods.prediction import FlowSchedule, NoiseSchedule
 

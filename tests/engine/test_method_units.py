@@ -51,7 +51,8 @@ def test_the_metrics_columns_are_the_ones_runs_always_had():
     assert METRIC_COLUMNS == ["iter", "loss_dm", "loss_g_gan", "loss_g", "loss_fake", "loss_d_gan", "loss_c",
                               "dm_grad_norm", "d_real_acc", "d_fake_acc", "grad_norm_g", "grad_norm_c", "loss_lcm",
                               "step_time_s", "data_time_s", "mem_peak_alloc_gb", "mem_device_used_gb",
-                              "lr_generator", "lr_critic"]
+                              "lr_generator", "lr_critic",
+                              "loss_reg"]  # added since: at the end (ADDED_COLUMNS)
 
 
 def _handled(monkeypatch, polls: list, stop_flag_at: int = -1):

@@ -286,6 +286,27 @@ def test_csv_appender_header_mismatch_names_both(tmp_path):
     assert "['iter', 'loss_dm']" in str(e.value) and "['iter', 'loss_dm', 'loss_adv']" in str(e.value)
 
 
+def test_an_older_engines_metrics_go_on_under_their_own_header(tmp_path):
+    """Columns are only added at the end (dmad.contract.methods.ADDED_COLUMNS): a metrics.csv an older
+    engine started keeps its header and its rows' places; any other header is refused as before."""
+    from dmad.contract.methods import ADDED_COLUMNS, METRIC_COLUMNS
+
+    assert METRIC_COLUMNS[-len(ADDED_COLUMNS):] == ADDED_COLUMNS
+    older = METRIC_COLUMNS[:-len(ADDED_COLUMNS)]
+    path = tmp_path / "metrics.csv"
+    with CsvAppender(path, older) as w:
+        w.append({"iter": 10, "loss_dm": 0.5})
+    with CsvAppender.continued(path, METRIC_COLUMNS) as w:
+        assert w.columns == older
+        w.append({k: v for k, v in {"iter": 20, "loss_dm": 0.25, "loss_reg": 0.1}.items() if k in w.columns})
+    cols, rows = read_metrics(path)
+    assert cols == older and [(r["iter"], r["loss_dm"]) for r in rows] == [(10, 0.5), (20, 0.25)]
+    other = tmp_path / "other.csv"
+    CsvAppender(other, ["iter", "loss_x"]).close()
+    with pytest.raises(ValueError, match="has columns"):
+        CsvAppender.continued(other, METRIC_COLUMNS)
+
+
 def test_csv_appender_drops_a_torn_row_before_appending(tmp_path):
     path = tmp_path / "metrics.csv"
     path.write_text("iter,loss\n1,0.5\n2,0.")
