@@ -24,6 +24,7 @@ from dmad.contract.regular import fopen_regular
 EVENT_VERSION = 1
 KINDS = ("started", "phase", "metric", "checkpoint", "samples", "health", "warning", "error",
          "paused", "resumed", "stopped", "finished")
+ENDINGS = ("stopped", "finished", "error")  # a run's last event is one of these
 
 # Why a run failed: an error event's data["cause"] (dmad.train.run_open and, for a multi-process run,
 # dmad.train.launch write it), and what each means in words (the app's failure report shows a cause
@@ -142,10 +143,22 @@ class EventWriter:
         self._stream = stream if stream is not None else sys.stdout
         self._echo = echo
         self._lock = threading.Lock()  # the memory sampler thread emits too: whole lines only
+        self._ended = False  # an ending event (ENDINGS) is written
 
     def emit(self, kind: str, iter: Optional[int] = None, **data: Any) -> Event:
         ev = make_event(kind, iter, **data)
         with self._lock:
+            self._write(ev.to_line() + "\n")
+            self._ended = self._ended or kind in ENDINGS
+        return ev
+
+    def emit_unless_ended(self, kind: str, iter: Optional[int] = None, **data: Any) -> Optional[Event]:
+        """An event from another thread (the memory sampler) that must not follow the run's ending
+        event: dropped (None) once one is written, checked under the same lock as the write."""
+        ev = make_event(kind, iter, **data)
+        with self._lock:
+            if self._ended:
+                return None
             self._write(ev.to_line() + "\n")
         return ev
 

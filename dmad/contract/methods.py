@@ -115,7 +115,8 @@ DMAD = MethodInfo(
               ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
               ("distillation", "generator_gan_weight"), ("distillation", "critic_gan_weight"),
               ("distillation", "gan_head_placement"), ("distillation", "min_timestep"),
-              ("distillation", "max_timestep"), ("distillation", "regression_weight"),
+              ("distillation", "max_timestep"), ("distillation", "real_guidance_max_timestep"),
+              ("distillation", "regression_weight"),
               ("distillation", "regression_images"), ("distillation", "regression_teacher_steps"),
               ("resources", "share_frozen_base")))  # the student and fake score on one frozen base
 
@@ -249,6 +250,12 @@ class Distillation(Group):
                                              "(trained with it) or the frozen teacher's.")
     min_timestep: int = Field(20, ge=0, le=999, description="Lowest timestep for distribution matching and fake-score training.")
     max_timestep: int = Field(980, ge=1, le=999, description="Highest timestep for distribution matching and fake-score training.")
+    real_guidance_max_timestep: int = Field(
+        999, ge=0, le=999, description="Distribution matching guides the teacher (real_guidance_scale) only at "
+                                       "timesteps up to this one; above it the real score is the teacher's plain "
+                                       "conditional prediction (a guidance interval). 999: guided everywhere, as "
+                                       "DMD2. What a caption leaves open (background, colour) is decided at the "
+                                       "highest noise levels, where guidance narrows it most.")
     ema_decay: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Student EMA decay (e.g. 0.999); empty: no EMA.")
     regression_weight: float = Field(
         0.0, ge=0.0, le=100.0, description="Weight of the regression loss in the student loss (DMD's paired loss): "

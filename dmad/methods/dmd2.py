@@ -300,7 +300,8 @@ def iteration(nets: DmadNetworks, opts: dict[str, Stepper], batches: list[MicroB
             x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
             if gen_step:
                 with critic_frozen(opts["critic"]):  # backward too: checkpointed recomputation must see the same graph
-                    loss, lg = generator_loss(nets, x0, emb, mb.rng, dist.generator_gan_weight, dist.dm_weight)
+                    loss, lg = generator_loss(nets, x0, emb, mb.rng, dist.generator_gan_weight, dist.dm_weight,
+                                              dist.real_guidance_max_timestep)
                     if dist.regression_weight > 0:
                         loss, lg = with_regression(nets, loss, lg, x0, x_t, t, emb, dist)
                     stages.backward()
@@ -359,12 +360,14 @@ def critic_frozen(critic: Stepper):
 
 
 def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Any, gen: SampleRNG, gan_weight: float,
-                   dm_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+                   dm_weight: float = 1.0, guided_up_to: int = 999) -> tuple[torch.Tensor, dict[str, float]]:
     """Student loss on its sample x0 (with graph): w_dm * DM + w_g * non-saturating GAN.
 
     The critic's parameters must be frozen by the caller (requires_grad False) so the GAN term
     only moves the student. dm_weight 0 (the GAN alone: an ablation) skips the teacher and
-    fake-score passes; the noise draws are the same either way."""
+    fake-score passes; the noise draws are the same either way. guided_up_to
+    (real_guidance_max_timestep): distribution matching guides the teacher only at timesteps up
+    to it (999: everywhere, DMD2)."""
     family, schedule = nets.family, nets.schedule
     b = x0.shape[0]
     t = nets.trange.sample(b, x0.device, gen)
@@ -372,7 +375,7 @@ def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Any, gen: SampleRN
     loss, logs = x0.new_zeros((), dtype=torch.float32), {}
     if dm_weight > 0:
         with torch.no_grad():
-            x0_real = nets.real.x0(schedule, x_t, t, emb)
+            x0_real = nets.real.x0(schedule, x_t, t, emb, guided_up_to=guided_up_to)
             x0_fake = family.x0(nets.fake_score_bare, x_t, t, emb, schedule, guidance=FAKE_GUIDANCE)
         loss_dm, logs = loss_distribution_matching(x0, x0_real, x0_fake)
         loss = dm_weight * loss_dm

@@ -164,8 +164,27 @@ class RealScore:
     guidance: float
     family: Any  # dmad.models.families.Family: every network call goes through it
 
-    def x0(self, schedule: NoiseSchedule, x_t: torch.Tensor, t: torch.Tensor, emb: Any) -> torch.Tensor:
-        return self.family.guided_x0(self.unet, x_t, t, emb, self.uncond, self.guidance, schedule)
+    def x0(self, schedule: NoiseSchedule, x_t: torch.Tensor, t: torch.Tensor, emb: Any,
+           guided_up_to: Optional[int] = None) -> torch.Tensor:
+        """The guided x0. `guided_up_to`: a guidance interval (Kynkaenniemi et al. 2024): samples at
+        timesteps above it get the plain conditional prediction instead (one pass, no guidance; a
+        guidance-embedding network gets guidance 1), the others the guided one."""
+        high = t > guided_up_to if guided_up_to is not None else torch.zeros_like(t, dtype=torch.bool)
+        if not bool(high.any()):
+            return self.family.guided_x0(self.unet, x_t, t, emb, self.uncond, self.guidance, schedule)
+        out = torch.empty(x_t.shape, dtype=torch.float32, device=x_t.device)
+        plain = 1.0 if self.family.guidance_embedded(self.unet) else None
+        out[high] = self.family.x0(self.unet, x_t[high], t[high], _rows(emb, high), schedule, guidance=plain).float()
+        low = ~high
+        if bool(low.any()):
+            out[low] = self.family.guided_x0(self.unet, x_t[low], t[low], _rows(emb, low), self.uncond,
+                                             self.guidance, schedule).float()
+        return out
+
+
+def _rows(emb: Any, mask: torch.Tensor) -> Any:
+    """The text conditioning (a dmad.models.families.Cond: batch-first tensors) of the masked samples."""
+    return type(emb)({k: v[mask] for k, v in emb.items()})
 
 
 # --------------------------------------------------------------------------- the unit

@@ -38,6 +38,9 @@ class NullEvents:
     def emit(self, kind: str, iter: Optional[int] = None, **data: Any) -> None:
         return None
 
+    def emit_unless_ended(self, kind: str, iter: Optional[int] = None, **data: Any) -> None:
+        return None
+
     def sync(self) -> None:
         return None
 

@@ -123,7 +123,8 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
 
     def sampled(row: dict) -> None:  # the sampler's events carry the iteration once there is one
         it = run.session.progress.iter if run.session is not None else None
-        events.emit("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
+        # never after the run's ending event: the sampler runs until the monitor stops, after it
+        events.emit_unless_ended("metric", it, source="sampler", **{k: v for k, v in row.items() if k != "t"})
 
     run.monitor = Monitor(folder, None, cfg.observation.gpu_mem_interval_s, on_sample=sampled) if main else NullMonitor()
     try:

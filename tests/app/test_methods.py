@@ -42,7 +42,7 @@ UNUSED_WITH_LCM = [("identity", "fake_score"), ("resources", "share_frozen_base"
                    ("distillation", "critic_updates_per_generator_update"), ("distillation", "dm_weight"),
                    ("distillation", "generator_gan_weight"), ("distillation", "critic_gan_weight"), ("distillation", "gan_head_placement"),
                    ("distillation", "min_timestep"), ("distillation", "max_timestep"),
-                   ("distillation", "regression_weight"), ("distillation", "regression_images"),
+                   ("distillation", "real_guidance_max_timestep"), ("distillation", "regression_weight"), ("distillation", "regression_images"),
                    ("distillation", "regression_teacher_steps")]
 LCM_ONLY = [("distillation", "lcm_ddim_timesteps"), ("distillation", "lcm_loss_type"),
             ("distillation", "lcm_huber_c"), ("distillation", "lcm_target_ema_decay")]

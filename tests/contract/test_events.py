@@ -92,3 +92,19 @@ def test_writer_echoes_the_same_line(tmp_path):
         writer.close()
     assert out.getvalue() == (tmp_path / "events.jsonl").read_text() == ev.to_line() + "\n"
     assert isinstance(ev, Event)
+
+
+@pytest.mark.parametrize("ending", ["finished", "stopped", "error"])
+def test_nothing_from_the_sampler_follows_the_runs_ending_event(tmp_path, ending):
+    """The memory sampler runs until the monitor stops, which is after the loop's last event: its
+    readings are dropped once an ending event is written, so a run's events end with it (under a
+    busy machine a reading used to land after "finished")."""
+    path = tmp_path / "events.jsonl"
+    writer = EventWriter(path, echo=False)
+    try:
+        assert writer.emit_unless_ended("metric", 3, source="sampler", mem_used_gb=0.5) is not None
+        writer.emit(ending, 3)
+        assert writer.emit_unless_ended("metric", 3, source="sampler", mem_used_gb=0.5) is None
+    finally:
+        writer.close()
+    assert [e.kind for e in read_events(path)] == ["metric", ending]

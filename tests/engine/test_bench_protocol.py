@@ -176,8 +176,10 @@ def test_the_pass_counter_counts_images_and_backward_passes():
     assert resumed.counts == counter.counts
 
 
-@pytest.mark.parametrize("dm_weight,regression", [(1.0, False), (0.0, False), (1.0, True)])
-def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path, dm_weight, regression):
+@pytest.mark.parametrize("dm_weight,regression,guided_up_to", [(1.0, False, 999), (0.0, False, 999),
+                                                                 (1.0, True, 999), (1.0, False, 0)])
+def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path, dm_weight, regression,
+                                                          guided_up_to):
     """Two DMAD iterations on the tiny teacher (batch 1, a 1-step student, the student steps every
     iteration, the GAN head on the fake score's bottleneck), counted by the engine, against the
     iteration's own code (dmad.methods.dmd2.iteration): per iteration the student runs forward and backward
@@ -186,7 +188,9 @@ def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path
     critic runs the fake score twice with a graph (its denoising on the student's sample, and the
     real image for the GAN) and the head on both. dm_weight 0 drops exactly the teacher's and the
     no-graph fake-score passes. The regression loss adds the guided teacher's ODE from the student's
-    input (4 steps over the range: 4 CFG passes from t = 999) and nothing else."""
+    input (4 steps over the range: 4 CFG passes from t = 999) and nothing else. A guidance interval
+    that ends below every distribution-matching timestep (real_guidance_max_timestep 0) leaves the
+    teacher one plain conditional pass an image instead of two."""
     import json
 
     from dmad.cli import main
@@ -195,14 +199,16 @@ def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path
     config = write_config({"optimization": {"max_train_steps": 2},
                            "distillation": {"critic_updates_per_generator_update": 1, "dm_weight": dm_weight,
                                             "regression_weight": 1.0 if regression else 0.0,
-                                            "regression_teacher_steps": 4}})
+                                            "regression_teacher_steps": 4,
+                                            "real_guidance_max_timestep": guided_up_to}})
     run = tmp_path / "run"
     assert main(["train", "--config", str(config), "--run-dir", str(run)]) == 0
     state = json.loads((run / "checkpoints" / "iter_2" / "training_state.json").read_text())
     counts = {k: (v["forward"], v["backward"]) for k, v in state["network_passes"].items()}
     dm = dm_weight > 0
     ode = 2 * 2 * 4 if regression else 0  # per iteration: 1 image x 2 (CFG) x 4 steps
-    assert counts == {"teacher": ((4 if dm else 0) + ode, 0), "student": (2, 2), "fake_score": (8 if dm else 6, 6),
+    dm_teacher = (4 if guided_up_to == 999 else 2) if dm else 0
+    assert counts == {"teacher": (dm_teacher + ode, 0), "student": (2, 2), "fake_score": (8 if dm else 6, 6),
                       "gan_head": (6, 6)}
     assert state["network_passes"]["student"]["weight"] == 1.0  # a full student is the teacher's size
     finished = [e for e in read_events(run / "events.jsonl") if e.kind == "finished"][0]

@@ -375,3 +375,42 @@ def test_the_regression_loss_pulls_the_student_onto_the_teacher_target():
     loss.backward()
     assert loss.item() == pytest.approx(0.25) and logs == {"loss_reg": pytest.approx(0.25)}
     assert torch.allclose(x.grad, torch.full_like(x, -2 * 0.5 / x.numel()))
+
+
+# --------------------------------------------------------------------------- the guidance interval
+
+class _Family:
+    """Marks which prediction each sample got: 1 the plain conditional, 2 the guided; records the
+    conditioning rows each call saw."""
+
+    def __init__(self, embedded: bool = False):
+        self.embedded, self.calls = embedded, []
+
+    def guidance_embedded(self, net):
+        return self.embedded
+
+    def x0(self, net, x_t, t, cond, schedule, guidance=None):
+        self.calls.append(("plain", cond["emb"][:, 0, 0].tolist(), guidance))
+        return torch.ones_like(x_t)
+
+    def guided_x0(self, net, x_t, t, cond, uncond, scale, schedule):
+        self.calls.append(("guided", cond["emb"][:, 0, 0].tolist(), scale))
+        return torch.full_like(x_t, 2.0)
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_the_guidance_interval_guides_only_up_to_its_timestep(schedule, embedded):
+    from dmad.methods.unit import RealScore
+    from dmad.models.families import Cond
+
+    family = _Family(embedded)
+    real = RealScore(unet=None, uncond=None, guidance=3.0, family=family)
+    x_t = torch.zeros(4, 2, 4, 4)
+    t = torch.tensor([950, 100, 801, 800])
+    emb = Cond({"emb": torch.arange(4.0).view(4, 1, 1).expand(4, 3, 5)})
+    out = real.x0(schedule, x_t, t, emb, guided_up_to=800)
+    assert [float(out[i].mean()) for i in range(4)] == [1.0, 2.0, 1.0, 2.0]
+    assert family.calls == [("plain", [0.0, 2.0], 1.0 if embedded else None), ("guided", [1.0, 3.0], 3.0)]
+    family.calls.clear()
+    assert float(real.x0(schedule, x_t, t, emb).mean()) == 2.0  # no interval: one guided call, as before
+    assert family.calls == [("guided", [0.0, 1.0, 2.0, 3.0], 3.0)]
