@@ -34,8 +34,8 @@ from torch import nn
 from dmad.contract.methods import DMAD
 from dmad.methods.noise import SampleRNG, fresh_noise, iteration_generator
 from dmad.methods.prediction import NoiseSchedule, ddim_step
-from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
-                               make_lr_scheduler, make_optimizer, trainable_parameters)
+from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, cond_rows,
+                               make_ema, make_lr_scheduler, make_optimizer, trainable_parameters)
 
 StudentX0Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x_t, t (B,) long) -> x0
 
@@ -74,7 +74,7 @@ def loss_regression(x0_student: torch.Tensor, x0_teacher: torch.Tensor) -> tuple
 
 def ode_grid(t_start: int, steps_full: int, num_train_timesteps: int = 1000) -> list[int]:
     """Descending timesteps from t_start to 0 with the spacing of `steps_full` steps over the whole
-    range: ceil(steps_full * (t_start + 1) / T) steps (4 steps from 249 at 25 over 999)."""
+    range: ceil(steps_full * (t_start + 1) / T) steps (7 steps from 249 at 25 over the range)."""
     n = max(1, math.ceil(steps_full * (t_start + 1) / num_train_timesteps))
     return [round(t_start * (n - i) / n) for i in range(n + 1)]
 
@@ -397,7 +397,7 @@ def with_regression(nets: DmadNetworks, loss: torch.Tensor, logs: dict, x0: torc
     the micro-batch: their x0 against the guided teacher's ODE end from the same input x_t (the
     student's own input at its step: pure noise, or its backward-simulated rollout)."""
     r = min(dist.regression_images, x0.shape[0])
-    head = type(emb)({k: v[:r] for k, v in emb.items()})
+    head = cond_rows(emb, slice(0, r))
     target = teacher_ode_x0(nets.real, nets.schedule, x_t[:r], int(t[0]), head, dist.regression_teacher_steps)
     loss_r, logs_r = loss_regression(x0[:r], target)
     loss = loss + dist.regression_weight * loss_r

@@ -174,17 +174,18 @@ class RealScore:
             return self.family.guided_x0(self.unet, x_t, t, emb, self.uncond, self.guidance, schedule)
         out = torch.empty(x_t.shape, dtype=torch.float32, device=x_t.device)
         plain = 1.0 if self.family.guidance_embedded(self.unet) else None
-        out[high] = self.family.x0(self.unet, x_t[high], t[high], _rows(emb, high), schedule, guidance=plain).float()
+        out[high] = self.family.x0(self.unet, x_t[high], t[high], cond_rows(emb, high), schedule, guidance=plain).float()
         low = ~high
         if bool(low.any()):
-            out[low] = self.family.guided_x0(self.unet, x_t[low], t[low], _rows(emb, low), self.uncond,
+            out[low] = self.family.guided_x0(self.unet, x_t[low], t[low], cond_rows(emb, low), self.uncond,
                                              self.guidance, schedule).float()
         return out
 
 
-def _rows(emb: Any, mask: torch.Tensor) -> Any:
-    """The text conditioning (a dmad.models.families.Cond: batch-first tensors) of the masked samples."""
-    return type(emb)({k: v[mask] for k, v in emb.items()})
+def cond_rows(emb: Any, rows: Any) -> Any:
+    """The text conditioning (a dmad.models.families.Cond: batch-first tensors) of some samples:
+    `rows` a boolean mask or a slice."""
+    return type(emb)({k: v[rows] for k, v in emb.items()})
 
 
 # --------------------------------------------------------------------------- the unit
