@@ -2,16 +2,27 @@
 guidance scale: a diagnostic on the *tuning* set (dmad.demo.bench_sets), never the held-out one.
 
     python bench/teacher_coverage.py [--teacher DIR] [--cfg 1,2,3,4] [--steps 50] [--captions 16] [--seeds 64]
+                                     [--edges 1000,900,800] [--full 64]
 
-For each CFG scale: the teacher's own pipeline (flow-matching Euler) samples every under-specified
-caption at `seeds` noise seeds; the shipped evaluator reads the samples; prints stated accuracy,
-the mean total-variation distance to the data's conditional (and per left-out attribute), the
-share of needed values that appear, and the same measures on as many real renders (the floor).
-Guidance sharpens a distribution: this says how much, for the scale the demo distils with.
+For each CFG scale (and each guidance-interval edge): the teacher's own pipeline (flow-matching
+Euler) samples every under-specified caption at `seeds` noise seeds; the shipped evaluator reads
+the samples; prints stated accuracy, the mean total-variation distance to the data's conditional
+(and per left-out attribute), the share of needed values that appear, and the same measures on as
+many real renders (the floor). Guidance sharpens a distribution: this says how much, for the scale
+the demo distils with.
+
+--edges: a guidance interval (Kynkaenniemi et al. 2024) in sampling: the scale applies only at
+timesteps <= the edge (sigma x 1000; 1000 = every step, the plain pipeline); above it the pipeline
+predicts the plain conditional. Implemented through the pipeline's callback_on_step_end, which sets
+its guidance scale for the next step to 1 + 1e-6 above the edge (both passes still run, so the
+batch layout never changes; the output is the conditional prediction to 1e-6). The distribution
+matching counterpart is `distillation.real_guidance_max_timestep`.
+--full N: also the full-caption adherence on N full captions x 8 seeds (the bench's layout).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -23,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--captions", type=int, default=16)
     ap.add_argument("--seeds", type=int, default=64)
+    ap.add_argument("--edges", default="1000", help="guidance-interval edges (timestep x 1000 of sigma), comma-separated")
+    ap.add_argument("--full", type=int, default=0, help="full captions for adherence (x 8 seeds; 0: skip)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
@@ -30,9 +43,10 @@ def main(argv=None) -> int:
 
     from dmad.contract.paths import resource
     from dmad.demo.bench_sampling import sample_teacher
-    from dmad.demo.bench_sets import SETS, initial_noise, real_images, under_items
+    from dmad.demo.bench_sets import SETS, full_items, initial_noise, real_images, under_items
     from dmad.demo.coverage import coverage_summary
     from dmad.demo.evaluator import load_evaluator
+    from dmad.demo.metrics import adherence, parse_caption
     from dmad.models.teacher import load_teacher
     from dmad.sample.render import latent_shape
 
@@ -42,7 +56,10 @@ def main(argv=None) -> int:
     sset = SETS["tuning"]
     items = under_items(sset, a.captions, a.seeds)
     caps = [c for c, _, _ in items]
-    noise = initial_noise(items, sset.noise_a, latent_shape(teacher.vae, 64, 64))
+    shape = latent_shape(teacher.vae, 64, 64)
+    noise = initial_noise(items, sset.noise_a, shape)
+    full = full_items(sset, a.full, 8) if a.full else []
+    full_noise = initial_noise(full, sset.noise_a, shape) if full else None
     clf = load_evaluator()
 
     def summary(images) -> dict:
@@ -52,22 +69,54 @@ def main(argv=None) -> int:
     real, _ = real_images(list(dict.fromkeys(caps)), a.seeds, sset.real, first=20_000)
     rows = {"real renders (floor)": summary(real)}
     for scale in (float(x) for x in a.cfg.split(",")):
-        with torch.no_grad():
-            images = sample_teacher(teacher, caps, noise, a.steps, scale, 64)
-        rows[f"teacher {a.steps} steps, CFG {scale:g}"] = summary(images)
-        print(f"{time.time() - t0:6.0f} s  CFG {scale:g}: {json.dumps(rows[f'teacher {a.steps} steps, CFG {scale:g}'])}",
-              flush=True)
-    print("| model | stated | TV | TV shape / colour / size / position / background | covered |")
-    print("|---|---:|---:|---|---:|")
+        for edge in (int(x) for x in a.edges.split(",")):
+            name = f"teacher {a.steps} steps, CFG {scale:g}" + (f", guided at t <= {edge}" if edge < 1000 else "")
+            with torch.no_grad(), guidance_interval(edge):
+                rows[name] = summary(sample_teacher(teacher, caps, noise, a.steps, scale, 64))
+                if full:
+                    preds = clf.predict(sample_teacher(teacher, [c for c, _, _ in full], full_noise, a.steps, scale, 64))
+                    rows[name]["adherence"] = adherence(preds, [parse_caption(c) for c, _, _ in full])["all"]
+            print(f"{time.time() - t0:6.0f} s  {name}: {json.dumps(rows[name])}", flush=True)
+    print("| model | stated | TV | TV shape / colour / size / position / background | covered | full-caption adherence |")
+    print("|---|---:|---:|---|---:|---:|")
     for name, r in rows.items():
         per = " / ".join(f"{r['tv_by_attribute'].get(k, float('nan')):.3f}"
                          for k in ("shape", "colour", "size", "position", "background"))
+        adh = f"{r['adherence']:.1%}" if "adherence" in r else ""
         print(f"| {name} | {r['stated_accuracy']:.1%} | {r['tv']:.3f} | {per} | {r['coverage']:.0%}"
-              f"{'' if r['all_covered'] else ' (gaps)'} |")
+              f"{'' if r['all_covered'] else ' (gaps)'} | {adh} |")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)
     return 0
+
+
+@contextlib.contextmanager
+def guidance_interval(edge: int):
+    """While open, the demo teacher's pipeline (SD3) guides only at timesteps <= `edge`: above it the
+    scale is 1 + 1e-6 (the conditional prediction; both passes still run). edge >= 1000: unchanged."""
+    import diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 as sd3
+
+    if edge >= 1000:
+        yield
+        return
+    plain = sd3.StableDiffusion3Pipeline.__call__
+
+    def call(self, *args, guidance_scale: float = 7.0, **kw):
+        def step_end(pipe, i, t, tensors):
+            ts = pipe.scheduler.timesteps
+            pipe._guidance_scale = guidance_scale if float(ts[min(i + 1, len(ts) - 1)]) <= edge else OFF
+            return tensors
+        return plain(self, *args, guidance_scale=OFF, callback_on_step_end=step_end, **kw)
+
+    sd3.StableDiffusion3Pipeline.__call__ = call
+    try:
+        yield
+    finally:
+        sd3.StableDiffusion3Pipeline.__call__ = plain
+
+
+OFF = 1.0 + 1e-6  # "no guidance" that keeps the pipeline's two-pass layout
 
 
 if __name__ == "__main__":
