@@ -287,12 +287,17 @@ def _add_export(sub) -> None:
     """`dmad export`."""
     export = sub.add_parser(
         "export", allow_abbrev=False, help="export a checkpoint's student for diffusers",
-        description="Export a checkpoint's student: 'diffusers' writes a complete StableDiffusionPipeline folder "
-                    "whose scheduler reproduces the student's timesteps; 'lora' (LoRA students) writes a LoRA "
-                    "that diffusers' load_lora_weights puts on the teacher. Prints the output folder.")
+        description="Export a checkpoint's student: 'diffusers' writes a complete pipeline folder of the teacher's "
+                    "family whose scheduler reproduces the student's timesteps; 'lora' (LoRA students) writes a "
+                    "LoRA that diffusers' load_lora_weights puts on the teacher; 'lora-single-file' (LoRA students) "
+                    "writes it as one .safetensors in the layout ComfyUI, Forge and A1111 load (kohya names for "
+                    "SD 1.x/2.x/XL, diffusers names for SD3 and Flux), with metadata. Prints the output folder.")
     export.add_argument("--run", required=True, type=_path, metavar="DIR", help="run folder")
     export.add_argument("--checkpoint", default="latest", metavar="latest|N", help="checkpoint (default: latest)")
-    export.add_argument("--format", required=True, choices=("diffusers", "lora"), help="what to write")
+    export.add_argument("--format", required=True, choices=("diffusers", "lora", "lora-single-file"),
+                        help="what to write")
+    export.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="the saved weights' precision (default fp32: as trained, the run's samples exactly)")
     export.add_argument("--out", type=_path, metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
     export.set_defaults(handler=_cmd_export)
 
@@ -343,7 +348,7 @@ def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.sample.export import main as export_main  # torch is imported only once the request is known good
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
-    return export_main(args.run, args.checkpoint, args.format, args.out)
+    return export_main(args.run, args.checkpoint, args.format, args.out, args.dtype)
 
 
 def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:

@@ -1,10 +1,12 @@
-"""Export a run's student: `dmad export --run DIR --format diffusers|lora [--checkpoint N]` on a
+"""Export a run's student: `dmad export --run DIR --format diffusers|lora|lora-single-file
+[--dtype fp32|fp16|bf16] [--checkpoint N]` on a
 DmadCommand, with its progress (elapsed time and the engine's last log line: loading the teacher and
 writing the weights take a while), Cancel (the command's process group), and, when it is done, the
 output folder the engine printed, revealed in the file manager.
 
-LoRA is offered only for a run whose student is a LoRA (identity.student "lora"): the engine refuses
-it for a full student, and the dialog says so before the click rather than after.
+The LoRA formats (diffusers' LoRA file, and one file for ComfyUI / Forge / A1111) are offered only
+for a run whose student is a LoRA (identity.student "lora"): the engine refuses them for a full
+student, and the dialog says so before the click rather than after.
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ from app.widgets.elided_label import ElidedLabel
 from dmad.contract.runs import RunFolder
 
 LORA_TIP = "this run's student is a full UNet (identity.student is not \"lora\"): export it as diffusers"
+FORMATS = (("diffusers (a full pipeline folder)", "diffusers"), ("LoRA (diffusers' LoRA file)", "lora"),
+           ("LoRA, one file for ComfyUI / Forge / A1111", "lora-single-file"))
+DTYPES = (("fp32 (as trained: the run's samples exactly)", "fp32"), ("fp16 (half the size)", "fp16"),
+          ("bf16 (half the size)", "bf16"))
 
 
 def checkpoints(run: Path) -> list[int]:
@@ -49,16 +55,21 @@ class ExportDialog(QDialog):
 
     def _build(self, lora_student: bool) -> None:
         self.format = QComboBox()
-        self.format.addItem("diffusers (a full pipeline folder)", "diffusers")
-        self.format.addItem("LoRA (the adapter weights)", "lora")
+        for text, fmt in FORMATS:
+            self.format.addItem(text, fmt)
         if not lora_student:
-            self.format.model().item(1).setEnabled(False)
-            self.format.model().item(1).setToolTip(LORA_TIP)
+            for row in range(1, len(FORMATS)):
+                self.format.model().item(row).setEnabled(False)
+                self.format.model().item(row).setToolTip(LORA_TIP)
         self.format.setCurrentIndex(1 if lora_student else 0)
+        self.dtype = QComboBox()
+        for text, dtype in DTYPES:
+            self.dtype.addItem(text, dtype)
         self.checkpoint = QComboBox()
         self.checkpoint.addItem("latest", "latest")
         form = QFormLayout()
         form.addRow("Format", self.format)
+        form.addRow("Precision", self.dtype)
         form.addRow("Checkpoint", self.checkpoint)
         self.progress = QProgressBar(textVisible=True)
         self.progress.setRange(0, 0)  # busy: the engine reports no fraction for an export
@@ -83,6 +94,8 @@ class ExportDialog(QDialog):
         if self.command.is_running():
             return False
         args = ["export", "--run", str(self.run), "--format", self.format.currentData()]
+        if self.dtype.currentData() != "fp32":
+            args += ["--dtype", self.dtype.currentData()]
         if self.checkpoint.currentData() != "latest":
             args += ["--checkpoint", self.checkpoint.currentData()]
         self.output, self._started = None, time.monotonic()

@@ -1,4 +1,4 @@
-"""Export one checkpoint's student: `dmad export --run DIR --checkpoint N --format diffusers|lora`,
+"""Export one checkpoint's student: `dmad export --run DIR --checkpoint N --format diffusers|lora|lora-single-file`,
 run through the app's command runner, then the output folder is shown in the file manager.
 
 The engine prints the folder it wrote as its last stdout line (default <run>/export/iter_<N>-<format>);
@@ -17,7 +17,9 @@ from PySide6.QtWidgets import QMenu, QToolButton, QWidget
 
 from app.engine.command import DmadCommand
 
-FORMATS = (("diffusers", "diffusers pipeline folder"), ("lora", "LoRA weights (LoRA students)"))
+FORMATS = (("diffusers", "diffusers pipeline folder"), ("lora", "LoRA weights (LoRA students)"),
+           ("lora-single-file", "LoRA as one file for ComfyUI / Forge / A1111 (LoRA students)"))
+LORA_FORMATS = ("lora", "lora-single-file")
 
 
 def reveal_folder(folder: Path) -> bool:
@@ -53,8 +55,9 @@ class ExportButton(QToolButton):
         (the teacher, a checkpoint no longer on disk); `lora`: the run trains a LoRA student."""
         self._run, self._checkpoint = run_dir, checkpoint
         self._why_not = why_not or ("" if checkpoint is not None else "Choose a student checkpoint's image")
-        self.actions_by_format["lora"].setEnabled(lora)
-        self.actions_by_format["lora"].setToolTip("" if lora else "The run's student is a full UNet, not a LoRA")
+        for fmt in LORA_FORMATS:
+            self.actions_by_format[fmt].setEnabled(lora)
+            self.actions_by_format[fmt].setToolTip("" if lora else "The run's student is a full UNet, not a LoRA")
         self._update()
 
     def is_running(self) -> bool:
@@ -98,4 +101,4 @@ class ExportButton(QToolButton):
             self.setToolTip(f"Export: {self._why_not}")
         else:
             self.setToolTip(f"dmad export --run <this run> --checkpoint {self._checkpoint} --format "
-                            "diffusers|lora, then show the folder")
+                            "diffusers|lora|lora-single-file, then show the folder")

@@ -8,6 +8,13 @@ diffusers  a complete pipeline folder of the teacher's family (StableDiffusionPi
 lora       for LoRA students: pytorch_lora_weights.safetensors (diffusers' LoRA format for the
            family, written by peft + diffusers' own routines) that `pipe.load_lora_weights` puts
            on the teacher, plus the same scheduler config.
+lora-single-file
+           for LoRA students: one .safetensors in the key layout ComfyUI, Forge and A1111 load
+           (kohya's lora_unet_* names for UNet families, diffusers' transformer.* names for SD3
+           and Flux; dmad.sample.lora_file), with metadata naming the base model, the family, the
+           student's steps and the suggested sampler, scheduler and CFG; diffusers'
+           load_lora_weights reads it too. Plus the scheduler config.
+--dtype    fp32 (default: the trained weights as they are), fp16 or bf16 for what is saved.
 Each output folder also has README.md (how to load it, exact lines) and dmad_export.json
 (run, checkpoint, weights, timesteps, scheduler). Output is complete or absent: it is written to
 a temp folder beside --out, then renamed.
@@ -57,8 +64,10 @@ from dmad.contract.jsonfile import check_output_folder, check_path, make_output_
 from dmad.contract.runs import RunFolder
 from dmad.errors import UserInputError
 from dmad.sample.command import ITERATION, usable_checkpoint
+from dmad.sample.lora_file import DTYPES
 
-FORMATS = ("diffusers", "lora")
+FORMATS = ("diffusers", "lora", "lora-single-file")
+LORA_FORMATS = ("lora", "lora-single-file")
 TIMESTEP_SCALING = 1e9  # makes LCM's c_out exactly 1 and c_skip negligible (module docstring)
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' default name for load_lora_weights
 
@@ -110,8 +119,8 @@ def check_format(run: Path, cfg, fmt: Optional[str]) -> None:
         return
     if fmt not in FORMATS:
         raise UserInputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if fmt == "lora" and cfg.identity.student != "lora":
-        raise UserInputError(f"--format lora: the student of {run} is a full UNet (identity.student "
+    if fmt in LORA_FORMATS and cfg.identity.student != "lora":
+        raise UserInputError(f"--format {fmt}: the student of {run} is a full UNet (identity.student "
                              f"'{cfg.identity.student}'), not a LoRA; use --format diffusers")
 
 
@@ -255,11 +264,36 @@ def _pipeline(teacher, denoiser, scheduler):
     return family.pipeline(teacher.modules, scheduler, **{family.denoiser_name: denoiser})
 
 
-def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler) -> None:
-    _pipeline(teacher, fused_unet(student, mode), scheduler).save_pretrained(str(tmp), safe_serialization=True)
+def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler, dtype: str = "fp32") -> None:
+    from dmad.sample.lora_file import torch_dtype
+
+    pipe = _pipeline(teacher, fused_unet(student, mode), scheduler)
+    if dtype != "fp32":
+        pipe.to(dtype=torch_dtype(dtype))
+    pipe.save_pretrained(str(tmp), safe_serialization=True)
 
 
-def write_lora(tmp: Path, student, scheduler, family=None) -> None:
+def write_lora_single_file(path: Path, student, scheduler, family, dtype: str, metadata: dict) -> None:
+    """One .safetensors in the family's single-file layout (dmad.sample.lora_file), and the scheduler."""
+    from safetensors.torch import save_file
+
+    from dmad.sample.lora_file import single_file_tensors, torch_dtype
+
+    save_file(single_file_tensors(student, family.denoiser_name, torch_dtype(dtype)), str(path), metadata=metadata)
+    scheduler.save_pretrained(str(path.parent / "scheduler"))
+
+
+def _file_metadata(doc: dict, student) -> dict:
+    from dmad.sample.lora_file import adapter_rank, single_file_metadata
+
+    return single_file_metadata(
+        family=doc["family"], base_model=doc["teacher_name"], rank=adapter_rank(student), dtype=doc["dtype"],
+        steps=doc["num_inference_steps"], timesteps=doc["student_timesteps"], sampler="lcm",
+        scheduler="sgm_uniform", guidance=doc["guidance_scale"], user_loras=[], run=doc["run_name"],
+        checkpoint=doc["checkpoint"])
+
+
+def write_lora(tmp: Path, student, scheduler, family=None, dtype: str = "fp32") -> None:
     """peft's adapter state dict in the family's diffusers key layout, saved by the family
     pipeline's save_lora_weights with the adapter's LoraConfig as metadata (so lora_alpha != rank
     loads with the right scale). UNet families: converted to diffusers' UNet LoRA keys (as
@@ -274,12 +308,17 @@ def write_lora(tmp: Path, student, scheduler, family=None) -> None:
     family = family or Family()
     cls = getattr(diffusers, family.pipeline_class)
     metadata = student.peft_config["default"].to_dict()
+    from dmad.sample.lora_file import torch_dtype
+
+    def cast(layers: dict) -> dict:
+        return {k: v.to(torch_dtype(dtype)) for k, v in layers.items()}
+
     if family.denoiser_name == "unet":
-        layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(student))
+        layers = cast(convert_state_dict_to_diffusers(get_peft_model_state_dict(student)))
         cls.save_lora_weights(str(tmp), unet_lora_layers=layers, weight_name=LORA_WEIGHT_NAME,
                               safe_serialization=True, unet_lora_adapter_metadata=metadata)
     else:
-        layers = get_peft_model_state_dict(student)
+        layers = cast(get_peft_model_state_dict(student))
         cls.save_lora_weights(str(tmp), transformer_lora_layers=layers, weight_name=LORA_WEIGHT_NAME,
                               safe_serialization=True, transformer_lora_adapter_metadata=metadata)
     scheduler.save_pretrained(str(tmp / "scheduler"))
@@ -383,7 +422,15 @@ def _call_lines(teacher, s: Sampling, ex: Example) -> list[str]:
     return lines
 
 
-def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example) -> list[str]:
+def single_file_name(src: ExportSource, steps: int) -> str:
+    """The single-file LoRA's name: run, checkpoint and steps, in characters every tool accepts."""
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{src.run.name}-iter_{src.iter}-{steps}step").strip("._") or "student"
+    return f"{stem}.safetensors"
+
+
+def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_name: str = LORA_WEIGHT_NAME) -> list[str]:
     """The exact python that samples the student with plain diffusers."""
     family = teacher.family
     cls = family.pipeline_class
@@ -394,7 +441,7 @@ def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example) -> list[
     else:
         lines += _teacher_lines(teacher) + [
             f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')",
-            f"pipe.load_lora_weights({str(out)!r}, weight_name={LORA_WEIGHT_NAME!r})"]
+            f"pipe.load_lora_weights({str(out)!r}, weight_name={weight_name!r})"]
     return lines + _call_lines(teacher, s, ex)
 
 
@@ -406,10 +453,16 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
     what = (f"a complete {cls} folder (teacher {encoders}; the student's {den_word}"
             + (f", its LoRA fused into the base {den_word}" if doc["student"] == "lora" else "") + ")"
             if doc["format"] == "diffusers" else
-            f"the student's LoRA ({LORA_WEIGHT_NAME}, diffusers format) for the teacher pipeline, and the scheduler")
+            f"the student's LoRA ({LORA_WEIGHT_NAME}, diffusers format) for the teacher pipeline, and the scheduler"
+            if doc["format"] == "lora" else
+            f"the student's LoRA as one file, `{doc['lora_weight_name']}` ({doc['single_file_layout']}), for ComfyUI, "
+            "Forge, A1111 and diffusers, and the scheduler")
     same = ("the same pixels" if doc["student"] == "full" else
             "the same image within one 8-bit code value (diffusers' LoRA layers, or fused weights, round "
             "differently from dmad's adapter)")
+    if doc["dtype"] != "fp32":
+        same = (f"close to the image (the weights were saved in {doc['dtype']}, so they differ from the trained "
+                "float32 ones by its rounding)")
     if doc["flow"]:
         how = (f"The student samples in {len(doc['student_timesteps'])} step(s) at sigmas {doc['student_sigmas']} "
                f"(timesteps {doc['student_timesteps']} of its flow schedule): it predicts x0, then re-noises it "
@@ -441,10 +494,29 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
         how, "",
         "```python", *lines, "```", "",
         exact,
-        "Use your own prompt and any seed the same way.", ""])
+        "Use your own prompt and any seed the same way.", "", *_tools_section(doc)])
 
 
-def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidance_embedded: bool) -> dict:
+def _tools_section(doc: dict) -> list[str]:
+    """For the single file: how to use it where users generate (ComfyUI, Forge, A1111)."""
+    if doc["format"] != "lora-single-file":
+        return []
+    steps = doc["num_inference_steps"]
+    guidance = (f"CFG 1 and Flux guidance {doc['guidance_scale']:g} (the embedded guidance it was trained with)"
+                if doc["guidance_embedded"] else "CFG 1 (no classifier-free guidance)")
+    return ["## In ComfyUI, Forge or A1111", "",
+            f"Copy `{doc['lora_weight_name']}` into the tool's LoRA folder (ComfyUI: `models/loras`; Forge and "
+            f"A1111: `models/Lora`), load it on the base model `{doc['teacher_name']}` at strength 1.0, and sample "
+            f"with {steps} step(s), {guidance}, the `lcm` sampler (predict, then re-noise to the next noise level, "
+            f"as the student was trained to sample) and the `sgm_uniform` scheduler. Those tools' schedules put "
+            f"the steps close to, not exactly at, the student's timesteps {doc['student_timesteps']}, so their "
+            "images are close to the run's samples, not the same pixels; the diffusers lines above are exact.",
+            "", "The file's metadata (any safetensors viewer) names the base model, the family, the steps and "
+            "the suggested sampler, scheduler and CFG.", ""]
+
+
+def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidance_embedded: bool,
+         dtype: str = "fp32", weight_name: Optional[str] = None) -> dict:
     import diffusers
     import torch
 
@@ -466,16 +538,20 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
            # LCM's boundary condition at t = 0 returns the sample itself, not the x0 prediction
            "exact": (0 not in state.student_timesteps) if not family.flow else True,
            "scheduler": scheduler,
-           "lora_weight_name": LORA_WEIGHT_NAME if fmt == "lora" else None,
+           "lora_weight_name": (weight_name or LORA_WEIGHT_NAME) if fmt in LORA_FORMATS else None,
+           "dtype": dtype, "teacher_name": Path(teacher.info.path).name,
            "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if fmt == "lora-single-file":
+        doc["single_file_layout"] = ("kohya (lora_unet_*)" if family.denoiser_name == "unet"
+                                     else f"diffusers ({family.denoiser_name}.*)")
     if family.flow:
         doc["student_sigmas"] = list(s.sigmas)
         doc["latent_shape"] = list(s.latent_shape)
     return doc
 
 
-def export(src: ExportSource, fmt: str, out: Path) -> Path:
+def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32") -> Path:
     """Write the export to a temp folder beside `out`, then rename it to `out`."""
     import torch
 
@@ -498,18 +574,22 @@ def export(src: ExportSource, fmt: str, out: Path) -> Path:
         sched, reproduces = make_student_scheduler(teacher, timesteps)
         sampling = Sampling(timesteps, reproduces, guidance)
 
+    weight_name = single_file_name(src, len(timesteps)) if fmt == "lora-single-file" else LORA_WEIGHT_NAME
+
     def write(tmp: Path) -> None:
+        doc = _doc(fmt, src, teacher, state, sampling, sched, embedded, dtype, weight_name)
         with torch.no_grad():
             if fmt == "diffusers":
-                write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched)
+                write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched, dtype)
+            elif fmt == "lora":
+                write_lora(tmp, student, sched, family, dtype)
             else:
-                write_lora(tmp, student, sched, family)
-        doc = _doc(fmt, src, teacher, state, sampling, sched, embedded)
+                write_lora_single_file(tmp / weight_name, student, sched, family, dtype, _file_metadata(doc, student))
         (tmp / "dmad_export.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        lines = usage_lines(fmt, out, teacher, sampling, ex)
+        lines = usage_lines(fmt, out, teacher, sampling, ex, weight_name)
         (tmp / "README.md").write_text(_readme(doc, lines, ex), encoding="utf-8")
 
-    write_complete(out, write, needed=lambda: export_bytes(teacher, student, fmt))
+    write_complete(out, write, needed=lambda: export_bytes(teacher, student, fmt, dtype))
     return out
 
 
@@ -543,18 +623,18 @@ def _publish(tmp: Path, out: Path) -> None:
         raise
 
 
-def export_bytes(teacher, student, fmt: str) -> int:
+def export_bytes(teacher, student, fmt: str, dtype: str = "fp32") -> int:
     """About what the export takes on disk: the tensors it saves (a LoRA's adapter weights, or every
-    network of the pipeline), in their own dtypes."""
-    if fmt == "lora":
+    network of the pipeline), in their own dtypes, or 2 bytes a value in fp16 / bf16."""
+    if fmt in LORA_FORMATS:
         tensors = [p for name, p in student.named_parameters() if "lora_" in name]
     else:
         nets = [m for m in teacher.networks() if m is not student] + [student]
         tensors = [t for m in nets for t in m.state_dict().values()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * (t.element_size() if dtype == "fp32" else min(2, t.element_size())) for t in tensors)
 
 
-def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:
+def main(run: str, checkpoint: str, fmt: str, out: Optional[str], dtype: str = "fp32") -> int:
     """The `dmad export` command: prints the output folder on stdout."""
     given = Path(out).expanduser().resolve() if out else None
     src = resolve_source(run, checkpoint, fmt, given)
@@ -562,5 +642,7 @@ def main(run: str, checkpoint: str, fmt: str, out: Optional[str]) -> int:
     if not out:  # into the run folder: never through a link that leaves it
         RunFolder(src.run).check_confined()
     check_request(src, fmt, target)  # before torch is imported: bad requests answer fast
-    print(export(src, fmt, target), flush=True)
+    if dtype not in DTYPES:
+        raise UserInputError(f"--dtype {printable(dtype)[:20]!r}: expected one of {', '.join(DTYPES)}")
+    print(export(src, fmt, target, dtype), flush=True)
     return 0

@@ -185,7 +185,8 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     panel.select_paths([full])
     qtbot.mouseClick(panel.export_button, Qt.LeftButton)
     dialog = panel.findChild(ExportDialog)
-    assert dialog.format.currentData() == "diffusers" and not dialog.format.model().item(1).isEnabled()
+    assert dialog.format.currentData() == "diffusers" and dialog.format.count() == 3
+    assert not dialog.format.model().item(1).isEnabled() and not dialog.format.model().item(2).isEnabled()
     dialog.close()
     panel.select_paths([lora])
     qtbot.mouseClick(panel.export_button, Qt.LeftButton)
@@ -201,6 +202,13 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     assert json.loads(argv.read_text()) == ["export", "--run", str(lora), "--format", "lora", "--checkpoint", "20"]
     assert dialog.status.full_text() == f"Exported to {out}" and opened == [str(out)]
     assert dialog.export_button.text() == "Export" and dialog.progress.isHidden()
+    # one file for ComfyUI / Forge / A1111, saved in fp16
+    dialog.format.setCurrentIndex(dialog.format.findData("lora-single-file"))
+    dialog.dtype.setCurrentIndex(dialog.dtype.findData("fp16"))
+    qtbot.mouseClick(dialog.export_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not dialog.command.is_running() and len(opened) == 2, timeout=WAIT_MS)
+    assert json.loads(argv.read_text()) == ["export", "--run", str(lora), "--format", "lora-single-file",
+                                            "--dtype", "fp16", "--checkpoint", "20"]
 
 
 # ---------------------------------------------------------------- how runs are shown

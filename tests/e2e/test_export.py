@@ -3,6 +3,7 @@ and load the result with plain diffusers."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -180,6 +181,89 @@ def test_lora_student_exports_as_lora_and_as_fused_pipeline(lora_run, tiny_teach
     for folder in (lora_out, fused_out):  # the README's lines: teacher + LoRA file, and the fused pipeline
         diff = np.abs(_run_readme(folder, run_python, tmp_path).astype(int) - want["red"].astype(int))
         assert diff.max() <= 1 and diff.mean() < 0.05, (folder.name, diff.max(), diff.mean())
+
+
+COMFY_ATTENTION = re.compile(r"(down_blocks_\d+|up_blocks_\d+|mid_block)_attentions_\d+_transformer_blocks_\d+_"
+                            r"attn[12]_(to_q|to_k|to_v|to_out_0)")
+
+
+def comfyui_unet_lora_names(unet) -> set[str]:
+    """The kohya module names ComfyUI maps onto the attention projections of an SD / SDXL UNet
+    (Comfy-Org/ComfyUI a125cd84, comfy/lora.py model_lora_keys_unet over comfy/utils.py
+    unet_to_diffusers: "lora_unet_" + the diffusers weight key without ".weight", dots as
+    underscores, for attn1 / attn2 to_q, to_k, to_v, to_out.0 of every transformer block;
+    docs/export.md)."""
+    names = {"lora_unet_" + k[:-len(".weight")].replace(".", "_") for k in unet.state_dict() if k.endswith(".weight")}
+    return {n for n in names if COMFY_ATTENTION.fullmatch(n[len("lora_unet_"):])}
+
+
+def test_lora_student_exports_as_one_file_in_kohya_layout(lora_run, tiny_teacher, capsys):
+    """--format lora-single-file on SD 1.x: kohya names (the ones diffusers' own PEFT -> kohya
+    converter gives, and ComfyUI maps), alpha = rank with the scale alpha / r = 2 in the up
+    weights, metadata; diffusers' load_lora_weights reads it back to the engine's adapter; fp16."""
+    from diffusers import LCMScheduler, StableDiffusionPipeline
+    from diffusers.utils.state_dict_utils import convert_state_dict_to_kohya
+    from peft.utils import get_peft_model_state_dict
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from dmad.sample import export
+    out = _export(capsys, lora_run, "--format", "lora-single-file")
+    assert out == lora_run / "export" / "iter_2-lora-single-file"
+    doc = json.loads((out / "dmad_export.json").read_text())
+    name = "lora-iter_2-4step.safetensors"
+    assert doc["lora_weight_name"] == name and doc["single_file_layout"] == "kohya (lora_unet_*)"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "dmad_export.json", name, "scheduler"]
+    tensors = load_file(str(out / name))
+    with safe_open(str(out / name), "pt") as f:
+        meta = f.metadata()
+    assert meta["dmad_family"] == "sd1" and meta["dmad_student_steps"] == "4" and meta["ss_network_dim"] == "4"
+    assert json.loads(meta["dmad_student_timesteps"]) == [999, 749, 499, 249] and meta["dmad_suggested_cfg"] == "1"
+    assert meta["dmad_base_model"] == tiny_teacher.name and json.loads(meta["dmad_user_loras"]) == []
+
+    src = export.resolve_source(str(lora_run), "2")
+    _, student, _ = export.load_student(src)
+    peft_sd = get_peft_model_state_dict(student)
+    theirs = convert_state_dict_to_kohya({f"unet.{k}": v for k, v in peft_sd.items()})
+    assert set(tensors) == set(theirs) and len(tensors) == 3 * (len(peft_sd) // 2)
+    modules = {k.split(".")[0] for k in tensors}
+    teacher = StableDiffusionPipeline.from_pretrained(str(tiny_teacher), local_files_only=True)
+    assert modules <= comfyui_unet_lora_names(teacher.unet)
+    key = next(k for k in peft_sd if k.endswith("lora_B.weight"))
+    kohya = "lora_unet_" + key[:-len(".lora_B.weight")].replace(".", "_")
+    assert torch.equal(tensors[f"{kohya}.lora_up.weight"], peft_sd[key] * 2.0)  # alpha / r = 8 / 4
+    assert tensors[f"{kohya}.alpha"].item() == 4.0 and all(v.dtype == torch.float32 for v in tensors.values())
+
+    # diffusers' loader (its kohya converter) puts the same adapter on the teacher
+    teacher.set_progress_bar_config(disable=True)
+    teacher.scheduler = LCMScheduler.from_pretrained(str(out), subfolder="scheduler")
+    teacher.load_lora_weights(str(out), weight_name=name)
+    g = torch.Generator().manual_seed(1)
+    x, t, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.tensor([999, 249]), torch.randn(2, 16, 32, generator=g)
+    with torch.no_grad():
+        ref, got = student(x, t, ctx).sample, teacher.unet(x, t, ctx).sample
+    scale = ref.abs().max().item()
+    assert torch.allclose(got, ref, rtol=0, atol=1e-5 * scale), (got - ref).abs().max().item()
+    want = _engine_images(lora_run, 2)
+    images = _render(teacher, lora_run, 4)
+    for k in want:
+        diff = np.abs(images[k].astype(int) - want[k].astype(int))
+        assert diff.max() <= 1 and diff.mean() < 0.05, (k, diff.max(), diff.mean())
+    readme = (out / "README.md").read_text()
+    assert f"weight_name={name!r}" in readme and "models/loras" in readme and "`lcm` sampler" in readme
+
+    # --dtype fp16: half the bytes, the same adapter within fp16's rounding
+    half = _export(capsys, lora_run, "--format", "lora-single-file", "--dtype", "fp16",
+                   "--out", str(lora_run / "export" / "fp16"))
+    small = load_file(str(half / name))
+    assert set(small) == set(tensors) and all(v.dtype == torch.float16 for v in small.values())
+    assert json.loads((half / "dmad_export.json").read_text())["dtype"] == "fp16"
+    assert "saved in fp16" in (half / "README.md").read_text()
+    teacher.unload_lora_weights()
+    teacher.load_lora_weights(str(half), weight_name=name)
+    with torch.no_grad():
+        got = teacher.unet(x, t, ctx).sample
+    assert torch.allclose(got, ref, rtol=0, atol=1e-2 * scale), (got - ref).abs().max().item()
 
 
 def _run_readme(out: Path, run_python, tmp_path: Path) -> np.ndarray:

@@ -172,6 +172,40 @@ def test_lora_student_exports_as_lora_and_as_fused_pipeline(family, teachers, ti
     # engine's adapter, so a pixel may land a code value off
     _check_against_samples(lora_out, run, family, tol=2)
     _check_against_samples(fused_out, run, family, tol=2)
+    _check_single_file(run, lora_out, family, getattr(teacher, den))
+
+
+def _check_single_file(run: Path, lora_out: Path, family: str, teacher_denoiser) -> None:
+    """--format lora-single-file: SDXL in kohya's layout (names ComfyUI maps), SD3 and Flux in
+    diffusers' transformer.* layout (the names of the diffusers-format file, which ComfyUI maps for
+    those models) with the scale in the B weights; the README's lines load it and render the run's
+    sample; the metadata names the family and steps."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from tests.e2e.test_export import comfyui_unet_lora_names
+
+    out = _export(run, "lora-single-file")
+    doc = _check_doc(out, family, "lora-single-file")
+    name = doc["lora_weight_name"]
+    assert name == f"{run.name}-iter_2-2step.safetensors" and (out / "scheduler").is_dir()
+    tensors = load_file(str(out / name))
+    with safe_open(str(out / name), "pt") as f:
+        meta = f.metadata()
+    assert (meta["dmad_family"], meta["dmad_student_steps"], meta["ss_network_dim"]) == (family, "2", "4")
+    diffusers_format = load_file(str(lora_out / "pytorch_lora_weights.safetensors"))
+    if family == "sdxl":
+        modules = {k.split(".")[0] for k in tensors}
+        assert modules <= comfyui_unet_lora_names(teacher_denoiser)
+        assert len(tensors) == 3 * len(modules) and len(modules) * 2 == len(diffusers_format)
+    else:
+        assert set(tensors) == set(diffusers_format)  # transformer.<path>.lora_A / lora_B.weight
+        comfy = {"transformer." + k[:-len(".weight")] for k in teacher_denoiser.state_dict() if k.endswith(".weight")}
+        assert {k.rsplit(".", 2)[0] for k in tensors} <= comfy  # comfy/lora.py maps "transformer.<key>"
+        b = next(k for k in tensors if k.endswith("lora_B.weight"))
+        assert torch.allclose(tensors[b], diffusers_format[b] * 2.0)  # alpha / r = 8 / 4, in the weights
+    assert "models/loras" in (out / "README.md").read_text()
+    _check_against_samples(out, run, family, tol=2)
 
 
 @pytest.mark.parametrize("config", [{"shift": 3.0}, {"use_dynamic_shifting": True, "base_shift": 0.5,
