@@ -2,7 +2,9 @@
 [--dtype fp32|fp16|bf16] [--checkpoint N]` on a
 DmadCommand, with its progress (elapsed time and the engine's last log line: loading the teacher and
 writing the weights take a while), Cancel (the command's process group), and, when it is done, the
-output folder the engine printed, revealed in the file manager.
+output folder the engine printed, revealed in the file manager, and its path (Copy path) where no
+file manager opens it. "Into" chooses the folder the export's new folder goes in (default
+<run>/export, the engine's own default; elsewhere the folder is named <run>-<checkpoint>-<format>).
 
 The LoRA formats (diffusers' LoRA file, and one file for ComfyUI / Forge / A1111) are offered only
 for a run whose student is a LoRA (identity.student "lora"): the engine refuses them for a full
@@ -16,8 +18,8 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QProgressBar, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
+                               QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
 from app.engine.command import DmadCommand
@@ -67,15 +69,28 @@ class ExportDialog(QDialog):
             self.dtype.addItem(text, dtype)
         self.checkpoint = QComboBox()
         self.checkpoint.addItem("latest", "latest")
+        self.destination = QLineEdit(str(self.run / "export"), readOnly=True)
+        self.destination.setToolTip("the folder the export's own new folder is written into")
+        self.choose = QPushButton("Choose…")
+        self.choose.clicked.connect(self._choose_destination)
+        where = QHBoxLayout()
+        where.addWidget(self.destination, 1)
+        where.addWidget(self.choose)
         form = QFormLayout()
         form.addRow("Format", self.format)
         form.addRow("Precision", self.dtype)
         form.addRow("Checkpoint", self.checkpoint)
+        form.addRow("Into", where)
         self.progress = QProgressBar(textVisible=True)
         self.progress.setRange(0, 0)  # busy: the engine reports no fraction for an export
         self.progress.hide()  # only while the export runs
-        self.status = ElidedLabel(f"Writes into {self.run / 'export'}")
+        self.status = ElidedLabel(f"Writes a new folder into {self.run / 'export'}")
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.copy_button = QPushButton("Copy path")
+        self.copy_button.setToolTip("copy the exported folder's path")
+        self.copy_button.clicked.connect(self._copy_path)
+        self.buttons.addButton(self.copy_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.copy_button.hide()  # once something was exported (after addButton, which shows it)
         self.export_button = QPushButton("Export")
         self.buttons.addButton(self.export_button, QDialogButtonBox.ButtonRole.ActionRole)
         self.export_button.clicked.connect(self.start)
@@ -98,6 +113,10 @@ class ExportDialog(QDialog):
             args += ["--dtype", self.dtype.currentData()]
         if self.checkpoint.currentData() != "latest":
             args += ["--checkpoint", self.checkpoint.currentData()]
+        into = Path(self.destination.text())
+        if into != self.run / "export":  # the engine's default folder name, in the chosen folder
+            ckpt = "latest" if self.checkpoint.currentData() == "latest" else f"iter_{self.checkpoint.currentData()}"
+            args += ["--out", str(into / f"{self.run.name}-{ckpt}-{self.format.currentData()}")]
         self.output, self._started = None, time.monotonic()
         self.progress.setFormat("0 s")
         self.progress.show()
@@ -123,10 +142,24 @@ class ExportDialog(QDialog):
         self.export_button.clicked.disconnect()
         self.export_button.clicked.connect(self.start)
         if code == 0 and self.output is not None:
-            self.status.setText(f"Exported to {self.output}")
-            QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.output)))
+            self.copy_button.show()
+            if QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.output))):
+                self.status.setText(f"Exported to {self.output}")
+            else:  # no file manager here: the path is what the user needs
+                self.status.setText(f"Exported to {self.output} (no file manager opened it: Copy path)")
         else:
             self.status.setText(f"Export failed: {line or f'exit code {code}'}")
+
+    def _choose_destination(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export into", self.destination.text())
+        if folder:
+            self.destination.setText(folder)
+            self.status.setText(f"Writes a new folder into {folder}")
+
+    def _copy_path(self) -> None:
+        if self.output is not None:
+            QApplication.clipboard().setText(str(self.output))
+            self.status.setText(f"Copied {self.output}")
 
     def reject(self) -> None:
         self.command.kill()  # closing the dialog cancels an export in flight

@@ -461,8 +461,8 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
             "the same image within one 8-bit code value (diffusers' LoRA layers, or fused weights, round "
             "differently from dmad's adapter)")
     if doc["dtype"] != "fp32":
-        same = (f"close to the image (the weights were saved in {doc['dtype']}, so they differ from the trained "
-                "float32 ones by its rounding)")
+        same = (f"nearly the same image (the weights were saved in {doc['dtype']}, so they differ from the "
+                "trained float32 ones by its rounding)")
     if doc["flow"]:
         how = (f"The student samples in {len(doc['student_timesteps'])} step(s) at sigmas {doc['student_sigmas']} "
                f"(timesteps {doc['student_timesteps']} of its flow schedule): it predicts x0, then re-noises it "

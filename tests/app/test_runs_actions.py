@@ -10,7 +10,7 @@ import time
 
 from PySide6.QtCore import QFile, Qt, QTimer
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QApplication, QDialogButtonBox, QMessageBox
+from PySide6.QtWidgets import QApplication, QDialogButtonBox, QFileDialog, QMessageBox
 
 from app.dialogs.export_run import ExportDialog
 from app.dialogs.run_actions import NoteDialog, RenameDialog
@@ -165,7 +165,8 @@ EXPORT = textwrap.dedent(r'''
     run = Path(args[args.index("--run") + 1])
     print("INFO dmad: loading the teacher", file=sys.stderr, flush=True)
     time.sleep(0.3)
-    out = run / "export" / ("iter_20-" + args[args.index("--format") + 1])
+    out = (Path(args[args.index("--out") + 1]) if "--out" in args
+           else run / "export" / ("iter_20-" + args[args.index("--format") + 1]))
     out.mkdir(parents=True)
     print(out, flush=True)
 ''')
@@ -191,7 +192,7 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     panel.select_paths([lora])
     qtbot.mouseClick(panel.export_button, Qt.LeftButton)
     dialog = next(d for d in panel.findChildren(ExportDialog) if d.run == lora)
-    assert dialog.format.currentData() == "lora"
+    assert dialog.format.currentData() == "lora" and dialog.copy_button.isHidden()  # nothing exported yet
     qtbot.waitUntil(lambda: dialog.checkpoint.count() == 2, timeout=WAIT_MS)  # latest, iter_20
     dialog.checkpoint.setCurrentIndex(1)
     qtbot.mouseClick(dialog.export_button, Qt.LeftButton)
@@ -209,6 +210,21 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     qtbot.waitUntil(lambda: not dialog.command.is_running() and len(opened) == 2, timeout=WAIT_MS)
     assert json.loads(argv.read_text()) == ["export", "--run", str(lora), "--format", "lora-single-file",
                                             "--dtype", "fp16", "--checkpoint", "20"]
+    assert not dialog.copy_button.isHidden()
+    # into another folder, on a machine where no file manager opens it: the path, and Copy path
+    elsewhere = tmp_path / "loras"
+    elsewhere.mkdir()
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(elsewhere))
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: False)
+    qtbot.mouseClick(dialog.choose, Qt.LeftButton)
+    assert dialog.destination.text() == str(elsewhere)
+    qtbot.mouseClick(dialog.export_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: "no file manager" in dialog.status.full_text(), timeout=WAIT_MS)
+    out = elsewhere / "lora-iter_20-lora-single-file"
+    assert json.loads(argv.read_text())[-2:] == ["--out", str(out)] and out.is_dir()
+    assert dialog.status.full_text() == f"Exported to {out} (no file manager opened it: Copy path)"
+    qtbot.mouseClick(dialog.copy_button, Qt.LeftButton)
+    assert QApplication.clipboard().text() == str(out)
 
 
 # ---------------------------------------------------------------- how runs are shown
