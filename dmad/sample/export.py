@@ -270,6 +270,8 @@ def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler, dtype: st
     pipe = _pipeline(teacher, fused_unet(student, mode), scheduler)
     if dtype != "fp32":
         pipe.to(dtype=torch_dtype(dtype))
+        if teacher.family.vae_fp32:  # SDXL's VAE overflows in fp16 / bf16: it stays float32, as in training
+            pipe.vae.to(dtype=torch_dtype("fp32"))
     pipe.save_pretrained(str(tmp), safe_serialization=True)
 
 
@@ -304,11 +306,11 @@ def write_lora(tmp: Path, student, scheduler, family=None, dtype: str = "fp32") 
     from peft.utils import get_peft_model_state_dict
 
     from dmad.models.families import Family
+    from dmad.sample.lora_file import torch_dtype
 
     family = family or Family()
     cls = getattr(diffusers, family.pipeline_class)
     metadata = student.peft_config["default"].to_dict()
-    from dmad.sample.lora_file import torch_dtype
 
     def cast(layers: dict) -> dict:
         return {k: v.to(torch_dtype(dtype)) for k, v in layers.items()}

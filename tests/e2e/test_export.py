@@ -114,6 +114,13 @@ def test_full_student_exports_to_a_pipeline_that_reproduces_the_engine_exactly(f
     assert dmad_in_process("sample", "--run", str(full_run), "--checkpoint", "2", "--out", str(tmp_path / "again")) == 0
     again = {k: np.asarray(Image.open(tmp_path / "again" / "iter_2" / f"{k}.png").convert("RGB")) for k in want}
     assert all(np.array_equal(again[k], got[k]) for k in want)
+    # --dtype fp16: every network saved in fp16, and it loads and renders (close, not the same pixels)
+    half = _export(capsys, full_run, "--format", "diffusers", "--dtype", "fp16", "--out", str(tmp_path / "fp16"))
+    from safetensors.torch import load_file
+    for net in ("unet", "vae", "text_encoder"):
+        saved = load_file(str(next((half / net).glob("*.safetensors"))))
+        assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float16}, net
+    assert "saved in fp16" in (half / "README.md").read_text()
 
 
 @pytest.mark.slow
