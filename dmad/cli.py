@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dmad import __version__
+from dmad.contract.exports import DTYPES, FORMATS
 from dmad.errors import EXIT_OK, EXIT_RUN_FAILED, DmadError, UserInputError
 from dmad.train.children import rank_dies_with_launcher
 from dmad.train.launch import accelerate_command, launched, run_launched
@@ -294,9 +295,9 @@ def _add_export(sub) -> None:
                     "SD 1.x/2.x/XL, diffusers names for SD3 and Flux), with metadata. Prints the output folder.")
     export.add_argument("--run", required=True, type=_path, metavar="DIR", help="run folder")
     export.add_argument("--checkpoint", default="latest", metavar="latest|N", help="checkpoint (default: latest)")
-    export.add_argument("--format", required=True, choices=("diffusers", "lora", "lora-single-file"),
+    export.add_argument("--format", required=True, choices=FORMATS,
                         help="what to write")
-    export.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"),
+    export.add_argument("--dtype", default="fp32", choices=DTYPES,
                         help="the saved weights' precision (default fp32: as trained, the run's samples exactly)")
     export.add_argument("--out", type=_path, metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
     export.set_defaults(handler=_cmd_export)

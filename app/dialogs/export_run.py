@@ -24,13 +24,14 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QDialog, QDialogButtonBo
 from app.engine.background import Task
 from app.engine.command import DmadCommand
 from app.widgets.elided_label import ElidedLabel
+from dmad.contract.exports import DTYPES, FORMATS, LORA_FORMATS
 from dmad.contract.runs import RunFolder
 
 LORA_TIP = "this run's student is a full UNet (identity.student is not \"lora\"): export it as diffusers"
-FORMATS = (("diffusers (a full pipeline folder)", "diffusers"), ("LoRA (diffusers' LoRA file)", "lora"),
-           ("LoRA, one file for ComfyUI / Forge / A1111", "lora-single-file"))
-DTYPES = (("fp32 (as trained: the run's samples exactly)", "fp32"), ("fp16 (half the size)", "fp16"),
-          ("bf16 (half the size)", "bf16"))
+FORMAT_TEXT = {"diffusers": "diffusers (a full pipeline folder)", "lora": "LoRA (diffusers' LoRA file)",
+               "lora-single-file": "LoRA, one file for ComfyUI / Forge / A1111"}
+DTYPE_TEXT = {"fp32": "fp32 (as trained: the run's samples exactly)", "fp16": "fp16 (half the size)",
+              "bf16": "bf16 (half the size)"}
 
 
 def checkpoints(run: Path) -> list[int]:
@@ -57,16 +58,15 @@ class ExportDialog(QDialog):
 
     def _build(self, lora_student: bool) -> None:
         self.format = QComboBox()
-        for text, fmt in FORMATS:
-            self.format.addItem(text, fmt)
-        if not lora_student:
-            for row in range(1, len(FORMATS)):
+        for row, fmt in enumerate(FORMATS):
+            self.format.addItem(FORMAT_TEXT[fmt], fmt)
+            if fmt in LORA_FORMATS and not lora_student:
                 self.format.model().item(row).setEnabled(False)
                 self.format.model().item(row).setToolTip(LORA_TIP)
         self.format.setCurrentIndex(1 if lora_student else 0)
         self.dtype = QComboBox()
-        for text, dtype in DTYPES:
-            self.dtype.addItem(text, dtype)
+        for dtype in DTYPES:
+            self.dtype.addItem(DTYPE_TEXT[dtype], dtype)
         self.checkpoint = QComboBox()
         self.checkpoint.addItem("latest", "latest")
         self.destination = QLineEdit(str(self.run / "export"), readOnly=True)

@@ -16,10 +16,10 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QMenu, QToolButton, QWidget
 
 from app.engine.command import DmadCommand
+from dmad.contract.exports import FORMATS, LORA_FORMATS
 
-FORMATS = (("diffusers", "diffusers pipeline folder"), ("lora", "LoRA weights (LoRA students)"),
-           ("lora-single-file", "LoRA as one file for ComfyUI / Forge / A1111 (LoRA students)"))
-LORA_FORMATS = ("lora", "lora-single-file")
+TEXTS = {"diffusers": "diffusers pipeline folder", "lora": "LoRA weights (LoRA students)",
+         "lora-single-file": "LoRA as one file for ComfyUI / Forge / A1111 (LoRA students)"}
 
 
 def reveal_folder(folder: Path) -> bool:
@@ -44,7 +44,7 @@ class ExportButton(QToolButton):
         self._checkpoint: Optional[int] = None
         self._why_not = "Choose a student checkpoint's image"
         menu = QMenu(self)
-        self.actions_by_format = {fmt: menu.addAction(text, lambda f=fmt: self.export(f)) for fmt, text in FORMATS}
+        self.actions_by_format = {fmt: menu.addAction(text, lambda f=fmt: self.export(f)) for fmt, text in ((f, TEXTS[f]) for f in FORMATS)}
         self.setMenu(menu)
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self._update()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-DTYPES = ("fp32", "fp16", "bf16")
 ADAPTER = "default"  # the adapter name the exported student's LoRA carries (dmad.models.checkpoint)
 
 # kohya's ss_base_model_version and Stability's modelspec architecture, per family
