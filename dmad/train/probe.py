@@ -80,8 +80,10 @@ def _ledger_gb(cfg: TrainConfig, batch: int, resolution: int, info) -> Optional[
         return None
 
 
-def _run_point(config: Path, sets: list[str], kind: str, batch: int, resolution: int, steps: int, warmup: int,
-               folder: Path, log) -> dict:
+def run_point(config: Path, sets: list[str], kind: str, batch: int, resolution: int, steps: int, warmup: int,
+              folder: Path, log) -> dict:
+    """One point in a process of its own (`dmad probe-point`): its result.json as a dict, or an error
+    result when the process left none (the tail of its stderr.log in `error`)."""
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "result.json"
     cmd = engine_argv("probe-point", "--config", str(config), "--kind", kind, "--batch", str(batch),
@@ -221,7 +223,7 @@ def run_probe(config: Path, sets: list[str], batches: Optional[list[int]], resol
         if progress:
             print(f"progress {i} {len(plan)}", file=sys.stderr, flush=True)
         folder = out / "points" / f"p{i:02d}_{kind}_b{batch}_r{res}"
-        found = _run_point(Path(config).resolve(), sets, kind, batch, res, steps, warmup, folder, log)
+        found = run_point(Path(config).resolve(), sets, kind, batch, res, steps, warmup, folder, log)
         point = {"point": i, "kind": kind, "batch": batch, "grad_accum": r.gradient_accumulation_steps,
                  "effective_batch": batch * r.gradient_accumulation_steps * world, "resolution": res,
                  "precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,

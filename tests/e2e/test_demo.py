@@ -84,6 +84,40 @@ def test_dmad_demo_distils_and_renders_teacher_and_student(capsys, tmp_path):
         assert im.size == (2 * 128, len(ids) * 128)
 
 
+def _first_in_its_process_then_in_this_one(real):
+    """bench_runs.run_distillation for the small bench: its first distillation goes through the
+    bench's own subprocess (the command, its stderr log, the wall and CPU clocks); the other three
+    run the same `dmad train` command in this process (a CLI start is ~6 s of imports on 2 cores).
+    The peer's wall-clock budget (600 s) is never reached here, so its control sends nothing: it
+    is asked once, at the end, and must say so."""
+    import contextlib
+    import io
+    import os
+    import time
+
+    from tests.conftest import dmad_in_process
+
+    calls: list = []
+
+    def run(run_dir, config, overrides, log, control=None):
+        calls.append(run_dir)
+        if len(calls) == 1:
+            return real(run_dir, config, overrides, log, control)
+        args = ["train", "--config", str(config), "--run-dir", str(run_dir)]
+        for item in overrides:
+            args += ["--set", item]
+        log(f"distilling (in the test's process): dmad {' '.join(args)}")
+        t0, c0 = time.perf_counter(), os.times()
+        with contextlib.redirect_stdout(io.StringIO()):  # its events, which the bench's process sends nowhere
+            assert dmad_in_process(*args) == 0
+        wall, c1 = time.perf_counter() - t0, os.times()
+        assert control is None or control(wall, 0) == []
+        return {"wall_time_s": round(wall, 1), "cpu_time_s": round(c1.user + c1.system - c0.user - c0.system, 1),
+                "run_dir": str(run_dir), "command": "dmad " + " ".join(args), "control": [], "wall_clock_iter": None}
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def small_bench(tmp_path_factory, tiny_prompt_set):
     """`dmad bench distill`'s whole protocol (every teacher and real row, two training seeds of DMAD
@@ -95,7 +129,7 @@ def small_bench(tmp_path_factory, tiny_prompt_set):
     import contextlib
     import io
 
-    from dmad.demo import bench
+    from dmad.demo import bench, bench_runs
 
     small = bench.BenchSettings(prompts=4, seeds_per_prompt=2, under_captions=2, under_seeds=4, real_per_prompt=8,
                                 teacher_steps=6, batch_size=16, training_seeds=(0, 1),
@@ -109,6 +143,7 @@ def small_bench(tmp_path_factory, tiny_prompt_set):
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
         mp.setattr(bench, "QUICK", small)
+        mp.setattr(bench_runs, "run_distillation", _first_in_its_process_then_in_this_one(bench_runs.run_distillation))
         code = bench.main_distill(quick=True, json_out=str(tmp / "out" / "bench.json"), out_dir=str(tmp / "b"),
                                   config=None, methods="dmad,lcm", seeds="0,1")
     assert code == 0
@@ -137,6 +172,9 @@ def test_bench_distill_runs_every_row_on_both_caption_kinds(small_bench):
     # a finite sample of the data is not at 0: the floor printed beside every distance
     assert 0 < floor["tv"] < 1 and floor["stated_accuracy"] == 1.0 and floor["diversity"] > 0
     assert rows["DMAD 4 steps @ iter 2, seed 1"]["iteration"] == 2  # the learning curve: the earlier checkpoint
+    first = doc["runs"]["dmad-seed0"]  # the one distillation in a process of its own, as the bench runs them
+    assert " -m dmad train --config " in first["command"] and first["cpu_time_s"] > 0
+    assert (folder / "runs" / "dmad-seed0.stderr.log").is_file()
     assert "| DMAD 4 steps, seed 0 |" in table and "Students over training seeds" in table
     from PIL import Image
 

@@ -170,9 +170,10 @@ def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, tmp
     extra = {
         "identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4} if networks == "shared_base" else {},
         "resources": {"train_batch_size": 2},
-        "optimization": {"max_train_steps": 20},
+        # killed after iteration 5, past the checkpoint at 4, with 7 iterations left as the kill's margin
+        "optimization": {"max_train_steps": 12},
         "distillation": {"student_steps": 2, "ema_decay": 0.9, "critic_updates_per_generator_update": 3},
-        "observation": {"log_every_steps": 1, "checkpointing_steps": 10},
+        "observation": {"log_every_steps": 1, "checkpointing_steps": 4},
     }
     cfg = write_config(extra)
     straight = tmp_path / "straight"  # in this process: only the killed run needs one of its own
@@ -180,28 +181,28 @@ def test_resume_after_sigkill_gives_the_same_weights(networks, write_config, tmp
 
     killed = tmp_path / "killed"
     proc = _spawn(cfg, killed)
-    _wait_for(lambda: (killed / "checkpoints" / "iter_10").is_dir(), what="checkpoint iter_10")
-    _wait_for(lambda: any(is_iteration_metric(e) and e.iter >= 11 for e in read_events(killed / "events.jsonl")),
-              what="iteration 11")
+    _wait_for(lambda: (killed / "checkpoints" / "iter_4").is_dir(), what="checkpoint iter_4")
+    _wait_for(lambda: any(is_iteration_metric(e) and e.iter >= 5 for e in read_events(killed / "events.jsonl")),
+              what="iteration 5")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    assert max(int(r["iter"]) for r in _rows(killed / "metrics.csv")) > 10  # rows past the checkpoint exist
+    assert max(int(r["iter"]) for r in _rows(killed / "metrics.csv")) > 4  # rows past the checkpoint exist
 
     assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(killed), "--resume", "latest") == 0
 
     from safetensors.torch import load_file
 
-    end_a, end_b = straight / "checkpoints/iter_20", killed / "checkpoints/iter_20"
+    end_a, end_b = straight / "checkpoints/iter_12", killed / "checkpoints/iter_12"
     # rng.safetensors too: the global RNG stream (dropout in a user's model) goes on as if never stopped
     for f in (*RESUMED_FILES[networks], "gan_head.safetensors", "ema.safetensors", "rng.safetensors"):
         ta, tb = load_file(str(end_a / f)), load_file(str(end_b / f))
         assert ta.keys() == tb.keys()
         for k in ta:
             assert torch.equal(ta[k], tb[k]), f"{f}:{k} differs after resume"
-    assert [int(r["iter"]) for r in _rows(killed / "metrics.csv")] == list(range(1, 21))
+    assert [int(r["iter"]) for r in _rows(killed / "metrics.csv")] == list(range(1, 13))
     metric_iters = [e.iter for e in read_events(killed / "events.jsonl") if is_iteration_metric(e)]
-    assert metric_iters == list(range(1, 21))
+    assert metric_iters == list(range(1, 13))
     assert json.loads((killed / "status.json").read_text())["state"] == "finished"
 
 
