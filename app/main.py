@@ -178,6 +178,18 @@ def _install_sigint(app, on_interrupt):
     return heartbeat
 
 
+def collect_garbage_on_the_gui_thread(interval_s: float = 1.0):
+    """Python's cycle collector runs in whichever thread allocates when a threshold is crossed. The
+    app reads run files in pool workers; a garbage cycle holding Qt objects freed there destroys
+    QObjects off the GUI thread, which deadlocks with it (seen in the suite: a worker parsing
+    events.jsonl stuck in QObject::~QObject while the GUI thread waited for the GIL). pyqtgraph's
+    GarbageCollector turns automatic collection off and collects on a GUI-thread timer, with the
+    same generation thresholds. Keep the returned object for the app's life."""
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    return GarbageCollector(interval=interval_s)
+
+
 def _make_app():
     from PySide6.QtWidgets import QApplication  # loads QtGui: after display_problem()
 
@@ -205,6 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"dmad-studio: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_NO_DISPLAY
     app = _make_app()
+    app.garbage_collector = collect_garbage_on_the_gui_thread()  # held as long as the app
     if args.screenshots is not None or args.check_layout:
         return _recorded(app, args)
     from PySide6.QtCore import QSettings, QThreadPool

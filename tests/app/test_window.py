@@ -369,6 +369,35 @@ def test_lc_numeric_is_c_after_the_application_starts():
     assert ours == "C"
 
 
+def test_the_app_frees_garbage_cycles_on_the_gui_thread_only(qtbot):
+    """No automatic collection (it would run in any thread, pool workers included); a cycle that holds a
+    QObject is freed by the GUI thread's timer, so its destructor runs there."""
+    import gc
+    import threading
+
+    from PySide6.QtCore import QObject
+
+    from app.main import collect_garbage_on_the_gui_thread
+
+    collector = collect_garbage_on_the_gui_thread(interval_s=0.02)
+    try:
+        assert not gc.isenabled()
+        class Owner:
+            pass
+
+        freed = []
+        owner = Owner()
+        owner.me, owner.qobject = owner, QObject()  # a cycle: only the collector frees it, and the QObject with it
+        owner.qobject.destroyed.connect(lambda: freed.append(threading.current_thread() is threading.main_thread()))
+        del owner
+        allocated = [[] for _ in range(2 * gc.get_threshold()[0])]  # past generation 0's threshold (kept: a free counts down)
+        qtbot.waitUntil(lambda: bool(freed), timeout=10_000)
+        assert freed == [True] and allocated
+    finally:
+        collector.timer.stop()
+        gc.enable()
+
+
 def test_ctrl_c_closes_the_window_then_a_second_one_quits(qapp, monkeypatch):
     import signal
 
