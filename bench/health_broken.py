@@ -71,14 +71,13 @@ class Scorer:
         from dmad.demo.bench_rows import make_references
         from dmad.demo.bench_sets import SETS, full_items, initial_noise, under_items
         from dmad.demo.evaluator import load_evaluator
-        from dmad.models.teacher import load_teacher
+        from dmad.models.teacher import load_identity_teacher
         from dmad.sample.render import latent_shape
 
         cfg = load_config(RunFolder(run_dir).config_json)
         self.s = FULL
         self.resolution = cfg.resources.resolution
-        self.teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
-                                    cfg.identity.teacher_config_dir, dtype=torch.float32)
+        self.teacher = load_identity_teacher(cfg.identity, dtype=torch.float32)
         sset = SETS[set_name]
         full = full_items(sset, self.s.prompts, self.s.seeds_per_prompt)
         under = under_items(sset, self.s.under_captions, self.s.under_seeds)

@@ -47,11 +47,10 @@ def _load():
     from dmad.contract.config import load_config
     from dmad.contract.paths import resource
     from dmad.contract.prompts import load_prompt_set
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
 
     cfg = load_config(resource("configs", "demo.json"))
-    teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
-                           cfg.identity.teacher_config_dir, dtype=torch.float32)
+    teacher = load_identity_teacher(cfg.identity, dtype=torch.float32)
     return cfg, teacher, load_prompt_set(cfg.observation.prompt_set)
 
 
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  health computation on the same images:          {h * 1000:8.1f} ms  "
               f"({h / v4:.1%} of the validation; target <= 10%)")
         print(f"  first computation (teacher's levels read once):  {first_s * 1000:8.1f} ms")
-        print(f"  training step: 0 (health runs only inside validation)")
+        print("  training step: 0 (health runs only inside validation)")
         if args.features:
             result["features"] = _features(root / "teacher", ps8)
             print("diversity features (ratio to the teacher's seeds 0-3, per prompt, mean over prompts):")

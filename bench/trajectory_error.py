@@ -80,14 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     from dmad.demo.bench_sampling import load_student
     from dmad.demo.bench_sets import SETS, full_items, initial_noise
     from dmad.methods.lcm import solver_grid
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
     from dmad.sample.render import latent_shape
 
     t0 = time.time()
     cfgs = [load_config(RunFolder(r).config_json) for r in a.runs]
     ident = cfgs[0].identity
-    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32)
+    teacher = load_identity_teacher(ident, dtype=torch.float32)
     fam, res, scale = teacher.family, cfgs[0].resources.resolution, cfgs[0].distillation.real_guidance_scale
     schedule = fam.schedule(teacher.scheduler, res)
     items = full_items(SETS["tuning"], a.prompts, a.seeds)  # a diagnostic: the tuning set's items

@@ -476,6 +476,8 @@ def dry_run_report(cfg, pf, num_processes: int = 1) -> str:
         f"Resume from: {pf.resume.checkpoint}" if pf.resume else "Resume from: (fresh start)",
         f"Teacher:     {ident.pretrained_model_name_or_path}" + ("" if pf.teacher_has_weights else
                                                                  " (weights missing: a real run needs them)"),
+        *(f"  + LoRA   {x.path} at scale {x.scale:g} (fused into the teacher when it loads)"
+          for x in ident.teacher_loras),
         f"Data:        {pf.data.images} images, {pf.data.captioned} with captions"
         + (f", {pf.data.usable} usable in {pf.data.buckets} bucket(s)" if pf.data.usable is not None else "")
         + f", in {pf.data.folder}",

@@ -32,7 +32,7 @@ class FieldSpec:
     required: bool
     nullable: bool             # null is a valid value (shown as an explicit "none" option)
     options: tuple = ()        # enum values
-    item_kind: str = ""        # list items: int | float | str
+    item_kind: str = ""        # list items: int | float | str | object (identity.teacher_loras: {path, scale})
     range_text: str = ""       # "range (0, 1]", "1-200 characters" ...
 
     @property
@@ -86,7 +86,8 @@ def field_spec(key: Key, prop: dict, required: bool) -> FieldSpec:
     main = next(v for v in variants if v.get("type") != "null")
     options = tuple(main["enum"]) if "enum" in main else ((main["const"],) if "const" in main else ())
     kind = "enum" if options else _KINDS[main["type"]]
-    item_kind = _KINDS.get(main.get("items", {}).get("type", ""), "str") if kind == "list" else ""
+    items = main.get("items", {})
+    item_kind = ("object" if "$ref" in items else _KINDS.get(items.get("type", ""), "str")) if kind == "list" else ""
     return FieldSpec(key=key, kind=kind, description=prop.get("description", ""), default=prop.get("default"),
                      required=required, nullable=any(v.get("type") == "null" for v in variants),
                      options=options, item_kind=item_kind, range_text=_range_text(main, kind))
@@ -254,6 +255,9 @@ def get_field(raw: dict, key: Key) -> Any:
 
 # --------------------------------------------------------------------------- paths
 
+LORAS_KEY: Key = ("identity", "teacher_loras")  # a list whose entries hold a path each
+
+
 def _relative_paths(raw: dict):
     """(key, value, path) for the path fields that hold a relative path (resolve_paths' rule:
     '~' is expanded, 'latest' is not a path)."""
@@ -261,6 +265,11 @@ def _relative_paths(raw: dict):
         value = get_field(raw, key)
         if isinstance(value, str) and value and value != "latest" and not Path(value).expanduser().is_absolute():
             yield key, value, Path(value)
+    loras = get_field(raw, LORAS_KEY)
+    for i, entry in enumerate(loras if isinstance(loras, list) else []):
+        value = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            yield (*LORAS_KEY, i, "path"), value, Path(value)
 
 
 def rebase_paths(raw: dict, old_base: Path, new_base: Path) -> dict:
@@ -276,7 +285,13 @@ def rebase_paths(raw: dict, old_base: Path, new_base: Path) -> dict:
             rel = Path(os.path.relpath(target, new_base.resolve()))
         except ValueError:  # another drive (Windows)
             rel = Path("..")
-        out = with_field(out, key, str(target) if rel.parts[:1] == ("..",) else rel.as_posix())
+        new = str(target) if rel.parts[:1] == ("..",) else rel.as_posix()
+        if key[:len(LORAS_KEY)] == LORAS_KEY:  # (identity, teacher_loras, i, path): a path inside the list
+            entries = copy.deepcopy(get_field(out, LORAS_KEY))
+            entries[key[2]]["path"] = new
+            out = with_field(out, LORAS_KEY, entries)
+        else:
+            out = with_field(out, key, new)
     return copy.deepcopy(out)
 
 
@@ -290,6 +305,8 @@ def materialized(raw: dict, base_dir: Path, source: str) -> dict:
         value = getattr(getattr(cfg, group), name)
         if value is not None:
             out = with_field(out, (group, name), value)
+    if cfg.identity.teacher_loras:
+        out = with_field(out, LORAS_KEY, [x.model_dump(mode="json") for x in cfg.identity.teacher_loras])
     return copy.deepcopy(out)
 
 

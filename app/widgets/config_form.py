@@ -227,7 +227,84 @@ class NullableEditor(_Editor):
         return self.inner.control()
 
 
+class LoraListEditor(_Editor):
+    """identity.teacher_loras: one row per LoRA (its file, its scale), Add… with a file dialog,
+    Remove. The value is the JSON list [{"path", "scale"}, ...] (the engine checks the files)."""
+
+    def __init__(self, spec: FieldSpec):
+        from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QPushButton, QTableWidget
+
+        super().__init__(spec)
+        box = QWidget()
+        column = QVBoxLayout(box)
+        column.setContentsMargins(0, 0, 0, 0)
+        self.table = QTableWidget(0, 2)
+        self.table.setHorizontalHeaderLabels(["LoRA file (.safetensors, or a diffusers LoRA folder)", "Scale"])
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setMaximumHeight(130)
+        self.table.itemChanged.connect(lambda _item: self._emit(self.value()))
+        buttons = QHBoxLayout()
+        self.add_button, self.remove_button = QPushButton("Add LoRA…"), QPushButton("Remove")
+        self.add_button.clicked.connect(self._add)
+        self.remove_button.clicked.connect(self._remove)
+        buttons.addWidget(self.add_button)
+        buttons.addWidget(self.remove_button)
+        buttons.addStretch(1)
+        column.addWidget(self.table)
+        column.addLayout(buttons)
+        self.row.addWidget(box, 1)
+
+    def _rows(self, entries: list) -> None:
+        from PySide6.QtWidgets import QTableWidgetItem
+
+        self.table.blockSignals(True)
+        try:
+            self.table.setRowCount(len(entries))
+            for r, entry in enumerate(entries):
+                entry = entry if isinstance(entry, dict) else {"path": json.dumps(entry)}
+                scale = entry.get("scale", 1.0)
+                self.table.setItem(r, 0, QTableWidgetItem(str(entry.get("path", ""))))
+                self.table.setItem(r, 1, QTableWidgetItem(json.dumps(scale) if not isinstance(scale, str) else scale))
+        finally:
+            self.table.blockSignals(False)
+
+    def _show(self, value: Any) -> None:
+        self._rows(value if isinstance(value, list) else [])
+
+    def value(self) -> Any:
+        out = []
+        for r in range(self.table.rowCount()):
+            path = self.table.item(r, 0).text() if self.table.item(r, 0) else ""
+            text = self.table.item(r, 1).text().strip() if self.table.item(r, 1) else ""
+            scale = parse_number(text) if text else 1.0  # an unparsable scale stays text: the engine names it
+            out.append({"path": path, "scale": scale if scale is not UNSET else text})
+        return out if out else UNSET
+
+    def _add(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "A LoRA for the teacher", "", "LoRA (*.safetensors)")
+        if path:
+            self._rows([*(self.value() if self.value() is not UNSET else []), {"path": str(Path(path)), "scale": 1.0}])
+            self._emit(self.value())
+
+    def _remove(self) -> None:
+        rows = sorted({i.row() for i in self.table.selectedIndexes()} or {self.table.rowCount() - 1}, reverse=True)
+        entries = self.value() if self.value() is not UNSET else []
+        for r in rows:
+            if 0 <= r < len(entries):
+                del entries[r]
+        self._rows(entries)
+        self._emit(entries if entries else UNSET)
+
+    def control(self) -> QWidget:
+        return self.table
+
+
 def make_editor(spec: FieldSpec) -> _Editor:
+    if spec.kind == "list" and spec.item_kind == "object":
+        return LoraListEditor(spec)
     editor = {"bool": BoolEditor, "enum": EnumEditor}.get(spec.kind, TextEditor)(spec)
     return NullableEditor(spec, editor) if spec.nullable else editor
 

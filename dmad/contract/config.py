@@ -42,6 +42,16 @@ def _usable_path(v: str) -> str:
 PathStr = Annotated[str, AfterValidator(_usable_path)]
 
 
+class TeacherLora(Group):
+    """One of the user's LoRAs, applied to the frozen teacher at its scale."""
+
+    path: PathStr = Field(..., min_length=1, description="A local LoRA .safetensors in any key layout diffusers' "
+                                                         "load_lora_weights reads (diffusers, kohya / A1111), or a folder "
+                                                         "holding pytorch_lora_weights.safetensors. Pickle formats are refused.")
+    scale: float = Field(1.0, ge=-16.0, le=16.0, allow_inf_nan=False,
+                         description="Its weight, as in set_adapters / a LoRA loader's strength (1.0: as trained).")
+
+
 class Identity(Group):
     """What run: which teacher, which data, what kind of student."""
 
@@ -55,6 +65,11 @@ class Identity(Group):
                     "(then teacher_config_dir gives its configs). Nothing is ever downloaded.")
     teacher_config_dir: Optional[PathStr] = Field(
         None, description="For a single-file teacher: a local diffusers pipeline folder whose configs and tokenizer describe it.")
+    teacher_loras: list[TeacherLora] = Field(
+        default_factory=list, max_length=16,
+        description="The user's LoRAs on the teacher (base + LoRAs is what the student learns): each fused into the frozen "
+                    "teacher's weights at its scale when it loads, so the real score, the student and the fake score all "
+                    "start from base + LoRAs, at no memory or time per step. Empty: the bare teacher.")
     model_family: Literal["auto", "sd1", "sd2", "sdxl", "sd3", "flux"] = Field(
         "auto", description="Teacher family. auto: read from model_index.json. sd1/sd2: Stable Diffusion 1.x/2.x "
                             "(UNet + CLIP; epsilon or v-prediction); sdxl: SDXL (UNet + two CLIP encoders, pooled "
@@ -375,6 +390,9 @@ def resolve_paths(cfg: TrainConfig, base_dir: Path, source: str = "config") -> T
         where = f"{printable(source)}: {group}."
         groups[group] = g.model_copy(update={n: _resolved(getattr(g, n), base_dir, where + n)
                                              for grp, n in PATH_FIELDS if grp == group})
+    loras = [x.model_copy(update={"path": _resolved(x.path, base_dir, f"{printable(source)}: identity.teacher_loras[{i}].path")})
+             for i, x in enumerate(cfg.identity.teacher_loras)]  # a list of paths: each relative to the file too
+    groups["identity"] = groups["identity"].model_copy(update={"teacher_loras": loras})
     return cfg.model_copy(update=groups)
 
 

@@ -25,13 +25,13 @@ def warm_cache(cfg: TrainConfig, progress: bool = False) -> dict:
     """Fill the cache of `cfg`'s datasets; the counts of what was found and encoded."""
     from dmad.data.loading import MixedImages, collate, load_datasets
     from dmad.data.encode import make_caches, posteriors, text_embeddings
-    from dmad.models.teacher import load_teacher, torch_dtype
+    from dmad.models.teacher import load_identity_teacher, torch_dtype
 
     ident, res = cfg.identity, cfg.resources
     sets, groups = load_datasets(ident.train_data_dir, res.resolution, res.train_batch_size, 1)
     dataset = MixedImages(sets, groups, res.seed, ident.train_data_dir)
-    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32, components=("vae", "text_encoder"))  # the denoiser is not needed
+    # the denoiser is not needed (with teacher_loras it loads too: each LoRA is checked against it)
+    teacher = load_identity_teacher(ident, dtype=torch.float32, components=("vae", "text_encoder"))
     dtype = torch_dtype(res.mixed_precision)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     caches = make_caches(dataset, teacher, dtype)

@@ -147,14 +147,13 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, peer_c
     from dmad.demo.bench_rows import make_references, references_digest, training_digest
     from dmad.demo.bench_sets import SETS, full_items, initial_noise, under_items
     from dmad.demo.evaluator import load_evaluator
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
     from dmad.sample.render import latent_shape
 
     t_start = time.perf_counter()
     config = Path(config) if config else resource("configs", "demo.json")
     cfg = load_config(config, list(s.train_overrides))
-    teacher = load_teacher(cfg.identity.pretrained_model_name_or_path, cfg.identity.model_family,
-                           cfg.identity.teacher_config_dir, dtype=torch.float32)
+    teacher = load_identity_teacher(cfg.identity, dtype=torch.float32)
     ps = load_prompt_set(cfg.observation.prompt_set) if cfg.observation.prompt_set else None
     cfg_scale = ps.cfg if ps is not None and ps.cfg else cfg.distillation.real_guidance_scale
     sset = SETS[s.set]

@@ -318,12 +318,33 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
         ident = cfg.identity
         info = inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
     r, ident = cfg.resources, cfg.identity
-    return estimate_ledger(info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
-                           mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
-                           train_batch_size=r.train_batch_size, resolution=r.resolution,
-                           optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
-                           teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base,
-                           method=cfg.distillation.method)
+    ledger = estimate_ledger(info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
+                             mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
+                             train_batch_size=r.train_batch_size, resolution=r.resolution,
+                             optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
+                             teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base,
+                             method=cfg.distillation.method)
+    if ident.teacher_loras:
+        ledger.append(teacher_loras_line(ident.teacher_loras))
+    return ledger
+
+
+def teacher_loras_line(loras: Any) -> LedgerLine:
+    """identity.teacher_loras: fused into the teacher's own weights when it loads (dmad.models.teacher_loras),
+    so nothing on the device; their files are in host memory only while the teacher loads."""
+    from pathlib import Path
+
+    from dmad.models.teacher_loras import LORA_WEIGHT_NAME
+
+    def size(path: str) -> int:
+        p = Path(path).expanduser()
+        p = p / LORA_WEIGHT_NAME if p.is_dir() else p
+        return p.stat().st_size if p.is_file() else 0
+
+    total = sum(size(x.path) for x in loras)
+    return LedgerLine(f"teacher LoRAs ({len(loras)}, fused at load; CPU RAM while loading)", total / GIB,
+                      f"{total / 2**20:.1f} MiB of LoRA files, read once and fused into the teacher's weights: "
+                      f"0 on the device and no time per step; host memory, not in the total", scope="cpu")
 
 
 def checkpoint_bytes(cfg: Any, info: "TeacherInfo") -> int:

@@ -63,6 +63,7 @@ class Teacher:
         object.__setattr__(self, "scheduler", scheduler)  # DDPM or flow-matching: the training schedule
         object.__setattr__(self, "info", info)
         object.__setattr__(self, "family", family)         # dmad.models.families.Family
+        object.__setattr__(self, "loras", [])              # the user's LoRAs fused into it (teacher_loras)
 
     def __getattr__(self, name: str) -> Any:
         modules = object.__getattribute__(self, "modules")
@@ -357,13 +358,33 @@ def _load_single_file(info: TeacherInfo, tokenizer: Any, dtype: torch.dtype) -> 
     return {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.text_encoder}
 
 
+def load_identity_teacher(ident: Any, dtype: torch.dtype = torch.float32,
+                          components: tuple[str, ...] = COMPONENTS) -> Teacher:
+    """The teacher a config's identity group names: its model, family, config folder and LoRAs."""
+    return load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
+                        dtype=dtype, components=components, loras=tuple(ident.teacher_loras))
+
+
 def load_teacher(path: str, model_family: str = "auto", teacher_config_dir: Optional[str] = None,
-                 dtype: torch.dtype = torch.float32, components: tuple[str, ...] = COMPONENTS) -> Teacher:
+                 dtype: torch.dtype = torch.float32, components: tuple[str, ...] = COMPONENTS,
+                 loras: tuple = ()) -> Teacher:
     """Load a frozen teacher on the CPU in `dtype`. Raises UserInputError for missing, corrupt or
     mismatched files. Cost: the file sizes in RAM (SD 1.5 in float32: ~4 GB). `components`: the
     networks to load from a folder teacher ("unet" or "denoiser", "vae", "text_encoder" = every
     text encoder; e.g. VAE and text encoders only for `dmad cache`); the others are None. A
-    single-file teacher is always read whole."""
+    single-file teacher is always read whole. `loras` (identity.teacher_loras entries) are fused
+    into it (dmad.models.teacher_loras), in float32 whatever `dtype`, then it is cast; with LoRAs
+    every component loads (the LoRA is checked against the denoiser it was made for), and
+    `teacher.loras` records what was applied."""
+    if loras:
+        teacher = load_teacher(path, model_family, teacher_config_dir, torch.float32)
+        from dmad.models.teacher_loras import apply_teacher_loras
+
+        object.__setattr__(teacher, "loras", apply_teacher_loras(teacher, loras))
+        if dtype != torch.float32:
+            for m in teacher.networks():
+                m.to(dtype=dtype)
+        return teacher
     from transformers import CLIPTokenizer
 
     info = inspect_teacher(path, model_family, teacher_config_dir)

@@ -220,15 +220,14 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
 
     from dmad.models.checkpoint import load_student
     from dmad.contract.events import make_event
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
 
     if device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
     device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     with deterministic(device):
         ident = cfg.identity
-        teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                               dtype=torch.float32)
+        teacher = load_identity_teacher(ident, dtype=torch.float32)
         for m in teacher.networks():
             m.to(device)
         # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
@@ -291,7 +290,7 @@ def _render_folder(out: Path, target: Target, ps, teacher, student, ema, device,
         schedule=schedule, timesteps=target.timesteps, prompt_set=ps,
         iteration=_iter(target), device=device, dtype=torch.float32, versions=library_versions(),
         checkpoint=target.name, weights_sha256=sha256_files(student_weight_files(target.checkpoint)), ema=ema,
-        method=method)
+        method=method, teacher_loras=teacher.loras)
     return paths, dest
 
 
@@ -337,7 +336,7 @@ def _render_sweep(out: Path, target: Target, ps, item, sweep, teacher, student, 
            "prompt_id": item.id, "prompt": item.prompt, "seed": seed, "resolution": [ps.width, ps.height],
            "rows": {"key": rows[0], "values": rows[1]},
            "columns": {"key": cols[0], "values": cols[1]} if cols[0] else None,
-           "cells": cells, **provenance(device, target.name, None, library_versions())}
+           "cells": cells, **provenance(device, target.name, None, library_versions(), teacher.loras)}
     from dmad.contract.runs import atomic_write_json
 
     with complete_or_absent(dest), complete_or_absent(dest.with_suffix(".json")):  # both files or neither

@@ -135,12 +135,11 @@ def load_student(src: ExportSource):
 
     from dmad.models.checkpoint import load_student as load_checkpoint_student
     from dmad.models.checkpoint import read_training_state
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
 
     ident = src.cfg.identity
     state = read_training_state(src.checkpoint)
-    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32)
+    teacher = load_identity_teacher(ident, dtype=torch.float32)
     student, _ = load_checkpoint_student(teacher, ident, src.checkpoint)
     teacher.denoiser = None  # not exported: frees its memory (SD 1.5 in float32: 3.4 GB)
     # the embedded guidance a guidance-distilled (Flux dev) student was trained and sampled with
@@ -288,7 +287,7 @@ def _file_metadata(doc: dict, student) -> dict:
     return single_file_metadata(
         family=doc["family"], base_model=doc["teacher_name"], rank=adapter_rank(student), dtype=doc["dtype"],
         steps=doc["num_inference_steps"], timesteps=doc["student_timesteps"], sampler="lcm",
-        scheduler="sgm_uniform", guidance=doc["guidance_scale"], user_loras=[], run=doc["run_name"],
+        scheduler="sgm_uniform", guidance=doc["guidance_scale"], user_loras=doc["teacher_loras"], run=doc["run_name"],
         checkpoint=doc["checkpoint"])
 
 
@@ -539,6 +538,10 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
            "scheduler": scheduler,
            "lora_weight_name": (weight_name or LORA_WEIGHT_NAME) if fmt in LORA_FORMATS else None,
            "dtype": dtype, "teacher_name": Path(teacher.info.path).name,
+           # the user's LoRAs fused into the teacher (identity.teacher_loras): a LoRA student is meant for
+           # base + these at these scales
+           "teacher_loras": [{"name": Path(x["path"]).name, "scale": x["scale"], "sha256": x["sha256"]}
+                             for x in teacher.loras],
            "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if fmt == "lora-single-file":

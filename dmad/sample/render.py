@@ -12,7 +12,7 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -52,9 +52,13 @@ def sha256_files(paths: list[Path]) -> Optional[str]:
 
 
 def provenance(device: torch.device | str, checkpoint: Optional[str], weights_sha256: Optional[str],
-               versions: dict) -> dict:
-    """The meta.json fields shared by teacher and student folders."""
-    return {"checkpoint": checkpoint, "weights_sha256": weights_sha256, "device": str(device),
+               versions: dict, teacher_loras: Sequence[dict] = ()) -> dict:
+    """The meta.json fields shared by teacher and student folders. `teacher_loras`: the user's LoRAs
+    fused into the teacher (Teacher.loras): the teacher's images are base + them, and a student's
+    LoRA is meant for base + them."""
+    return {"checkpoint": checkpoint, "weights_sha256": weights_sha256,
+            "teacher_loras": [{k: x[k] for k in ("path", "scale", "sha256")} for x in teacher_loras],
+            "device": str(device),
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(), "versions": versions,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -138,7 +142,7 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
                            prompt_set: PromptSet, iteration: int, device: torch.device,
                            dtype: torch.dtype, versions: dict, checkpoint: Optional[str] = None,
                            weights_sha256: Optional[str] = None, ema: bool = False, family=None,
-                           method: Optional[str] = None) -> list[str]:
+                           method: Optional[str] = None, teacher_loras: Sequence[dict] = ()) -> list[str]:
     """Render every prompt with the student (at each of the prompt set's health seeds, when it has
     them: <id>~s<k>.png, listed in meta.json); returns the paths of the grid images (<id>.png). `encode(list[str])`
     gives text embeddings (B, L, D). `checkpoint` / `weights_sha256`: the checkpoint folder name and
@@ -171,7 +175,8 @@ def render_student_samples(out_dir: Path, *, student, vae, encode, schedule: Noi
             "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
             "sampler": "student", "steps": len(timesteps), "timesteps": list(timesteps), "cfg": None,
             "resolution": [prompt_set.width, prompt_set.height], "items": items,
-            "wall_time_s": round(time.time() - t0, 3), **provenance(device, checkpoint, weights_sha256, versions),
+            "wall_time_s": round(time.time() - t0, 3),
+            **provenance(device, checkpoint, weights_sha256, versions, teacher_loras),
         })
     return paths
 
@@ -322,7 +327,8 @@ def render_teacher_samples(out_dir: Path, *, teacher, prompt_set: PromptSet, ver
             "prompt_set": prompt_set.name, "prompt_set_version": prompt_set.version,
             "sampler": sampler_name(prompt_set.sampler, family), "steps": prompt_set.steps, "cfg": prompt_set.cfg,
             "resolution": [prompt_set.width, prompt_set.height], "items": items,
-            "wall_time_s": round(time.time() - t0, 3), **provenance(device, "teacher", weights_sha256, versions),
+            "wall_time_s": round(time.time() - t0, 3),
+            **provenance(device, "teacher", weights_sha256, versions, getattr(teacher, "loras", ())),
         })
         if health:
             done = len(paths)

@@ -213,3 +213,63 @@ def make_tiny_flux_pipeline(path: str | Path, seed: int = 0, guidance_embeds: bo
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
     pipe.save_pretrained(str(path), safe_serialization=True)
     return pipe
+
+
+def make_tiny_lora(teacher: str | Path, out: str | Path, layout: str = "diffusers", rank: int = 4, seed: int = 0,
+                   text_encoder: bool = True, strength: float = 0.5) -> Path:
+    """A random LoRA for the tiny pipeline at `teacher` (any family), as a user would bring one:
+    `layout` "diffusers" (a folder with pytorch_lora_weights.safetensors, as the family pipeline's
+    save_lora_weights writes it) or "kohya" (one .safetensors in lora_unet_* / lora_te_* names with
+    alpha, UNet families; dmad.sample.lora_file's layout for the transformer ones). Its B matrices
+    are random (`strength` times unit normal), so it changes what the teacher computes; with
+    `text_encoder`, the first text encoder gets one too. Returns the path teacher_loras takes."""
+    import json
+
+    import diffusers
+    import torch
+    from diffusers.utils import convert_state_dict_to_diffusers, convert_state_dict_to_kohya
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    index = json.loads((Path(teacher) / "model_index.json").read_text())
+    cls = getattr(diffusers, index["_class_name"])
+    denoiser = "unet" if "unet" in index else "transformer"
+    net = getattr(diffusers, index[denoiser][1]).from_pretrained(str(teacher), subfolder=denoiser)
+    targets = ["to_q", "to_k", "to_v", "to_out.0"]
+    torch.manual_seed(seed)
+    net.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights="gaussian"))
+    te = None
+    if text_encoder:
+        import transformers
+
+        te = getattr(transformers, index["text_encoder"][1]).from_pretrained(str(teacher), subfolder="text_encoder")
+        te.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=["q_proj", "k_proj", "v_proj", "out_proj"],
+                                  init_lora_weights="gaussian"))
+    with torch.no_grad():
+        for model in (net, te):
+            for name, p in (model.named_parameters() if model is not None else ()):
+                if "lora_B" in name:
+                    p.normal_(0.0, strength)
+    net_layers = get_peft_model_state_dict(net)
+    te_layers = get_peft_model_state_dict(te) if te is not None else None
+    out = Path(out)
+    if layout == "diffusers":
+        kw = {f"{denoiser}_lora_layers": convert_state_dict_to_diffusers(net_layers) if denoiser == "unet" else net_layers}
+        if te_layers is not None:
+            kw["text_encoder_lora_layers"] = convert_state_dict_to_diffusers(te_layers)
+        out.mkdir(parents=True, exist_ok=True)
+        cls.save_lora_weights(str(out), safe_serialization=True, **kw)
+        return out
+    if layout != "kohya":
+        raise ValueError(layout)
+    tensors = {}
+    if denoiser == "unet":
+        tensors.update(convert_state_dict_to_kohya({f"unet.{k}": v for k, v in net_layers.items()}))
+        if te_layers is not None:
+            tensors.update(convert_state_dict_to_kohya({f"text_encoder.{k}": v for k, v in te_layers.items()}))
+    else:
+        tensors.update({f"transformer.{k}": v for k, v in net_layers.items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out))
+    return out

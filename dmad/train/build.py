@@ -139,7 +139,7 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
     from accelerate.utils import set_seed
 
     from dmad.data.loading import open_dataset
-    from dmad.models.teacher import load_teacher
+    from dmad.models.teacher import load_identity_teacher
 
     ident, res = cfg.identity, cfg.resources
     acc = acc or make_accelerator(res.mixed_precision)
@@ -150,8 +150,7 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
                                              cfg.effective_batch(acc.num_processes), res.seed, events, folder, log)
     events.emit("phase", None, phase="loading", device=str(acc.device))
     between_phases()
-    teacher = load_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir,
-                           dtype=torch.float32)
+    teacher = load_identity_teacher(ident, dtype=torch.float32)
     between_phases()
     method = method_unit(cfg.distillation.method)
     trained = _copies(cfg, teacher, method)  # from the float32 teacher, before it is cast

@@ -128,8 +128,12 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
 def _inspect_teacher(cfg: TrainConfig) -> "TeacherInfo":
     from dmad.models.teacher import inspect_teacher  # reads configs and file headers only
 
+    from dmad.models.teacher_loras import check_teacher_loras  # headers only: before any weight loads
+
     ident = cfg.identity
-    return inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
+    info = inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
+    check_teacher_loras(ident.teacher_loras)
+    return info
 
 
 def summarize_data(source: Path) -> DataSummary:

@@ -95,7 +95,7 @@ def _render(s: Session, tr: Trainer, out: Path, prompt_set) -> list[str]:
             encode=lambda p: t.family.encode(t.modules, p, tr.device),
             schedule=tr.schedule, timesteps=tr.timesteps, prompt_set=prompt_set, iteration=it,
             device=tr.device, dtype=torch.float32, versions=library_versions(),
-            checkpoint=ckpt.name if ckpt else None, ema=ema, method=tr.cfg.distillation.method,
+            checkpoint=ckpt.name if ckpt else None, ema=ema, method=tr.cfg.distillation.method, teacher_loras=t.loras,
             weights_sha256=sha256_files(student_weight_files(ckpt)) if ckpt else None)
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFileDialog, QLineEdit
 
 from app.models.config_doc import PATH_FIELDS, get_field, rebase_paths
 from app.widgets.config_form import BoolEditor, EnumEditor, NullableEditor, TextEditor
@@ -438,3 +438,43 @@ def test_the_data_field_browses_for_a_folder_or_a_dataset_list(panel, monkeypatc
     assert line(panel, "identity", "train_data_dir").text() == str(listed)
     actions["Image folder…"].trigger()
     assert line(panel, "identity", "train_data_dir").text() == str(tmp_path)
+
+
+def test_teacher_loras_are_a_list_of_files_and_scales_validated_as_you_type(qtbot, panel, monkeypatch, tmp_path):
+    from app.widgets.config_form import LoraListEditor
+
+    editor = panel.form.rows[("identity", "teacher_loras")].editor
+    assert isinstance(editor, LoraListEditor) and editor.table.rowCount() == 0
+    lora = tmp_path / "style.safetensors"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(lora), "LoRA (*.safetensors)"))
+    editor.add_button.click()
+    assert panel.config()["identity"]["teacher_loras"] == [{"path": str(lora), "scale": 1.0}] and panel.is_valid()
+    with qtbot.waitSignal(panel.validity_changed) as signal:
+        editor.table.item(0, 1).setText("lots")  # not a number: the engine's words, on the field
+    assert signal.args[0] is False and "identity.teacher_loras.0.scale" in signal.args[1]
+    assert panel.form.error_of(("identity", "teacher_loras")) == signal.args[1]
+    editor.table.item(0, 1).setText("0.75")
+    assert panel.config()["identity"]["teacher_loras"] == [{"path": str(lora), "scale": 0.75}] and panel.is_valid()
+    type_json(qtbot, panel, json.dumps({**panel.config(), "identity": {
+        **panel.config()["identity"], "teacher_loras": [{"path": "a.safetensors", "scale": 1}, {"path": "b.safetensors"}]}}))
+    assert [editor.table.item(r, 0).text() for r in range(2)] == ["a.safetensors", "b.safetensors"]  # the JSON shows in the form
+    editor.table.selectRow(0)
+    editor.remove_button.click()
+    assert panel.config()["identity"]["teacher_loras"] == [{"path": "b.safetensors", "scale": 1.0}]
+
+
+def test_a_relative_lora_path_is_relative_to_the_config_file_like_every_path(tmp_path):
+    from app.models.config_doc import materialized, rebase_paths
+    from dmad.contract.config import load_config
+
+    (tmp_path / "configs").mkdir()
+    raw = {"config_version": 2, "identity": {"pretrained_model_name_or_path": "/t", "train_data_dir": "/d",
+                                             "teacher_loras": [{"path": "loras/style.safetensors", "scale": 0.5}]}}
+    f = tmp_path / "configs" / "c.json"
+    f.write_text(json.dumps(raw))
+    assert load_config(f).identity.teacher_loras[0].path == str(tmp_path / "configs" / "loras" / "style.safetensors")
+    assert materialized(raw, tmp_path / "configs", "c")["identity"]["teacher_loras"] == [
+        {"path": str(tmp_path / "configs" / "loras" / "style.safetensors"), "scale": 0.5}]
+    moved = rebase_paths(raw, tmp_path / "configs", tmp_path)  # saved one folder up: still the same file
+    assert moved["identity"]["teacher_loras"] == [{"path": "configs/loras/style.safetensors", "scale": 0.5}]
+    assert raw["identity"]["teacher_loras"][0]["path"] == "loras/style.safetensors"  # the original is left alone

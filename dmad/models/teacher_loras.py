@@ -1,0 +1,147 @@
+"""The user's LoRAs on the teacher (identity.teacher_loras): base + LoRAs is the model the student
+learns.
+
+Each LoRA is read by diffusers' own loader (the family pipeline's `load_lora_weights`, with its
+converters: diffusers, kohya / A1111 and the other layouts it knows), checked to fit the teacher,
+weighted at its scale (`set_adapters`), then fused into the teacher's weights (`fuse_lora`) and the
+adapter layers removed (`unload_lora_weights`). That happens once, in float32, right after the
+teacher loads and before anything is copied from it. So:
+
+- the real score, the student's initialisation and the fake score's (full copies, or adapters on
+  the shared base) all see base + LoRAs, and so do the text encoders (training's text embeddings,
+  the latent cache, whose keys hash the fused weights, and the samples);
+- nothing is added per step: no adapter layers, no extra memory once loaded (the file's tensors
+  are held only while loading);
+- it is as exact as the teacher's precision allows: the sum is formed in float32 and cast once
+  (bench/teacher_loras.py measures fused against unfused adapters).
+
+Checks, each one line (UserInputError): a missing file; a folder without
+pytorch_lora_weights.safetensors; not .safetensors (pickle formats are refused, as everywhere);
+no LoRA tensors in a layout diffusers reads (LoHa, LoKr, a full checkpoint); layers that match no
+layer of this teacher (a LoRA for another family); shapes that do not fit (another model size or
+text-encoder width). A scale must be finite (the config refuses it).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from dmad.contract.jsonfile import printable
+from dmad.errors import UserInputError
+
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file a diffusers LoRA folder holds
+WHERE = "identity.teacher_loras"
+# The down / A matrix of one LoRA layer, in every key layout diffusers' converters read or produce.
+_DOWN = ("lora_A.", "lora.down.", "lora_down.", ".lora_linear_layer.down.")
+
+
+def adapter_name(i: int) -> str:
+    return f"user_lora_{i}"
+
+
+def lora_file(path: str, where: str) -> Path:
+    """The .safetensors file of a teacher_loras entry (a file, or a diffusers LoRA folder), checked
+    readable (its header parses and the file is as long as the header says) and holding LoRA layers."""
+    return _lora_file(path, where)[0]
+
+
+def _lora_file(path: str, where: str) -> tuple[Path, dict]:
+    """lora_file, and the file's safetensors header."""
+    from dmad.models.teacher_files import read_safetensors_header
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / LORA_WEIGHT_NAME).is_file():
+            raise UserInputError(f"{where}: {printable(str(p))} is a folder without {LORA_WEIGHT_NAME}")
+        p = p / LORA_WEIGHT_NAME
+    elif not p.exists():
+        raise UserInputError(f"{where}: {printable(str(p))}: no such file")
+    if p.suffix.lower() != ".safetensors":
+        raise UserInputError(f"{where}: {printable(str(p))}: not a .safetensors file (pickle formats such as .ckpt, .pt "
+                             f"and .bin are refused: they can run code when read)")
+    try:
+        header = read_safetensors_header(p)
+    except UserInputError as e:  # unreadable, truncated: the header check's own words, placed
+        raise UserInputError(f"{where}: {e}") from e
+    if not any(_is_down(k) for k in header):
+        raise UserInputError(f"{where}: {printable(str(p))}: no LoRA layers in a layout diffusers reads (diffusers or "
+                             f"kohya / A1111 lora_down / lora_up; LoHa, LoKr and full checkpoints are not LoRAs it loads)")
+    return p, header
+
+
+def check_teacher_loras(loras: Sequence[Any]) -> list[dict]:
+    """The entries' files, checked without loading a tensor (the dry run, preflight): [{path, scale,
+    bytes, layers}] where layers counts the file's LoRA layers (down matrices)."""
+    out = []
+    for i, lora in enumerate(loras):
+        f, header = _lora_file(lora.path, f"{WHERE}[{i}].path")
+        out.append({"path": str(f), "scale": lora.scale, "bytes": f.stat().st_size,
+                    "layers": sum(1 for k in header if _is_down(k))})
+    return out
+
+
+def _is_down(key: str) -> bool:
+    return key.endswith(".weight") and any(d in key for d in _DOWN)
+
+
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _adapter_layers(modules: Iterable[tuple[str, Any]], name: str) -> dict[str, int]:
+    """{component: how many of its layers hold adapter `name`}."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    out = {}
+    for comp, module in modules:
+        n = sum(1 for m in module.modules() if isinstance(m, BaseTunerLayer) and name in getattr(m, "lora_A", {}))
+        if n:
+            out[comp] = n
+    return out
+
+
+def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
+    """Fuse `loras` (identity.teacher_loras entries) into the loaded float32 `teacher`, in order, at
+    their scales. Returns what was applied, for the run folder's provenance: [{path, scale, sha256,
+    layers: {component: n}}]."""
+    import torch
+    from safetensors import SafetensorError
+
+    family = teacher.family
+    pipe = family.pipeline(teacher.modules, teacher.scheduler)
+    loadable = [(c, getattr(pipe, c)) for c in pipe._lora_loadable_modules if getattr(pipe, c, None) is not None]
+    names, records = [], []
+    for i, lora in enumerate(loras):
+        where = f"{WHERE}[{i}].path"
+        f = lora_file(lora.path, where)
+        name = adapter_name(i)
+        try:
+            converted = pipe.lora_state_dict(str(f))
+            state = converted[0] if isinstance(converted, tuple) else converted
+            expected = sum(1 for k in state if _is_down(k))
+            pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=name)
+        except (ValueError, RuntimeError, KeyError, IndexError, TypeError, AttributeError, SafetensorError) as e:
+            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+            raise UserInputError(f"{where}: {printable(str(f))} does not fit the {family.name} teacher "
+                                 f"({e.__class__.__name__}: {printable(first)[:300]})") from e
+        layers = _adapter_layers(loadable, name)
+        found = sum(layers.values())
+        if found == 0 or found < expected:
+            raise UserInputError(f"{where}: {printable(str(f))}: {expected - found} of its {expected} LoRA layers match no "
+                                 f"layer of the {family.name} teacher (a LoRA for another model?)")
+        names.append(name)
+        records.append({"path": str(f), "scale": float(lora.scale), "sha256": _sha256(f), "layers": layers})
+    if not names:
+        return []
+    pipe.set_adapters(names, adapter_weights=[float(lora.scale) for lora in loras])
+    with torch.no_grad():
+        pipe.fuse_lora(components=[c for c, m in loadable if any(c in r["layers"] for r in records)], adapter_names=names)
+        pipe.unload_lora_weights()
+    for _, module in loadable:
+        module.requires_grad_(False).eval()
+    return records
