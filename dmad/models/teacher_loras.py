@@ -12,8 +12,9 @@ teacher loads and before anything is copied from it. So:
   the latent cache, whose keys hash the fused weights, and the samples);
 - nothing is added per step: no adapter layers, no extra memory once loaded (the file's tensors
   are held only while loading);
-- it is as exact as the teacher's precision allows: the sum is formed in float32 and cast once
-  (bench/teacher_loras.py measures fused against unfused adapters).
+- in float32 it computes what diffusers' unfused adapters compute, within float32 re-association
+  (1.4e-5); in bf16 it is at bf16's own level for the bare teacher, while adapters kept in bf16
+  measured a little closer (bench/teacher_loras.py, docs/benchmarks.md).
 
 Checks, each one line (UserInputError): a missing file; a folder without
 pytorch_lora_weights.safetensors; not .safetensors (pickle formats are refused, as everywhere);

@@ -167,7 +167,7 @@ def test_bad_entries_get_one_line_each(tmp_path, tiny_teacher, sd_loras):
     from safetensors.torch import save_file
 
     from dmad.models.teacher import load_teacher
-    from dmad.testing.tiny import make_tiny_sd3_pipeline
+    from dmad.testing.tiny import make_tiny_sd3_pipeline, make_tiny_sd_pipeline
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "style.ckpt").write_bytes(b"not read")
@@ -176,6 +176,9 @@ def test_bad_entries_get_one_line_each(tmp_path, tiny_teacher, sd_loras):
     sd3 = tmp_path / "sd3"
     make_tiny_sd3_pipeline(sd3)
     other = make_tiny_lora(sd3, tmp_path / "sd3_lora", "diffusers", text_encoder=False)
+    wider = tmp_path / "wider"  # the same layer names, another text width: the shapes do not fit
+    make_tiny_sd_pipeline(wider, text_dim=48)
+    misfit = make_tiny_lora(wider, tmp_path / "wider_lora", "diffusers", text_encoder=False)
     truncated = tmp_path / "cut.safetensors"
     truncated.write_bytes((Path(sd_loras["kohya"])).read_bytes()[:-100])
     cases = [(tmp_path / "nowhere.safetensors", "no such file"),
@@ -183,7 +186,8 @@ def test_bad_entries_get_one_line_each(tmp_path, tiny_teacher, sd_loras):
              (tmp_path / "style.ckpt", "not a .safetensors file (pickle formats"),
              (truncated, "truncated .safetensors file"),
              (tmp_path / "loha.safetensors", "no LoRA layers in a layout diffusers reads"),
-             (other, "match no layer of the sd1 teacher")]
+             (other, "match no layer of the sd1 teacher"),
+             (misfit, "does not fit the sd1 teacher (")]
     for path, words in cases:
         with pytest.raises(UserInputError) as e:
             load_teacher(str(tiny_teacher), loras=(_entry(sd_loras["second"]), _entry(path)))
