@@ -200,8 +200,7 @@ class LedgerView(QWidget):
         family = family_text(ledger.family)
         self._set_status(f"Estimate by the engine ({ledger.scope}) for the config as shown"
                          + (f", teacher family {family}." if family else ".")
-                         + (" The teacher is offloaded: its host RAM is listed apart, under "
-                            "the GPU lines." if cpu else ""))
+                         + (" What stays in host RAM is listed apart, under the GPU lines." if cpu else ""))
         self._show_total()
         self.ledger_shown.emit(ledger)
 
@@ -225,8 +224,9 @@ class LedgerView(QWidget):
             name, total = self._device
             text += (f" of <b>{total:.1f} GiB on {html.escape(name)}</b> (device-wide total, NVML)")
         if self._ledger.cpu_lines:
-            text += (f"<br>GPU lines only; plus <b>{self._ledger.cpu_gib:.2f} GiB of CPU RAM</b> for the offloaded "
-                     f"teacher (host memory, not in the GPU total)")
+            what = "; ".join(html.escape(line.name) for line in self._ledger.cpu_lines)
+            text += (f"<br>GPU lines only; plus <b>{self._ledger.cpu_gib:.2f} GiB of CPU RAM</b> (host memory, not in "
+                     f"the GPU total): {what}")
         self.total.setText(text)
 
     def _set_status(self, text: str, error: bool = False) -> None:

@@ -423,7 +423,7 @@ def assert_sd3_offload_shown(panel: ConfigPanel, ledger) -> None:
     assert (t.item(row, 0).text(), t.item(row, 1).text()) == (cpu[0].name, f"{cpu[0].gib:.2f}")
     text = view.total_text()
     assert f"<b>{ledger.total_gib:.2f} GiB estimated</b> (framework scope)" in text
-    assert f"<b>{cpu[0].gib:.2f} GiB of CPU RAM</b>" in text and "not in the GPU total" in text
+    assert f"<b>{cpu[0].gib:.2f} GiB of CPU RAM</b>" in text and "not in the GPU total" in text and cpu[0].name in text
     assert f"{ledger.total_gib + cpu[0].gib:.2f}" not in text  # never added into the GPU figure
     shown_gpu = sum(float(t.item(i, 1).text()) for i in range(len(gpu)))
     assert shown_gpu == pytest.approx(ledger.total_gib, abs=0.01 * len(gpu))
