@@ -436,10 +436,22 @@ def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_n
     lines = ["import torch", f"from diffusers import {sched_cls}, {cls}", ""]
     if fmt == "diffusers":
         lines += [f"pipe = {cls}.from_pretrained({str(out)!r}{_load_kwargs(teacher)}, local_files_only=True)"]
-    else:
+    elif not teacher.loras:
         lines += _teacher_lines(teacher) + [
             f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')",
             f"pipe.load_lora_weights({str(out)!r}, weight_name={weight_name!r})"]
+    else:  # the student was distilled from base + these LoRAs: it goes on top of them, at their scales
+        lines += _teacher_lines(teacher) + [
+            f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')"]
+        names = []
+        for i, lora in enumerate(teacher.loras):
+            f = Path(lora["path"])
+            names.append(f"user_{i}")
+            lines.append(f"pipe.load_lora_weights({str(f.parent)!r}, weight_name={f.name!r}, adapter_name='user_{i}')  "
+                         f"# distilled with it")
+        lines += [f"pipe.load_lora_weights({str(out)!r}, weight_name={weight_name!r}, adapter_name='student')",
+                  f"pipe.set_adapters({[*names, 'student']!r}, "
+                  f"adapter_weights={[float(x['scale']) for x in teacher.loras] + [1.0]!r})"]
     return lines + _call_lines(teacher, s, ex)
 
 
@@ -458,6 +470,9 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
     same = ("the same pixels" if doc["student"] == "full" else
             "the same image within one 8-bit code value (diffusers' LoRA layers, or fused weights, round "
             "differently from dmad's adapter)")
+    if doc["student"] == "lora" and doc["teacher_loras"] and doc["format"] != "diffusers":
+        same = ("the same image within two 8-bit code values (the engine fused your LoRAs into the teacher; "
+                "diffusers keeps them, and the student, as adapters, which round differently)")
     if doc["dtype"] != "fp32":
         same = (f"nearly the same image (the weights were saved in {doc['dtype']}, so they differ from the "
                 "trained float32 ones by its rounding)")

@@ -257,3 +257,31 @@ def test_a_lora_student_of_a_loraed_teacher_exports_with_the_loras_named(write_c
     with safe_open(str(file), "pt") as f:
         named = json.loads(f.metadata()["dmad_user_loras"])
     assert named == doc["teacher_loras"] and len(named[0]["sha256"]) == 64
+
+    # the diffusers LoRA export's README: base + the user's LoRA + the student, as adapters in plain
+    # diffusers, renders the run's own sample (the engine fused the user's LoRA; diffusers keeps it an
+    # adapter: float rounding apart, the same image)
+    import numpy as np
+    from PIL import Image
+
+    from tests.e2e.test_export_families import _readme_image
+
+    out = tmp_path / "export_lora"
+    code, _, err = dmad_captured(capsys, "export", "--run", str(run), "--format", "lora", "--out", str(out))
+    assert code == 0, err[-2000:]
+    readme = (out / "README.md").read_text()
+    assert "adapter_name='user_0'" in readme and "pipe.set_adapters(['user_0', 'student'], adapter_weights=[1.0, 1.0])" in readme
+    got, pipe = _readme_image(out)
+    assert sorted(pipe.get_active_adapters()) == ["student", "user_0"]
+    meta = json.loads((run / "samples" / "iter_1" / "meta.json").read_text())
+    first = next(iter(meta["items"].values()))
+    want = np.asarray(Image.open(run / "samples" / "iter_1" / first["file"]).convert("RGB"))
+    d = np.abs(got.astype(int) - want.astype(int))
+    assert d.max() <= 2 and d.mean() < 0.1, (d.max(), d.mean())
+    # control: the student alone on the bare base (what stacking it without the user's LoRA gives) is not it
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0].replace(
+        "pipe.set_adapters(['user_0', 'student'], adapter_weights=[1.0, 1.0])", "pipe.set_adapters(['student'])")
+    scope: dict = {}
+    exec(compile(code, "README without the user's LoRA", "exec"), scope)  # noqa: S102
+    alone = np.asarray(scope["image"].convert("RGB"))
+    assert np.abs(alone.astype(int) - want.astype(int)).mean() > 10 * max(d.mean(), 0.1)
