@@ -300,6 +300,10 @@ def _add_export(sub) -> None:
     export.add_argument("--dtype", default="fp32", choices=DTYPES,
                         help="the saved weights' precision (default fp32: as trained, the run's samples exactly)")
     export.add_argument("--out", type=_path, metavar="DIR", help="new output folder (default: <run>/export/iter_<N>-<format>)")
+    export.add_argument("--merge-user-loras", action="store_true",
+                        help="lora-single-file of a run whose teacher had identity.teacher_loras: one file that holds "
+                             "the user's LoRAs at their scales and the student (exact: their ranks add up), for tools "
+                             "that load one LoRA at a time")
     export.set_defaults(handler=_cmd_export)
 
 
@@ -349,7 +353,7 @@ def _cmd_export(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.sample.export import main as export_main  # torch is imported only once the request is known good
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
-    return export_main(args.run, args.checkpoint, args.format, args.out, args.dtype)
+    return export_main(args.run, args.checkpoint, args.format, args.out, args.dtype, args.merge_user_loras)
 
 
 def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:

@@ -146,3 +146,35 @@ def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
     for _, module in loadable:
         module.requires_grad_(False).eval()
     return records
+
+
+def user_lora_layers(teacher: Any) -> dict[tuple[str, str], list[tuple[Any, Any]]]:
+    """The LoRAs fused into `teacher` (teacher.loras) read again from their files, as diffusers loads
+    them: {(component, module path): [(down, up with its scale multiplied in), ...]}, float32. Each is
+    put on the teacher as an adapter, read, and removed unfused: the teacher's weights are not changed.
+    For `dmad export --merge-user-loras`."""
+    from peft.tuners.lora import LoraLayer
+
+    family = teacher.family
+    pipe = family.pipeline(teacher.modules, teacher.scheduler)
+    loadable = [(c, getattr(pipe, c)) for c in pipe._lora_loadable_modules if getattr(pipe, c, None) is not None]
+    names = []
+    for i, record in enumerate(teacher.loras):
+        f = Path(record["path"])
+        pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=f"merge_{i}")
+        names.append(f"merge_{i}")
+    if not names:
+        return {}
+    pipe.set_adapters(names, adapter_weights=[float(r["scale"]) for r in teacher.loras])
+    out: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+    for comp, module in loadable:
+        for path, layer in module.named_modules():
+            if not isinstance(layer, LoraLayer):
+                continue
+            for name in names:
+                if name in layer.lora_A:
+                    down = layer.lora_A[name].weight.detach().float().clone()
+                    up = layer.lora_B[name].weight.detach().float() * float(layer.scaling[name])
+                    out.setdefault((comp, path), []).append((down, up))
+    pipe.unload_lora_weights()
+    return out

@@ -121,16 +121,21 @@ def check_format(run: Path, cfg, fmt: Optional[str]) -> None:
                              f"'{cfg.identity.student}'), not a LoRA; use --format diffusers")
 
 
-def check_request(src: ExportSource, fmt: str, out: Path) -> None:
+def check_request(src: ExportSource, fmt: str, out: Path, merge_user_loras: bool = False) -> None:
     check_format(src.run, src.cfg, fmt)
+    if merge_user_loras and fmt != "lora-single-file":
+        raise UserInputError(f"--merge-user-loras: only with --format lora-single-file (not {fmt})")
+    if merge_user_loras and not src.cfg.identity.teacher_loras:
+        raise UserInputError(f"--merge-user-loras: the teacher of {src.run} had no LoRAs (identity.teacher_loras is empty)")
     check_output_folder(out, "--out")  # below a file, unwritable, taken: found before the models load
 
 
 # --------------------------------------------------------------------------- the student
 
-def load_student(src: ExportSource):
+def load_student(src: ExportSource, user_layers: Optional[dict] = None):
     """(teacher, student UNet in float32 eval mode, training state). The student holds the weights
-    the run's samples were rendered with: the EMA weights when the checkpoint has them."""
+    the run's samples were rendered with: the EMA weights when the checkpoint has them. With a
+    `user_layers` dict, the teacher's LoRAs are read into it first (user_lora_layers)."""
     import torch
 
     from dmad.models.checkpoint import load_student as load_checkpoint_student
@@ -140,6 +145,10 @@ def load_student(src: ExportSource):
     ident = src.cfg.identity
     state = read_training_state(src.checkpoint)
     teacher = load_identity_teacher(ident, dtype=torch.float32)
+    if user_layers is not None:
+        from dmad.models.teacher_loras import user_lora_layers
+
+        user_layers.update(user_lora_layers(teacher))
     student, _ = load_checkpoint_student(teacher, ident, src.checkpoint)
     teacher.denoiser = None  # not exported: frees its memory (SD 1.5 in float32: 3.4 GB)
     # the embedded guidance a guidance-distilled (Flux dev) student was trained and sampled with
@@ -271,13 +280,16 @@ def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler, dtype: st
     pipe.save_pretrained(str(tmp), safe_serialization=True)
 
 
-def write_lora_single_file(path: Path, student, scheduler, family, dtype: str, metadata: dict) -> None:
-    """One .safetensors in the family's single-file layout (dmad.sample.lora_file), and the scheduler."""
+def write_lora_single_file(path: Path, student, scheduler, family, dtype: str, metadata: dict,
+                           user_layers: Optional[dict] = None) -> None:
+    """One .safetensors in the family's single-file layout (dmad.sample.lora_file), and the scheduler;
+    with `user_layers`, the user's LoRAs merged into it."""
     from safetensors.torch import save_file
 
     from dmad.sample.lora_file import single_file_tensors, torch_dtype
 
-    save_file(single_file_tensors(student, family.denoiser_name, torch_dtype(dtype)), str(path), metadata=metadata)
+    save_file(single_file_tensors(student, family.denoiser_name, torch_dtype(dtype), family.name, user_layers),
+              str(path), metadata=metadata)
     scheduler.save_pretrained(str(path.parent / "scheduler"))
 
 
@@ -287,7 +299,9 @@ def _file_metadata(doc: dict, student) -> dict:
     return single_file_metadata(
         family=doc["family"], base_model=doc["teacher_name"], rank=adapter_rank(student), dtype=doc["dtype"],
         steps=doc["num_inference_steps"], timesteps=doc["student_timesteps"], sampler="lcm",
-        scheduler="sgm_uniform", guidance=doc["guidance_scale"], user_loras=doc["teacher_loras"], run=doc["run_name"],
+        scheduler="sgm_uniform", guidance=doc["guidance_scale"],
+        user_loras=[{**x, "merged_into_this_file": bool(doc.get("user_loras_merged"))} for x in doc["teacher_loras"]],
+        run=doc["run_name"],
         checkpoint=doc["checkpoint"])
 
 
@@ -428,7 +442,8 @@ def single_file_name(src: ExportSource, steps: int) -> str:
     return f"{stem}.safetensors"
 
 
-def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_name: str = LORA_WEIGHT_NAME) -> list[str]:
+def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_name: str = LORA_WEIGHT_NAME,
+                merged: bool = False) -> list[str]:
     """The exact python that samples the student with plain diffusers."""
     family = teacher.family
     cls = family.pipeline_class
@@ -436,7 +451,7 @@ def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_n
     lines = ["import torch", f"from diffusers import {sched_cls}, {cls}", ""]
     if fmt == "diffusers":
         lines += [f"pipe = {cls}.from_pretrained({str(out)!r}{_load_kwargs(teacher)}, local_files_only=True)"]
-    elif not teacher.loras:
+    elif not teacher.loras or merged:  # merged: the one file holds the user's LoRAs too
         lines += _teacher_lines(teacher) + [
             f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')",
             f"pipe.load_lora_weights({str(out)!r}, weight_name={weight_name!r})"]
@@ -568,14 +583,15 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
     return doc
 
 
-def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32") -> Path:
+def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32", merge_user_loras: bool = False) -> Path:
     """Write the export to a temp folder beside `out`, then rename it to `out`."""
     import torch
 
     from dmad.sample.render import latent_shape
 
-    check_request(src, fmt, out)
-    teacher, student, state = load_student(src)
+    check_request(src, fmt, out, merge_user_loras)
+    user_layers: Optional[dict] = {} if merge_user_loras else None
+    teacher, student, state = load_student(src, user_layers)
     family = teacher.family
     timesteps = list(state.student_timesteps)
     ex = example_item(src)
@@ -595,15 +611,17 @@ def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32") -> Path:
 
     def write(tmp: Path) -> None:
         doc = _doc(fmt, src, teacher, state, sampling, sched, embedded, dtype, weight_name)
+        doc["user_loras_merged"] = merge_user_loras
         with torch.no_grad():
             if fmt == "diffusers":
                 write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched, dtype)
             elif fmt == "lora":
                 write_lora(tmp, student, sched, family, dtype)
             else:
-                write_lora_single_file(tmp / weight_name, student, sched, family, dtype, _file_metadata(doc, student))
+                write_lora_single_file(tmp / weight_name, student, sched, family, dtype, _file_metadata(doc, student),
+                                       user_layers)
         (tmp / "dmad_export.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        lines = usage_lines(fmt, out, teacher, sampling, ex, weight_name)
+        lines = usage_lines(fmt, out, teacher, sampling, ex, weight_name, merged=merge_user_loras)
         (tmp / "README.md").write_text(_readme(doc, lines, ex), encoding="utf-8")
 
     write_complete(out, write, needed=lambda: export_bytes(teacher, student, fmt, dtype))
@@ -651,15 +669,16 @@ def export_bytes(teacher, student, fmt: str, dtype: str = "fp32") -> int:
     return sum(t.numel() * (t.element_size() if dtype == "fp32" else min(2, t.element_size())) for t in tensors)
 
 
-def main(run: str, checkpoint: str, fmt: str, out: Optional[str], dtype: str = "fp32") -> int:
+def main(run: str, checkpoint: str, fmt: str, out: Optional[str], dtype: str = "fp32",
+         merge_user_loras: bool = False) -> int:
     """The `dmad export` command: prints the output folder on stdout."""
     given = Path(out).expanduser().resolve() if out else None
     src = resolve_source(run, checkpoint, fmt, given)
     target = given or default_out(src, fmt)
     if not out:  # into the run folder: never through a link that leaves it
         RunFolder(src.run).check_confined()
-    check_request(src, fmt, target)  # before torch is imported: bad requests answer fast
+    check_request(src, fmt, target, merge_user_loras)  # before torch is imported: bad requests answer fast
     if dtype not in DTYPES:
         raise UserInputError(f"--dtype {printable(dtype)[:20]!r}: expected one of {', '.join(DTYPES)}")
-    print(export(src, fmt, target, dtype), flush=True)
+    print(export(src, fmt, target, dtype, merge_user_loras), flush=True)
     return 0

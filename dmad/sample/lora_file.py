@@ -57,22 +57,39 @@ def lora_modules(student) -> list[tuple[str, Any]]:
     return out
 
 
-def single_file_tensors(student, denoiser_name: str, dtype) -> dict[str, Any]:
+# kohya's prefix for each text encoder of the UNet families (SDXL numbers its two)
+KOHYA_TE = {"sd1": {"text_encoder": "lora_te_"}, "sd2": {"text_encoder": "lora_te_"},
+            "sdxl": {"text_encoder": "lora_te1_", "text_encoder_2": "lora_te2_"}}
+
+
+def single_file_tensors(student, denoiser_name: str, dtype, family: str = "",
+                        user_layers: dict | None = None) -> dict[str, Any]:
     """The adapter's tensors in the family's single-file layout (module docstring), each module's
-    scale multiplied into its up weight, cast to `dtype` (the product taken in float32 first)."""
+    scale multiplied into its up weight, cast to `dtype` (the product taken in float32 first).
+    `user_layers` (dmad.models.teacher_loras.user_lora_layers): the user's LoRAs merged in, exactly:
+    a module's down matrices are stacked and its up matrices put side by side, so the file's update
+    is the sum of theirs (its rank the sum of their ranks), with no approximation."""
     import torch
 
-    out: dict[str, torch.Tensor] = {}
+    parts: dict[tuple[str, str], list] = {k: list(v) for k, v in (user_layers or {}).items()}
     for name, mod in lora_modules(student):
         down = mod.lora_A[ADAPTER].weight.detach().float()
         up = mod.lora_B[ADAPTER].weight.detach().float() * float(mod.scaling[ADAPTER])
+        parts.setdefault((denoiser_name, name), []).append((down, up))
+    out: dict[str, torch.Tensor] = {}
+    for (component, name), pieces in parts.items():
+        down = torch.cat([d for d, _ in pieces], dim=0)
+        up = torch.cat([u for _, u in pieces], dim=1)
         if denoiser_name == "unet":
-            key = "lora_unet_" + name.replace(".", "_")
+            prefix = "lora_unet_" if component == "unet" else KOHYA_TE.get(family, {}).get(component)
+            if prefix is None:
+                raise ValueError(f"{component}: no kohya name for this family's component")
+            key = prefix + name.replace(".", "_")
             out[f"{key}.lora_down.weight"] = down.to(dtype).contiguous()
             out[f"{key}.lora_up.weight"] = up.to(dtype).contiguous()
             out[f"{key}.alpha"] = torch.tensor(float(down.shape[0]), dtype=dtype)  # alpha = rank: scale 1
         else:
-            key = f"{denoiser_name}.{name}"
+            key = f"{component}.{name}"
             out[f"{key}.lora_A.weight"] = down.to(dtype).contiguous()
             out[f"{key}.lora_B.weight"] = up.to(dtype).contiguous()
     return out

@@ -256,7 +256,8 @@ def test_a_lora_student_of_a_loraed_teacher_exports_with_the_loras_named(write_c
     (file,) = [p for p in out.iterdir() if p.suffix == ".safetensors"]
     with safe_open(str(file), "pt") as f:
         named = json.loads(f.metadata()["dmad_user_loras"])
-    assert named == doc["teacher_loras"] and len(named[0]["sha256"]) == 64
+    assert [(x["name"], x["sha256"], x["merged_into_this_file"]) for x in named] == [
+        (x["name"], x["sha256"], False) for x in doc["teacher_loras"]] and len(named[0]["sha256"]) == 64
 
     # the diffusers LoRA export's README: base + the user's LoRA + the student, as adapters in plain
     # diffusers, renders the run's own sample (the engine fused the user's LoRA; diffusers keeps it an
@@ -285,3 +286,25 @@ def test_a_lora_student_of_a_loraed_teacher_exports_with_the_loras_named(write_c
     exec(compile(code, "README without the user's LoRA", "exec"), scope)  # noqa: S102
     alone = np.asarray(scope["image"].convert("RGB"))
     assert np.abs(alone.astype(int) - want.astype(int)).mean() > 10 * max(d.mean(), 0.1)
+
+    # --merge-user-loras: one file holding the user's LoRA and the student, for tools that load one
+    # LoRA at a time; on the bare base it renders the same sample
+    from safetensors.torch import load_file
+
+    code, _, err = dmad_captured(capsys, "export", "--run", str(run), "--format", "lora", "--merge-user-loras")
+    assert code == 2 and err.strip().endswith("--merge-user-loras: only with --format lora-single-file (not lora)")
+    merged = tmp_path / "export_merged"
+    code, _, err = dmad_captured(capsys, "export", "--run", str(run), "--format", "lora-single-file",
+                                 "--merge-user-loras", "--out", str(merged))
+    assert code == 0, err[-2000:]
+    assert json.loads((merged / "dmad_export.json").read_text())["user_loras_merged"] is True
+    (file,) = [p for p in merged.iterdir() if p.suffix == ".safetensors"]
+    tensors = load_file(str(file))
+    assert any(k.startswith("lora_te_") for k in tensors)  # the user's text-encoder layers are in it
+    q = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q"
+    assert tensors[f"{q}.lora_down.weight"].shape[0] == 8 and float(tensors[f"{q}.alpha"]) == 8  # 4 + 4: exact
+    readme = (merged / "README.md").read_text()
+    assert "adapter_name='user_0'" not in readme and "set_adapters" not in readme
+    got, _ = _readme_image(merged)
+    d = np.abs(got.astype(int) - want.astype(int))
+    assert d.max() <= 2 and d.mean() < 0.1, (d.max(), d.mean())
