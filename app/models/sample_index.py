@@ -174,8 +174,23 @@ def provenance(index: SamplesIndex, row: int, col: int) -> list[tuple[str, str]]
         for key in ("weights_hash", "weights_sha256", "deterministic"):
             if key in c.meta:
                 lines.append((key.replace("_", " "), str(c.meta[key])))
+        for lora in teacher_loras(c.meta):  # the user's LoRAs fused into the teacher (identity.teacher_loras)
+            lines.append(("teacher LoRA", f"{lora.get('path', '?')} at scale {lora.get('scale', '?')}, "
+                                          f"sha256 {lora.get('sha256', '?')}"))
     lines.append(("file", str(image.path) if image else f"missing: samples/{c.name}/{prompt_id}.png"))
     return lines
+
+
+def teacher_loras(meta: dict) -> list[dict]:
+    """meta.json's teacher_loras (the user's LoRAs the teacher had), [] when absent or malformed."""
+    loras = meta.get("teacher_loras")
+    return [x for x in loras if isinstance(x, dict)] if isinstance(loras, list) else []
+
+
+def column_title(c: Checkpoint) -> str:
+    """The column's name; the teacher's says when it is base + the user's LoRAs."""
+    n = len(teacher_loras(c.meta)) if checkpoint_of(c.name) == TEACHER else 0
+    return f"{c.name} + {n} LoRA{'s' if n > 1 else ''}" if n else c.name
 
 
 def provenance_text(index: SamplesIndex, row: int, col: int) -> str:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QS
 
 from app.models.health import (SIGNALS, HealthRow, all_figures, badness, header_figures, read_health_csv)
 from app.models.sample_index import (TEACHER, Checkpoint, ImageFile, SamplesIndex, checkpoint_of, checkpoint_order,
-                                     provenance_text, scan_samples)
+                                     column_title, provenance_text, scan_samples, teacher_loras)
 from app.models.thumbs import THUMB_PX
 from dmad.contract.runs import LIVE_STATES, RunFolder, effective_state
 
@@ -241,7 +241,7 @@ class SamplesModel(QAbstractTableModel):
     def header_text(self, col: int) -> str:
         """The column's name, then its health figures, two a line where they fit the column, else one,
         else none (the tooltip has them all); "reference" for the teacher."""
-        name = self.index_.columns[col].name
+        name = column_title(self.index_.columns[col])
         row = self.health_of(col)
         if self._is_teacher(col):
             return f"{name}\nreference" if self._health and self.header_fits("reference") else name
@@ -336,6 +336,10 @@ class SamplesModel(QAbstractTableModel):
             base = checkpoint_of(name)
             what = ("the teacher" if base == "teacher" else f"checkpoint iter_{base}")
             lines = [f"samples/{name}: " + (f"rendered again from {what}" if "-r" in name else what)]
+            loras = teacher_loras(self.index_.columns[section].meta)
+            if loras:
+                lines.append(("the teacher is" if base == "teacher" else "distilled from") + " base + "
+                             + ", ".join(f"{Path(str(x.get('path', '?'))).name} at {x.get('scale', '?')}" for x in loras))
             if state != "ok":
                 lines.append({"no-samples": f"{NO_SAMPLES}: Render renders the run's prompt set with it",
                               "rendering": "rendering… (meta.json is written when the render ends)",

@@ -84,6 +84,23 @@ def test_a_long_sha256_line_wraps_and_the_splitter_moves(qtbot, tmp_path, run):
     assert SHA in QGuiApplication.clipboard().text()
 
 
+def test_a_teacher_with_the_users_loras_is_labelled_so_and_its_images_name_them(qtbot, tmp_path, run):
+    loras = [{"path": "/loras/style.safetensors", "scale": 0.8, "sha256": SHA[:64]}]
+    for folder in ("teacher", "iter_60"):
+        meta_path = run / "samples" / folder / "meta.json"
+        meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "teacher_loras": loras}))
+    panel = _panel(qtbot, tmp_path)
+    _open(qtbot, panel, run)
+    heads = _headers(panel)
+    assert heads[0].splitlines()[0] == "teacher + 1 LoRA" and not any("LoRA" in h for h in heads[1:])
+    tips = [panel.model.headerData(c, Qt.Horizontal, Qt.ToolTipRole) for c in range(2)]
+    assert "the teacher is base + style.safetensors at 0.8" in tips[0]
+    assert "distilled from base + style.safetensors at 0.8" in tips[1]
+    for col in (0, 1):
+        panel.grid.set_current_cell(0, col)
+        assert f"teacher LoRA: /loras/style.safetensors at scale 0.8, sha256 {SHA[:64]}" in panel.provenance_text()
+
+
 def test_the_size_control_sets_the_thumbnail_cells(qtbot, tmp_path, run):
     panel = _panel(qtbot, tmp_path)
     _open(qtbot, panel, run)
