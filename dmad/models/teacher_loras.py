@@ -178,3 +178,30 @@ def user_lora_layers(teacher: Any) -> dict[tuple[str, str], list[tuple[Any, Any]
                     out.setdefault((comp, path), []).append((down, up))
     pipe.unload_lora_weights()
     return out
+
+
+def changes_since_start(teacher: Any, run_dir: Path) -> list[str]:
+    """What differs between the LoRAs fused into `teacher` now and those the run at `run_dir` started
+    with (its samples/teacher/meta.json records path, scale and sha256): one line each, [] when the
+    same or when the run has no such record. A resume warns with them, as with a changed config."""
+    import json
+
+    try:
+        recorded = json.loads((run_dir / "samples" / "teacher" / "meta.json").read_text(encoding="utf-8"))["teacher_loras"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(recorded, list):
+        return []
+    then = [(x.get("sha256"), x.get("scale")) if isinstance(x, dict) else (None, None) for x in recorded]
+    now = [(r["sha256"], r["scale"]) for r in teacher.loras]
+    if len(then) != len(now):
+        return [f"{WHERE}: the run started with {len(then)} teacher LoRA(s), the config now names {len(now)}: "
+                f"the teacher is not the one it started with"]
+    out = []
+    for i, ((sha0, scale0), (sha1, scale1), record) in enumerate(zip(then, now, teacher.loras)):
+        if sha0 != sha1:
+            out.append(f"{WHERE}[{i}]: {printable(record['path'])} changed since the run started (sha256 now "
+                       f"{sha1[:12]}..., the run's {str(sha0)[:12]}...): the teacher is not the one it started with")
+        elif scale0 != scale1:
+            out.append(f"{WHERE}[{i}]: scale {scale1:g}, the run started with {scale0}")
+    return out

@@ -151,6 +151,12 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
     events.emit("phase", None, phase="loading", device=str(acc.device))
     between_phases()
     teacher = load_identity_teacher(ident, dtype=torch.float32)
+    if resume:  # the user's LoRAs are files: one edited in place since the start changes the teacher
+        from dmad.models.teacher_loras import changes_since_start
+
+        for message in changes_since_start(teacher, folder.path):
+            log.warning("%s", message)
+            events.emit("warning", None, message=message)
     between_phases()
     method = method_unit(cfg.distillation.method)
     trained = _copies(cfg, teacher, method)  # from the float32 teacher, before it is cast

@@ -235,6 +235,17 @@ def test_a_run_distils_base_plus_its_loras_and_says_so(write_config, tmp_path, t
     to_bare = sum((student[k] - bare[k]).norm() ** 2 for k in student) ** 0.5
     assert to_fused < to_bare / 10, (to_fused, to_bare)  # one small step from base + LoRA
 
+    # the LoRA file edited in place, then the run resumed: the teacher is not the one it started with
+    from dmad.contract.events import read_events
+
+    make_tiny_lora(tiny_teacher, tmp_path / "my_style", "diffusers", seed=7)
+    code, _, err = dmad_captured(capsys, "train", "--config", str(cfg), "--run-dir", str(run), "--resume", "latest",
+                                 "--set", "optimization.max_train_steps=2")
+    assert code == 0, err[-2000:]
+    warnings = [e.data["message"] for e in read_events(run / "events.jsonl") if e.kind == "warning"]
+    assert any(m.startswith(f"identity.teacher_loras[0]: {tmp_path / 'my_style'}") and "changed since the run started"
+               in m and sha[:12] in m for m in warnings), warnings
+
 
 def test_a_lora_student_of_a_loraed_teacher_exports_with_the_loras_named(write_config, tmp_path, sd_loras, capsys):
     from safetensors import safe_open
