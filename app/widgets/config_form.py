@@ -286,7 +286,8 @@ class LoraListEditor(_Editor):
     def _add(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "A LoRA for the teacher", "", "LoRA (*.safetensors)")
         if path:
-            self._rows([*(self.value() if self.value() is not UNSET else []), {"path": str(Path(path)), "scale": 1.0}])
+            current = self.value()
+            self._rows([*(current if current is not UNSET else []), {"path": str(Path(path)), "scale": 1.0}])
             self._emit(self.value())
 
     def _remove(self) -> None:

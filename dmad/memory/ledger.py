@@ -332,16 +332,9 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
 def teacher_loras_line(loras: Any) -> LedgerLine:
     """identity.teacher_loras: fused into the teacher's own weights when it loads (dmad.models.teacher_loras),
     so nothing on the device; their files are in host memory only while the teacher loads."""
-    from pathlib import Path
+    from dmad.models.teacher_loras import lora_path
 
-    from dmad.models.teacher_loras import LORA_WEIGHT_NAME
-
-    def size(path: str) -> int:
-        p = Path(path).expanduser()
-        p = p / LORA_WEIGHT_NAME if p.is_dir() else p
-        return p.stat().st_size if p.is_file() else 0
-
-    total = sum(size(x.path) for x in loras)
+    total = sum(p.stat().st_size for p in (lora_path(x.path) for x in loras) if p.is_file())
     return LedgerLine(f"teacher LoRAs ({len(loras)}, fused at load; CPU RAM while loading)", total / GIB,
                       f"{total / 2**20:.1f} MiB of LoRA files, read once and fused into the teacher's weights: "
                       f"0 on the device and no time per step; host memory, not in the total", scope="cpu")

@@ -24,14 +24,14 @@ text-encoder width). A scale must be finite (the config refuses it).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from dmad.contract.jsonfile import printable
+from dmad.contract.exports import LORA_WEIGHT_NAME
+from dmad.contract.hashing import sha256_files
+from dmad.contract.jsonfile import printable, read_json_or_problem
 from dmad.errors import UserInputError
 
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file a diffusers LoRA folder holds
 WHERE = "identity.teacher_loras"
 # The down / A matrix of one LoRA layer, in every key layout diffusers' converters read or produce.
 _DOWN = ("lora_A.", "lora.down.", "lora_down.", ".lora_linear_layer.down.")
@@ -41,22 +41,22 @@ def adapter_name(i: int) -> str:
     return f"user_lora_{i}"
 
 
+def lora_path(path: str) -> Path:
+    """Where a teacher_loras entry's tensors are: the file itself, or a diffusers LoRA folder's
+    pytorch_lora_weights.safetensors (not checked)."""
+    p = Path(path).expanduser()
+    return p / LORA_WEIGHT_NAME if p.is_dir() else p
+
+
 def lora_file(path: str, where: str) -> Path:
     """The .safetensors file of a teacher_loras entry (a file, or a diffusers LoRA folder), checked
     readable (its header parses and the file is as long as the header says) and holding LoRA layers."""
-    return _lora_file(path, where)[0]
-
-
-def _lora_file(path: str, where: str) -> tuple[Path, dict]:
-    """lora_file, and the file's safetensors header."""
     from dmad.models.teacher_files import read_safetensors_header
 
-    p = Path(path).expanduser()
-    if p.is_dir():
-        if not (p / LORA_WEIGHT_NAME).is_file():
-            raise UserInputError(f"{where}: {printable(str(p))} is a folder without {LORA_WEIGHT_NAME}")
-        p = p / LORA_WEIGHT_NAME
-    elif not p.exists():
+    p = lora_path(path)
+    if p.parent == Path(path).expanduser() and not p.is_file():
+        raise UserInputError(f"{where}: {printable(str(p.parent))} is a folder without {LORA_WEIGHT_NAME}")
+    if not p.exists():
         raise UserInputError(f"{where}: {printable(str(p))}: no such file")
     if p.suffix.lower() != ".safetensors":
         raise UserInputError(f"{where}: {printable(str(p))}: not a .safetensors file (pickle formats such as .ckpt, .pt "
@@ -68,30 +68,17 @@ def _lora_file(path: str, where: str) -> tuple[Path, dict]:
     if not any(_is_down(k) for k in header):
         raise UserInputError(f"{where}: {printable(str(p))}: no LoRA layers in a layout diffusers reads (diffusers or "
                              f"kohya / A1111 lora_down / lora_up; LoHa, LoKr and full checkpoints are not LoRAs it loads)")
-    return p, header
+    return p
 
 
-def check_teacher_loras(loras: Sequence[Any]) -> list[dict]:
-    """The entries' files, checked without loading a tensor (the dry run, preflight): [{path, scale,
-    bytes, layers}] where layers counts the file's LoRA layers (down matrices)."""
-    out = []
+def check_teacher_loras(loras: Sequence[Any]) -> None:
+    """The entries' files, checked without loading a tensor (preflight, so the dry run too)."""
     for i, lora in enumerate(loras):
-        f, header = _lora_file(lora.path, f"{WHERE}[{i}].path")
-        out.append({"path": str(f), "scale": lora.scale, "bytes": f.stat().st_size,
-                    "layers": sum(1 for k in header if _is_down(k))})
-    return out
+        lora_file(lora.path, f"{WHERE}[{i}].path")
 
 
 def _is_down(key: str) -> bool:
     return key.endswith(".weight") and any(d in key for d in _DOWN)
-
-
-def _sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _adapter_layers(modules: Iterable[tuple[str, Any]], name: str) -> dict[str, int]:
@@ -106,6 +93,13 @@ def _adapter_layers(modules: Iterable[tuple[str, Any]], name: str) -> dict[str, 
     return out
 
 
+def _pipeline(teacher: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """The family pipeline on the teacher's own modules (diffusers' LoRA loader lives there), and its
+    loaded LoRA-loadable components [(name, module)]."""
+    pipe = teacher.family.pipeline(teacher.modules, teacher.scheduler)
+    return pipe, [(c, getattr(pipe, c)) for c in pipe._lora_loadable_modules if getattr(pipe, c, None) is not None]
+
+
 def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
     """Fuse `loras` (identity.teacher_loras entries) into the loaded float32 `teacher`, in order, at
     their scales. Returns what was applied, for the run folder's provenance: [{path, scale, sha256,
@@ -114,8 +108,7 @@ def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
     from safetensors import SafetensorError
 
     family = teacher.family
-    pipe = family.pipeline(teacher.modules, teacher.scheduler)
-    loadable = [(c, getattr(pipe, c)) for c in pipe._lora_loadable_modules if getattr(pipe, c, None) is not None]
+    pipe, loadable = _pipeline(teacher)
     names, records = [], []
     for i, lora in enumerate(loras):
         where = f"{WHERE}[{i}].path"
@@ -136,7 +129,7 @@ def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
             raise UserInputError(f"{where}: {printable(str(f))}: {expected - found} of its {expected} LoRA layers match no "
                                  f"layer of the {family.name} teacher (a LoRA for another model?)")
         names.append(name)
-        records.append({"path": str(f), "scale": float(lora.scale), "sha256": _sha256(f), "layers": layers})
+        records.append({"path": str(f), "scale": float(lora.scale), "sha256": sha256_files([f]), "layers": layers})
     if not names:
         return []
     pipe.set_adapters(names, adapter_weights=[float(lora.scale) for lora in loras])
@@ -155,9 +148,7 @@ def user_lora_layers(teacher: Any) -> dict[tuple[str, str], list[tuple[Any, Any]
     For `dmad export --merge-user-loras`."""
     from peft.tuners.lora import LoraLayer
 
-    family = teacher.family
-    pipe = family.pipeline(teacher.modules, teacher.scheduler)
-    loadable = [(c, getattr(pipe, c)) for c in pipe._lora_loadable_modules if getattr(pipe, c, None) is not None]
+    pipe, loadable = _pipeline(teacher)
     names = []
     for i, record in enumerate(teacher.loras):
         f = Path(record["path"])
@@ -184,12 +175,8 @@ def changes_since_start(teacher: Any, run_dir: Path) -> list[str]:
     """What differs between the LoRAs fused into `teacher` now and those the run at `run_dir` started
     with (its samples/teacher/meta.json records path, scale and sha256): one line each, [] when the
     same or when the run has no such record. A resume warns with them, as with a changed config."""
-    import json
-
-    try:
-        recorded = json.loads((run_dir / "samples" / "teacher" / "meta.json").read_text(encoding="utf-8"))["teacher_loras"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+    meta, _ = read_json_or_problem(run_dir / "samples" / "teacher" / "meta.json")  # a FIFO there is not waited on
+    recorded = meta.get("teacher_loras") if isinstance(meta, dict) else None
     if not isinstance(recorded, list):
         return []
     then = [(x.get("sha256"), x.get("scale")) if isinstance(x, dict) else (None, None) for x in recorded]

@@ -59,14 +59,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from dmad.contract.exports import DTYPES, FORMATS, LORA_FORMATS
+from dmad.contract.exports import DTYPES, FORMATS, LORA_FORMATS, LORA_WEIGHT_NAME
 from dmad.contract.diskspace import missing_folders, remove_made, reporting_disk_full
 from dmad.contract.jsonfile import check_output_folder, check_path, make_output_folder, printable
 from dmad.contract.runs import RunFolder
 from dmad.errors import UserInputError
 from dmad.sample.command import ITERATION, usable_checkpoint
 TIMESTEP_SCALING = 1e9  # makes LCM's c_out exactly 1 and c_skip negligible (module docstring)
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' default name for load_lora_weights
 
 
 @dataclass

@@ -7,7 +7,6 @@ the same weights give the same pixels whichever device trains and however far tr
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import time
@@ -21,6 +20,7 @@ from PIL import Image
 from dmad.methods.dmd2 import sample_student
 from dmad.methods.prediction import NoiseSchedule
 from dmad.contract.diskspace import complete_or_absent
+from dmad.contract.hashing import sha256_files
 from dmad.contract.prompts import PromptSet, health_file_name, health_seed_list, item_seed
 from dmad.contract.runs import SAMPLES_META, atomic_write_bytes, atomic_write_json
 from dmad.errors import StopRequested
@@ -36,19 +36,6 @@ def library_versions() -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
             "transformers": transformers.__version__, "numpy": np.__version__, "pillow": PIL.__version__}
-
-
-def sha256_files(paths: list[Path]) -> Optional[str]:
-    """sha256 over the bytes of `paths` in the given order (streamed, 1 MiB at a time: ~1 s per GB);
-    None for no files. Names which weights made an image (meta.json weights_sha256)."""
-    if not paths:
-        return None
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def provenance(device: torch.device | str, checkpoint: Optional[str], weights_sha256: Optional[str],
