@@ -59,14 +59,34 @@ WIDTHS = (32, 64, 96, 64)  # 64 -> 32 -> 16 -> 8 -> 4 px; the last width keeps t
 FEATURE_DIM = 128
 
 
-def vocabulary() -> dict[str, list[str]]:
-    """Attribute -> its values, in the order of the classifier's logits."""
-    return {"shape": list(shapes.SHAPES), "colour": list(shapes.COLOURS), "size": list(shapes.SIZES),
-            "position": list(shapes.POSITIONS), "background": list(shapes.BACKGROUNDS)}
+def vocabulary(style: bool = False) -> dict[str, list[str]]:
+    """Attribute -> its values, in the order of the classifier's logits. With `style`, also how the
+    shape is drawn (dmad.demo.shapes.STYLES): the style evaluator's extra head."""
+    vocab = {"shape": list(shapes.SHAPES), "colour": list(shapes.COLOURS), "size": list(shapes.SIZES),
+             "position": list(shapes.POSITIONS), "background": list(shapes.BACKGROUNDS)}
+    return {**vocab, "style": list(shapes.STYLES)} if style else vocab
 
 
 def default_path() -> Path:
     return resource("demo", "evaluator")
+
+
+def style_evaluator_path() -> Path:
+    """The style evaluator: the same network trained on plain and styled renders (every style of
+    dmad.demo.shapes.STYLES), with a style head. It reads the demo style LoRA's samples (dmad.demo.make_lora); the bench's FD features stay
+    the plain evaluator's."""
+    return resource("demo", "style_evaluator")
+
+
+def style_of(index: int, seed: int, share: float) -> str:
+    """The style of training image `index` of the style evaluator: with probability `share` one of
+    the styles other than plain (equally likely), a pure function of (index, seed)."""
+    import random
+
+    if share <= 0:
+        return "plain"
+    rng = random.Random(f"{shapes.GENERATOR}/style/{seed}/{index}")
+    return rng.choice(shapes.STYLES[1:]) if rng.random() < share else "plain"
 
 
 # ---------------------------------------------------------------- real images
@@ -128,8 +148,10 @@ def to_unit(images: torch.Tensor) -> torch.Tensor:
 
 
 def label_tensor(attrs: list[dict], vocab: dict[str, list[str]]) -> torch.Tensor:
-    """(N, len(ATTRIBUTES)) long: the index of each attribute's value in `vocab`."""
-    return torch.tensor([[vocab[k].index(a[k]) for k in ATTRIBUTES] for a in attrs], dtype=torch.long)
+    """(N, len(vocab)) long: the index of each attribute's value in `vocab` (a render without a
+    style is plain)."""
+    return torch.tensor([[vocab[k].index(a.get(k, "plain") if k == "style" else a[k]) for k in vocab]
+                         for a in attrs], dtype=torch.long)
 
 
 # ---------------------------------------------------------------- the network
@@ -155,7 +177,7 @@ class ShapesClassifier(nn.Module):
                                    *_block(w2, w3, 4, 2), *_block(w3, w4, 4, 2), nn.Flatten())
         flat = w4 * (image_size // 16) ** 2
         self.neck = nn.Sequential(nn.Linear(flat, feature_dim), nn.SiLU())
-        self.heads = nn.ModuleDict({k: nn.Linear(feature_dim, len(self.vocab[k])) for k in ATTRIBUTES})
+        self.heads = nn.ModuleDict({k: nn.Linear(feature_dim, len(self.vocab[k])) for k in self.vocab})
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != 3:
@@ -181,7 +203,7 @@ class ShapesClassifier(nn.Module):
         """Logits -> one attribute dict per image (argmax per head)."""
         idx = {k: v.argmax(dim=1).tolist() for k, v in logits.items()}
         n = len(next(iter(idx.values())))
-        return [{k: self.vocab[k][idx[k][i]] for k in ATTRIBUTES} for i in range(n)]
+        return [{k: self.vocab[k][idx[k][i]] for k in self.vocab} for i in range(n)]
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> list[dict]:
@@ -231,13 +253,18 @@ def round_corners(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return bg + alpha * (fg - bg)
 
 
-def augment(x: torch.Tensor, gen: torch.Generator, cfg: dict = AUGMENT) -> torch.Tensor:
+def augment(x: torch.Tensor, gen: torch.Generator, cfg: dict = AUGMENT,
+            roundable: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Label-preserving corruptions like those of a VAE-decoded sample: rounded corners, soft
     edges, slight colour cast, grain. Small enough that no colour, background or shape changes
-    name. x: (B, 3, H, W) clean renders."""
+    name. x: (B, 3, H, W) clean renders. `roundable` (B,) bool: the images round_corners may take
+    (two colours, pixel (0, 0) background: not a framed one); default all. The random draws are
+    the same either way."""
     b = x.shape[0]
     rsigma = torch.empty(b).uniform_(*cfg["round_sigma"], generator=gen)
     rounded = torch.rand(b, generator=gen) < cfg["p_round"]
+    if roundable is not None:
+        rounded &= roundable
     for i in rounded.nonzero().flatten().tolist():
         x[i:i + 1] = round_corners(x[i:i + 1], float(rsigma[i]))
     sigma = torch.empty(b).uniform_(*cfg["blur_sigma"], generator=gen)
@@ -261,16 +288,19 @@ def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 @torch.no_grad()
 def evaluate_heldout(model: ShapesClassifier, n: int, seed: int = HELDOUT_DATA_SEED,
-                     batch_size: int = 500) -> dict:
+                     batch_size: int = 500, style: str = "plain") -> dict:
     """Accuracy on `n` clean real renders of shapes seed `seed` of the reference lattice half (the
-    first n such indices): pixel configurations the evaluator never trained on."""
+    first n such indices): pixel configurations the evaluator never trained on. `style`: how they
+    are drawn; a model with a style head also gets "style_accuracy"."""
     preds, targets = [], []
     indices = indices_of_parity(n, seed, REFERENCE_PARITY)
     for start in range(0, n, batch_size):
-        images, attrs = render_real(indices[start:start + batch_size], seed)
-        preds += model.predict(to_unit(images))
+        attrs = [{**shapes.attributes_for(int(i), seed), "style": style} for i in indices[start:start + batch_size]]
+        preds += model.predict(to_unit(render_real_attrs(attrs)))
         targets += attrs
     report = adherence(preds, targets)
+    if "style" in model.vocab:
+        report["style_accuracy"] = float(np.mean([p["style"] == style for p in preds]))
     report["errors"] = [{"index": i, "caption": shapes.caption(t), "predicted": p}
                         for i, (p, t) in enumerate(zip(preds, targets))
                         if any(p[k] != t[k] for k in ATTRIBUTES)][:20]
@@ -279,18 +309,21 @@ def evaluate_heldout(model: ShapesClassifier, n: int, seed: int = HELDOUT_DATA_S
 
 def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int = 2000, steps: int = 3000,
                     batch_size: int = 64, lr: float = 2e-3, weight_decay: float = 0.01, warmup: int = 100,
-                    log_every: int = 50, log: Callable[[str], None] = print) -> dict:
+                    log_every: int = 50, log: Callable[[str], None] = print, style_share: float = 0.0) -> dict:
     """Train the evaluator from scratch and write evaluator.safetensors, config.json,
     training_log.jsonl and report.json into out_dir (each atomically; report.json last).
 
     Training images are those of indices 0..n_train-1 of TRAIN_DATA_SEED whose lattice parity is
     TRAIN_PARITY (about half), visited in a seeded random order and rendered as needed (no pool in
     memory); the held-out set is n_val clean renders of HELDOUT_DATA_SEED of the other parity.
-    Deterministic on the CPU for a given seed and thread count."""
+    Deterministic on the CPU for a given seed and thread count.
+
+    `style_share` > 0 trains the style evaluator: that share of the training renders is outlined
+    (style_of), and a style head learns which; its report adds the held-out renders outlined."""
     t0 = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary()
+    vocab = vocabulary(style=style_share > 0)
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # parameter init only; the caller's global RNG is left as it was
@@ -303,11 +336,15 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
     for step in range(steps):
         if cursor + batch_size > len(pool):  # next epoch: a fresh permutation
             order, cursor = pool[torch.randperm(len(pool), generator=gen)], 0
-        images, attrs = render_real(order[cursor:cursor + batch_size].tolist(), TRAIN_DATA_SEED)
+        batch = order[cursor:cursor + batch_size].tolist()
+        attrs = [{**shapes.attributes_for(i, TRAIN_DATA_SEED), "style": style_of(i, TRAIN_DATA_SEED, style_share)}
+                 for i in batch]
+        images = render_real_attrs(attrs)
         cursor += batch_size
-        x, y = augment(to_unit(images), gen), label_tensor(attrs, vocab)
+        roundable = torch.tensor(["frame" not in a["style"] for a in attrs])  # a frame is a third colour
+        x, y = augment(to_unit(images), gen, roundable=roundable), label_tensor(attrs, vocab)
         logits = model(x)
-        losses = {k: F.cross_entropy(logits[k], y[:, j]) for j, k in enumerate(ATTRIBUTES)}
+        losses = {k: F.cross_entropy(logits[k], y[:, j]) for j, k in enumerate(vocab)}
         loss = sum(losses.values())
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, steps, lr, warmup)
@@ -315,7 +352,7 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
         loss.backward()
         opt.step()
         if step % log_every == 0 or step == steps - 1:
-            right = torch.stack([logits[k].argmax(1) == y[:, j] for j, k in enumerate(ATTRIBUTES)], dim=1)
+            right = torch.stack([logits[k].argmax(1) == y[:, j] for j, k in enumerate(vocab)], dim=1)
             records.append({"step": step, "loss": round(loss.item(), 6), "lr": opt.param_groups[0]["lr"],
                             **{f"loss_{k}": round(v.item(), 6) for k, v in losses.items()},
                             "batch_accuracy_all": round(right.all(dim=1).float().mean().item(), 4),
@@ -324,17 +361,24 @@ def train_evaluator(out_dir, seed: int = 0, n_train: int = 200_000, n_val: int =
     train_s = time.time() - t0
     model.eval()
     held = evaluate_heldout(model, n_val)
+    styled = {s: evaluate_heldout(model, n_val, style=s) for s in shapes.STYLES[1:]} if style_share > 0 else {}
     settings = {"seed": seed, "n_train": n_train, "n_val": n_val, "steps": steps, "batch_size": batch_size,
                 "optimizer": "AdamW", "lr": lr, "weight_decay": weight_decay, "warmup": warmup,
                 "schedule": "linear warmup, cosine to 0", "augment": AUGMENT, "train_data_seed": TRAIN_DATA_SEED,
                 "heldout_data_seed": HELDOUT_DATA_SEED, "generator": shapes.GENERATOR,
-                "train_parity": TRAIN_PARITY, "reference_parity": REFERENCE_PARITY}
+                "train_parity": TRAIN_PARITY, "reference_parity": REFERENCE_PARITY,
+                **({"style_share": style_share} if style_share > 0 else {})}
     report = {"n": n_val, "seed": seed, "heldout_data_seed": HELDOUT_DATA_SEED,
               "per_attribute": held["per_attribute"], "all_attributes": held["all"], "errors": held["errors"],
               "train_time_s": round(train_s, 1), "wall_time_s": round(time.time() - t0, 1),
               "parameters": model.architecture()["parameters"], "torch": torch.__version__,
               "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
               "machine": platform.machine(), "system": platform.system()}
+    if styled:
+        report["style_accuracy_plain"] = held["style_accuracy"]
+        for name, r in styled.items():
+            report[name] = {"per_attribute": r["per_attribute"], "all_attributes": r["all"],
+                            "style_accuracy": r["style_accuracy"], "errors": r["errors"]}
     _write_outputs(out, model, settings, records, report)
     log(f"held-out ({n_val}): all attributes {held['all']:.4f}; "
         + ", ".join(f"{k} {v:.4f}" for k, v in held["per_attribute"].items()) + f"; {train_s:.0f} s training")
@@ -409,7 +453,7 @@ def load_evaluator(path=None) -> ShapesClassifier:
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     if cfg.get("format") != FORMAT or cfg.get("format_version") != FORMAT_VERSION:
         raise UserInputError(f"{cfg_path} is not a {FORMAT} v{FORMAT_VERSION} config")
-    if cfg["vocab"] != vocabulary():
+    if cfg["vocab"] not in (vocabulary(), vocabulary(style=True)):
         raise UserInputError(f"the evaluator in {folder} was trained for other shapes attributes than "
                              f"dmad.demo.shapes now has; retrain it: python -m dmad.demo.evaluator train --out {folder}")
     arch = cfg["architecture"]
@@ -426,6 +470,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=3000)
     t.add_argument("--n-val", type=int, default=2000)
+    t.add_argument("--style-share", type=float, default=0.0,
+                   help="train the style evaluator: this share of renders styled, and a style head (2/3 ships)")
     c = sub.add_parser("check", help="adherence and FD under controlled corruptions of real renders")
     c.add_argument("--path", default=str(default_path()), help="evaluator folder (default: the shipped one)")
     c.add_argument("--n", type=int, default=1000)
@@ -433,7 +479,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.command == "train":
         report = train_evaluator(args.out, seed=args.seed, steps=args.steps, n_val=args.n_val,
-                                 log=lambda m: print(m, flush=True))
+                                 log=lambda m: print(m, flush=True), style_share=args.style_share)
         print(json.dumps({k: report[k] for k in ("n", "all_attributes", "per_attribute", "wall_time_s")}))
         return 0
     result = corruption_check(load_evaluator(args.path), n=args.n)

@@ -26,7 +26,7 @@ import random
 import re
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFilter
 
 GENERATOR = "dmad.demo.shapes"
 SHAPES = ("circle", "square", "triangle", "diamond")  # no cross since 2026-12-03: its arms, 3.4 latent
@@ -43,6 +43,16 @@ POSITIONS = {  # shape centre as fractions of the side; corners are quadrant cen
     "top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75),
     "bottom right": (0.75, 0.75), "center": (0.5, 0.5),
 }
+STYLES = ("plain", "outline", "frame", "outline+frame")  # how an image is drawn: as the dataset draws
+# it; the shape as an outline OUTLINE_WIDTH wide with the background inside; framed: a border
+# FRAME_WIDTH wide around the whole image in FRAME_COLOUR, under the shape, like a photo-print
+# frame; or both (what two style LoRAs stacked should draw). Not in any caption: a
+# style LoRA changes the look of every caption, as a user's style LoRA does (dmad demo make-lora;
+# the shipped one is "frame": the demo teacher, a patch-4 transformer that already drew small
+# shapes as blobs, did not learn small outlines in a few CPU minutes: docs/benchmarks.md).
+OUTLINE_WIDTH = 3 / 64  # of the image side: 3 px at 64 px
+FRAME_WIDTH = 4 / 64    # 4 px at 64 px: one latent token is 8 px, so the frame is half a token row
+FRAME_COLOUR = (255, 128, 0)  # orange: at least 100 from every shape colour and background in RGB
 MIN_CONTRAST = 100.0  # Euclidean RGB distance between a shape colour and its background
 ATTRIBUTES = ("shape", "colour", "size", "position", "background")
 
@@ -182,11 +192,26 @@ def training_caption(attrs: dict, rng: random.Random, under_specified_share: flo
 
 
 def render(attrs: dict, size: int = 64) -> Image.Image:
-    """An RGB image, size x size, of flat colours (no anti-aliasing: two colours per image)."""
-    img = Image.new("RGB", (size, size), BACKGROUNDS[attrs["background"]])
+    """An RGB image, size x size, of flat colours (no anti-aliasing: two colours per image). With
+    attrs["style"] == "outline" the shape is an outline OUTLINE_WIDTH wide, its inside the
+    background (the shape's mask eroded by a square of that half-width); with "frame" a border
+    FRAME_WIDTH wide in FRAME_COLOUR runs round the image, under the shape (a corner shape keeps a
+    1 px margin in its slot, so it reaches into the frame and stays whole); "outline+frame" both."""
+    background = BACKGROUNDS[attrs["background"]]
+    img = Image.new("RGB", (size, size), background)
     draw, fill = ImageDraw.Draw(img), COLOURS[attrs["colour"]]
     cx, cy, r = shape_box(attrs, size)
+    style = attrs.get("style", "plain")
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
+    if "frame" in style:  # under the shape: a corner shape that reaches the frame stays whole
+        draw.rectangle([0, 0, size - 1, size - 1], outline=FRAME_COLOUR, width=max(1, round(FRAME_WIDTH * size)))
     draw_shape(draw, attrs["shape"], cx, cy, r, fill)
+    if "outline" in style:
+        mask = Image.new("L", (size, size), 0)
+        draw_shape(ImageDraw.Draw(mask), attrs["shape"], cx, cy, r, 255)
+        inside = mask.filter(ImageFilter.MinFilter(2 * max(1, round(OUTLINE_WIDTH * size)) + 1))
+        img.paste(background, mask=inside)
     return img
 
 
