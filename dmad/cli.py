@@ -155,6 +155,16 @@ def _add_demo(sub) -> None:
     from dmad.demo.make_teacher import add_training_arguments
     add_training_arguments(make)
     make.set_defaults(handler=_cmd_make_teacher)
+    lora = demo_sub.add_parser("make-lora", allow_abbrev=False, help="train the demo style LoRA for the demo teacher",
+                               description="Train a style LoRA (shapes drawn as outlines) for the demo teacher, as a "
+                                           "user brings one to distil with identity.teacher_loras; writes diffusers' "
+                                           "pytorch_lora_weights.safetensors with training_config.json, "
+                                           "training_log.jsonl and README.md beside it.")
+    lora.add_argument("--out", required=True, type=_path, metavar="DIR", help="new folder for the LoRA (must not exist)")
+    lora.add_argument("--teacher", type=_path, metavar="DIR", help="the teacher folder (default: the shipped demo teacher)")
+    from dmad.demo.make_lora import add_training_arguments as add_lora_arguments
+    add_lora_arguments(lora)
+    lora.set_defaults(handler=_cmd_make_lora)
 
 
 def _add_bench(sub) -> None:
@@ -292,7 +302,9 @@ def _add_export(sub) -> None:
                     "family whose scheduler reproduces the student's timesteps; 'lora' (LoRA students) writes a "
                     "LoRA that diffusers' load_lora_weights puts on the teacher; 'lora-single-file' (LoRA students) "
                     "writes it as one .safetensors in the layout ComfyUI, Forge and A1111 load (kohya names for "
-                    "SD 1.x/2.x/XL, diffusers names for SD3 and Flux), with metadata. Prints the output folder.")
+                    "SD 1.x/2.x/XL, diffusers names for SD3 and Flux), with metadata; 'single-file' (any student) writes "
+                    "the student's UNet or transformer as one .safetensors (diffusers names, which ComfyUI's Load "
+                    "Diffusion Model node reads), with metadata. Prints the output folder.")
     export.add_argument("--run", required=True, type=_path, metavar="DIR", help="run folder")
     export.add_argument("--checkpoint", default="latest", metavar="latest|N", help="checkpoint (default: latest)")
     export.add_argument("--format", required=True, choices=FORMATS,
@@ -375,6 +387,13 @@ def _cmd_make_teacher(args: argparse.Namespace, ctx: _Context) -> int:
 
     training = TeacherTraining(**{f.name: getattr(args, f.name) for f in fields(TeacherTraining)})
     return main_make_teacher(out=args.out, training=training)
+
+
+def _cmd_make_lora(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.demo.make_lora import LoraTraining, main_make_lora
+
+    training = LoraTraining(**{f.name: getattr(args, f.name) for f in fields(LoraTraining)})
+    return main_make_lora(out=args.out, teacher=args.teacher, training=training)
 
 
 def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:

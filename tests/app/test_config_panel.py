@@ -255,10 +255,11 @@ def test_every_preset_validates_and_is_listed():
     names = [p.name for p in listed]
     assert names[0] == "CPU demo" and listed[0].path == DEMO.resolve()
     assert names[1] == "CPU demo \u2014 LCM (the peer method)" and listed[1].path == DEMO_LCM.resolve()
+    assert names[2] == "Personal Lightning (demo)" and listed[2].path == resource("configs", "demo_personal_lightning.json")
     sizes = ["SD 1.5 \u2014 12 GB", "SD 1.5 \u2014 24 GB", "SD 1.5 \u2014 48 GB+", "SDXL \u2014 16 GB",
              "SDXL \u2014 24 GB", "SDXL \u2014 48 GB+", "SD3-medium \u2014 24 GB", "SD3-medium \u2014 48 GB+",
              "FLUX.1-dev \u2014 48 GB", "FLUX.1-dev \u2014 80 GB"]
-    assert [n.split(" (")[0] for n in names[2:]] == sizes
+    assert [n.split(" (")[0] for n in names[3:]] == sizes
     files = {p.resolve() for p in index_path().parent.glob("*.json")} - {index_path().resolve()}
     assert files <= {p.path for p in listed}
     for preset in listed:
