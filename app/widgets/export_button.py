@@ -1,4 +1,4 @@
-"""Export one checkpoint's student: `dmad export --run DIR --checkpoint N --format diffusers|lora|lora-single-file`,
+"""Export one checkpoint's student: `dmad export --run DIR --checkpoint N --format diffusers|lora|lora-single-file|single-file`,
 run through the app's command runner, then the output folder is shown in the file manager.
 
 The engine prints the folder it wrote as its last stdout line (default <run>/export/iter_<N>-<format>);
@@ -19,7 +19,8 @@ from app.engine.command import DmadCommand
 from dmad.contract.exports import FORMATS, LORA_FORMATS
 
 TEXTS = {"diffusers": "diffusers pipeline folder", "lora": "LoRA weights (LoRA students)",
-         "lora-single-file": "LoRA as one file for ComfyUI / Forge / A1111 (LoRA students)"}
+         "lora-single-file": "LoRA as one file for ComfyUI / Forge / A1111 (LoRA students)",
+         "single-file": "the student's model as one file for ComfyUI (Load Diffusion Model)"}
 
 
 def reveal_folder(folder: Path) -> bool:
@@ -101,4 +102,4 @@ class ExportButton(QToolButton):
             self.setToolTip(f"Export: {self._why_not}")
         else:
             self.setToolTip(f"dmad export --run <this run> --checkpoint {self._checkpoint} --format "
-                            "diffusers|lora|lora-single-file, then show the folder")
+                            "diffusers|lora|lora-single-file|single-file, then show the folder")

@@ -14,6 +14,14 @@ lora-single-file
            and Flux; dmad.sample.lora_file), with metadata naming the base model, the family, the
            student's steps and the suggested sampler, scheduler and CFG; diffusers'
            load_lora_weights reads it too. Plus the scheduler config.
+single-file
+           any student (a LoRA student fused into its base): the student's denoiser as one
+           .safetensors in diffusers' key names, which ComfyUI's "Load Diffusion Model" node
+           reads for SD 1.x / 2.x / XL UNets and SD3 / Flux transformers (comfy/sd.py
+           load_diffusion_model_state_dict converts diffusers UNet, MMDiT and Flux keys), with
+           the base model's text encoders and VAE; in diffusers, `pipe.<denoiser>.
+           load_state_dict(load_file(...))` on the base pipeline. The user's LoRAs are in it
+           (the student was distilled from base + them). Same metadata and scheduler.
 --dtype    fp32 (default: the trained weights as they are), fp16 or bf16 for what is saved.
 Each output folder also has README.md (how to load it, exact lines) and dmad_export.json
 (run, checkpoint, weights, timesteps, scheduler). Output is complete or absent: it is written to
@@ -279,6 +287,18 @@ def write_diffusers(tmp: Path, teacher, student, mode: str, scheduler, dtype: st
     pipe.save_pretrained(str(tmp), safe_serialization=True)
 
 
+def write_single_file(path: Path, student, mode: str, scheduler, dtype: str, metadata: dict) -> None:
+    """The student's denoiser (a LoRA student fused into its base) as one .safetensors in diffusers'
+    key names, and the scheduler."""
+    from safetensors.torch import save_file
+
+    from dmad.sample.lora_file import torch_dtype
+
+    tensors = {k: v.detach().to(torch_dtype(dtype)).contiguous() for k, v in fused_unet(student, mode).state_dict().items()}
+    save_file(tensors, str(path), metadata=metadata)
+    scheduler.save_pretrained(str(path.parent / "scheduler"))
+
+
 def write_lora_single_file(path: Path, student, scheduler, family, dtype: str, metadata: dict,
                            user_layers: Optional[dict] = None) -> None:
     """One .safetensors in the family's single-file layout (dmad.sample.lora_file), and the scheduler;
@@ -293,8 +313,19 @@ def write_lora_single_file(path: Path, student, scheduler, family, dtype: str, m
 
 
 def _file_metadata(doc: dict, student) -> dict:
-    from dmad.sample.lora_file import adapter_rank, single_file_metadata
+    from dmad.sample.lora_file import ARCHITECTURE, adapter_rank, single_file_metadata
 
+    if doc["format"] == "single-file":  # a whole denoiser: no network rank; the user's LoRAs are in it
+        meta = single_file_metadata(
+            family=doc["family"], base_model=doc["teacher_name"], rank=0, dtype=doc["dtype"],
+            steps=doc["num_inference_steps"], timesteps=doc["student_timesteps"], sampler="lcm",
+            scheduler="sgm_uniform", guidance=doc["guidance_scale"],
+            user_loras=[{**x, "merged_into_this_file": True} for x in doc["teacher_loras"]], run=doc["run_name"],
+            checkpoint=doc["checkpoint"])
+        meta = {k: v for k, v in meta.items() if not k.startswith("ss_")}
+        meta.update({"dmad_format": "single-file", "dmad_key_layout": f"diffusers {doc['denoiser']}",
+                     "modelspec.architecture": ARCHITECTURE.get(doc["family"], doc["family"]).removesuffix("/lora")})
+        return meta
     return single_file_metadata(
         family=doc["family"], base_model=doc["teacher_name"], rank=adapter_rank(student), dtype=doc["dtype"],
         steps=doc["num_inference_steps"], timesteps=doc["student_timesteps"], sampler="lcm",
@@ -450,6 +481,20 @@ def usage_lines(fmt: str, out: Path, teacher, s: Sampling, ex: Example, weight_n
     lines = ["import torch", f"from diffusers import {sched_cls}, {cls}", ""]
     if fmt == "diffusers":
         lines += [f"pipe = {cls}.from_pretrained({str(out)!r}{_load_kwargs(teacher)}, local_files_only=True)"]
+    elif fmt == "single-file":  # the base pipeline, the user's LoRAs fused as the engine fused them, the student's denoiser
+        lines = ["import torch", "from safetensors.torch import load_file",
+                 f"from diffusers import {sched_cls}, {cls}", ""] + _teacher_lines(teacher)
+        if teacher.loras:
+            names = [f"user_{i}" for i in range(len(teacher.loras))]
+            for name, lora in zip(names, teacher.loras):
+                f = Path(lora["path"])
+                lines.append(f"pipe.load_lora_weights({str(f.parent)!r}, weight_name={f.name!r}, adapter_name={name!r})")
+            lines += [f"pipe.set_adapters({names!r}, adapter_weights={[float(x['scale']) for x in teacher.loras]!r})",
+                      "pipe.fuse_lora(adapter_names=" + repr(names) + ")  # as the engine fused them into the teacher "
+                      "(its text encoders too)", "pipe.unload_lora_weights()"]
+        lines += [f"pipe.{family.denoiser_name}.load_state_dict(load_file({str(out / weight_name)!r}))  "
+                  "# the student (your LoRAs are in it)",
+                  f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')"]
     elif not teacher.loras or merged:  # merged: the one file holds the user's LoRAs too
         lines += _teacher_lines(teacher) + [
             f"pipe.scheduler = {sched_cls}.from_pretrained({str(out)!r}, subfolder='scheduler')",
@@ -479,12 +524,16 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
             if doc["format"] == "diffusers" else
             f"the student's LoRA ({LORA_WEIGHT_NAME}, diffusers format) for the teacher pipeline, and the scheduler"
             if doc["format"] == "lora" else
+            f"the student's {den_word} as one file, `{doc['lora_weight_name']}` (diffusers key names"
+            + (", its LoRA fused into the base weights" if doc["student"] == "lora" else "")
+            + "), for ComfyUI's Load Diffusion Model node and for diffusers, and the scheduler"
+            if doc["format"] == "single-file" else
             f"the student's LoRA as one file, `{doc['lora_weight_name']}` ({doc['single_file_layout']}), for ComfyUI, "
             "Forge, A1111 and diffusers, and the scheduler")
     same = ("the same pixels" if doc["student"] == "full" else
             "the same image within one 8-bit code value (diffusers' LoRA layers, or fused weights, round "
             "differently from dmad's adapter)")
-    if doc["student"] == "lora" and doc["teacher_loras"] and doc["format"] != "diffusers":
+    if doc["student"] == "lora" and doc["teacher_loras"] and doc["format"] not in ("diffusers", "single-file"):
         same = ("the same image within two 8-bit code values (the engine fused your LoRAs into the teacher; "
                 "diffusers keeps them, and the student, as adapters, which round differently)")
     if doc["dtype"] != "fp32":
@@ -525,19 +574,32 @@ def _readme(doc: dict, lines: list[str], ex: Example) -> str:
 
 
 def _tools_section(doc: dict) -> list[str]:
-    """For the single file: how to use it where users generate (ComfyUI, Forge, A1111)."""
-    if doc["format"] != "lora-single-file":
+    """For the single files: how to use them where users generate (ComfyUI, Forge, A1111)."""
+    if doc["format"] not in ("lora-single-file", "single-file"):
         return []
     steps = doc["num_inference_steps"]
     guidance = (f"CFG 1 and Flux guidance {doc['guidance_scale']:g} (the embedded guidance it was trained with)"
                 if doc["guidance_embedded"] else "CFG 1 (no classifier-free guidance)")
+    sampling = (f"sample with {steps} step(s), {guidance}, the `lcm` sampler (predict, then re-noise to the next "
+                f"noise level, as the student was trained to sample) and the `sgm_uniform` scheduler. Those tools' "
+                f"schedules put the steps close to, not exactly at, the student's timesteps {doc['student_timesteps']}, "
+                "so their images are close to the run's samples, not the same pixels; the diffusers lines above are exact.")
+    if doc["format"] == "single-file":
+        users = ("" if not doc["teacher_loras"] else
+                 " Your LoRAs (" + ", ".join(f"`{x['name']}` at {x['scale']:g}" for x in doc["teacher_loras"])
+                 + ") are in the file's weights: do not load them on the model again; if one also changes the text "
+                 "encoder, load it with a LoRA loader at model strength 0 and its clip strength at that scale.")
+        return ["## In ComfyUI", "",
+                f"Copy `{doc['lora_weight_name']}` into `models/diffusion_models` and load it with the Load "
+                f"Diffusion Model node (ComfyUI reads diffusers' {doc['denoiser']} key names: comfy/sd.py "
+                "load_diffusion_model_state_dict); take the text encoders and the VAE from the base model "
+                f"`{doc['teacher_name']}`; then {sampling}{users}", "",
+                "The file's metadata (any safetensors viewer) names the base model, the family, the steps, the "
+                "suggested sampler, scheduler and CFG, and the user LoRAs in it.", ""]
     return ["## In ComfyUI, Forge or A1111", "",
             f"Copy `{doc['lora_weight_name']}` into the tool's LoRA folder (ComfyUI: `models/loras`; Forge and "
-            f"A1111: `models/Lora`), load it on the base model `{doc['teacher_name']}` at strength 1.0, and sample "
-            f"with {steps} step(s), {guidance}, the `lcm` sampler (predict, then re-noise to the next noise level, "
-            f"as the student was trained to sample) and the `sgm_uniform` scheduler. Those tools' schedules put "
-            f"the steps close to, not exactly at, the student's timesteps {doc['student_timesteps']}, so their "
-            "images are close to the run's samples, not the same pixels; the diffusers lines above are exact.",
+            f"A1111: `models/Lora`), load it on the base model `{doc['teacher_name']}` at strength 1.0, and "
+            f"{sampling}",
             "", "The file's metadata (any safetensors viewer) names the base model, the family, the steps and "
             "the suggested sampler, scheduler and CFG.", ""]
 
@@ -565,7 +627,7 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
            # LCM's boundary condition at t = 0 returns the sample itself, not the x0 prediction
            "exact": (0 not in state.student_timesteps) if not family.flow else True,
            "scheduler": scheduler,
-           "lora_weight_name": (weight_name or LORA_WEIGHT_NAME) if fmt in LORA_FORMATS else None,
+           "lora_weight_name": (weight_name or LORA_WEIGHT_NAME) if fmt in (*LORA_FORMATS, "single-file") else None,
            "dtype": dtype, "teacher_name": Path(teacher.info.path).name,
            # the user's LoRAs fused into the teacher (identity.teacher_loras): a LoRA student is meant for
            # base + these at these scales
@@ -606,7 +668,7 @@ def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32", merge_us
         sched, reproduces = make_student_scheduler(teacher, timesteps)
         sampling = Sampling(timesteps, reproduces, guidance)
 
-    weight_name = single_file_name(src, len(timesteps)) if fmt == "lora-single-file" else LORA_WEIGHT_NAME
+    weight_name = single_file_name(src, len(timesteps)) if fmt in ("lora-single-file", "single-file") else LORA_WEIGHT_NAME
 
     def write(tmp: Path) -> None:
         doc = _doc(fmt, src, teacher, state, sampling, sched, embedded, dtype, weight_name)
@@ -616,6 +678,9 @@ def export(src: ExportSource, fmt: str, out: Path, dtype: str = "fp32", merge_us
                 write_diffusers(tmp, teacher, student, src.cfg.identity.student, sched, dtype)
             elif fmt == "lora":
                 write_lora(tmp, student, sched, family, dtype)
+            elif fmt == "single-file":
+                write_single_file(tmp / weight_name, student, src.cfg.identity.student, sched, dtype,
+                                  _file_metadata(doc, student))
             else:
                 write_lora_single_file(tmp / weight_name, student, sched, family, dtype, _file_metadata(doc, student),
                                        user_layers)
@@ -662,6 +727,8 @@ def export_bytes(teacher, student, fmt: str, dtype: str = "fp32") -> int:
     network of the pipeline), in their own dtypes, or 2 bytes a value in fp16 / bf16."""
     if fmt in LORA_FORMATS:
         tensors = [p for name, p in student.named_parameters() if "lora_" in name]
+    elif fmt == "single-file":
+        tensors = [t for name, t in student.state_dict().items() if "lora_" not in name]
     else:
         nets = [m for m in teacher.networks() if m is not student] + [student]
         tensors = [t for m in nets for t in m.state_dict().values()]

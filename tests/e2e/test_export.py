@@ -190,6 +190,51 @@ def test_lora_student_exports_as_lora_and_as_fused_pipeline(lora_run, tiny_teach
         assert diff.max() <= 1 and diff.mean() < 0.05, (folder.name, diff.max(), diff.mean())
 
 
+def _single_file_pipe(tiny_teacher: Path, out: Path):
+    """The base pipeline with the single file's denoiser, as the README says."""
+    from safetensors.torch import load_file
+
+    pipe = _pipe(tiny_teacher)
+    doc = json.loads((out / "dmad_export.json").read_text())
+    pipe.unet.load_state_dict(load_file(str(out / doc["lora_weight_name"])))  # strict: every key, no other
+    from diffusers import LCMScheduler
+
+    pipe.scheduler = LCMScheduler.from_pretrained(str(out), subfolder="scheduler")
+    return pipe, doc
+
+
+@pytest.mark.slow
+def test_any_student_exports_as_one_model_file_comfyui_and_diffusers_load(full_run, lora_run, tiny_teacher, tmp_path,
+                                                                          capsys):
+    """--format single-file: the student's UNet (a LoRA student fused) as one .safetensors in
+    diffusers' key names: ComfyUI's Load Diffusion Model reads those for a UNet whose state dict has
+    conv_in.weight (comfy/model_detection.py unet_config_from_diffusers_unet, then
+    comfy/utils.py unet_to_diffusers); plain diffusers loads it into the base pipeline's UNet
+    and renders the run's samples (full: the same pixels; LoRA: within one code value)."""
+    from safetensors import safe_open
+
+    for run, steps, tolerance in ((full_run, 2, 0), (lora_run, 4, 1)):
+        out = _export(capsys, run, "--format", "single-file", "--out", str(tmp_path / f"{run.name}-one"))
+        pipe, doc = _single_file_pipe(tiny_teacher, out)
+        assert doc["format"] == "single-file" and doc["lora_weight_name"] == f"{run.name}-iter_2-{steps}step.safetensors"
+        with safe_open(str(out / doc["lora_weight_name"]), "pt") as f:
+            keys, meta = set(f.keys()), f.metadata()
+        assert keys == set(pipe.unet.state_dict()) and "conv_in.weight" in keys and not any("lora" in k for k in keys)
+        assert meta["dmad_format"] == "single-file" and meta["dmad_student_steps"] == str(steps)
+        assert meta["modelspec.architecture"] == "stable-diffusion-v1" and json.loads(meta["dmad_user_loras"]) == []
+        want = _engine_images(run, 2)
+        got = _render(pipe, run, steps)
+        for k in want:
+            diff = np.abs(got[k].astype(int) - want[k].astype(int))
+            assert diff.max() <= tolerance, (run.name, k, diff.max())
+        readme = (out / "README.md").read_text()
+        assert "Load Diffusion Model" in readme and "models/diffusion_models" in readme
+        scope: dict = {}  # the README's lines, in process (run_python's subprocess is the other tests')
+        exec(compile(readme.split("```python\n", 1)[1].split("```", 1)[0], str(out / "README.md"), "exec"), scope)  # noqa: S102
+        diff = np.abs(np.asarray(scope["image"].convert("RGB")).astype(int) - want["red"].astype(int))
+        assert diff.max() <= tolerance, (run.name, diff.max())
+
+
 COMFY_ATTENTION = re.compile(r"(down_blocks_\d+|up_blocks_\d+|mid_block)_attentions_\d+_transformer_blocks_\d+_"
                             r"attn[12]_(to_q|to_k|to_v|to_out_0)")
 
