@@ -1,4 +1,4 @@
-"""Export a run's student: `dmad export --run DIR --format diffusers|lora|lora-single-file
+"""Export a run's student: `dmad export --run DIR --format diffusers|lora|lora-single-file|single-file
 [--dtype fp32|fp16|bf16] [--checkpoint N]` on a
 DmadCommand, with its progress (elapsed time and the engine's last log line: loading the teacher and
 writing the weights take a while), Cancel (the command's process group), and, when it is done, the
@@ -8,7 +8,10 @@ file manager opens it. "Into" chooses the folder the export's new folder goes in
 
 The LoRA formats (diffusers' LoRA file, and one file for ComfyUI / Forge / A1111) are offered only
 for a run whose student is a LoRA (identity.student "lora"): the engine refuses them for a full
-student, and the dialog says so before the click rather than after.
+student, and the dialog says so before the click rather than after. "model, one file" (the
+student's UNet or transformer as one .safetensors for ComfyUI's Load Diffusion Model) takes any
+student. For a run whose teacher had LoRAs (identity.teacher_loras), the LoRA one-file format
+offers "Merge my LoRAs into the one file" (--merge-user-loras).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Optional, Sequence
 
 from PySide6.QtCore import QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QApplication, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
+from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
                                QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
@@ -29,7 +32,8 @@ from dmad.contract.runs import RunFolder
 
 LORA_TIP = "this run's student is a full UNet (identity.student is not \"lora\"): export it as diffusers"
 FORMAT_TEXT = {"diffusers": "diffusers (a full pipeline folder)", "lora": "LoRA (diffusers' LoRA file)",
-               "lora-single-file": "LoRA, one file for ComfyUI / Forge / A1111"}
+               "lora-single-file": "LoRA, one file for ComfyUI / Forge / A1111",
+               "single-file": "model, one file for ComfyUI (Load Diffusion Model)"}
 DTYPE_TEXT = {"fp32": "fp32 (as trained: the run's samples exactly)", "fp16": "fp16 (half the size)",
               "bf16": "bf16 (half the size)"}
 
@@ -37,6 +41,24 @@ DTYPE_TEXT = {"fp32": "fp32 (as trained: the run's samples exactly)", "fp16": "f
 def checkpoints(run: Path) -> list[int]:
     """The iterations of the run's complete checkpoints, oldest first (reads the folder: a worker's job)."""
     return [it for it, _ in RunFolder(run).list_checkpoints()]
+
+
+def user_loras(run: Path) -> list[str]:
+    """The file names of the LoRAs the run's teacher had (identity.teacher_loras in its config.json);
+    [] when it had none or the config cannot be read (a worker's job)."""
+    from dmad.contract.jsonfile import read_json_file
+    from dmad.errors import UserInputError
+
+    try:
+        raw = read_json_file(RunFolder(run).config_json, "config")
+        found = raw["identity"].get("teacher_loras") or []
+        return [Path(str(x["path"])).name for x in found]
+    except (UserInputError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def run_facts(run: Path) -> tuple[list[int], list[str]]:
+    return checkpoints(run), user_loras(run)
 
 
 class ExportDialog(QDialog):
@@ -53,8 +75,8 @@ class ExportDialog(QDialog):
         self._clock = QTimer(self, interval=1000, timeout=self._tick)
         self._build(lora_student)
         self._list = Task(self)
-        self._list.done.connect(self._on_checkpoints)
-        self._list.submit(lambda: checkpoints(self.run))
+        self._list.done.connect(self._on_facts)
+        self._list.submit(lambda: run_facts(self.run))
 
     def _build(self, lora_student: bool) -> None:
         self.format = QComboBox()
@@ -81,6 +103,13 @@ class ExportDialog(QDialog):
         form.addRow("Precision", self.dtype)
         form.addRow("Checkpoint", self.checkpoint)
         form.addRow("Into", where)
+        # --merge-user-loras: shown once the run's config says its teacher had LoRAs (read in a worker)
+        self.merge = QCheckBox("Merge my LoRAs into the one file")
+        self.merge.setToolTip("for tools that load one LoRA at a time: the file holds your LoRAs at their scales "
+                              "and the student (exact: their ranks add up)")
+        self.merge.hide()
+        self.format.currentIndexChanged.connect(self._update_merge)
+        form.addRow("", self.merge)
         self.progress = QProgressBar(textVisible=True)
         self.progress.setRange(0, 0)  # busy: the engine reports no fraction for an export
         self.progress.hide()  # only while the export runs
@@ -101,9 +130,17 @@ class ExportDialog(QDialog):
             layout.addWidget(w)
         self.resize(560, self.sizeHint().height())
 
-    def _on_checkpoints(self, found: list[int]) -> None:
+    def _on_facts(self, facts: tuple[list[int], list[str]]) -> None:
+        found, self._user_loras = facts
         for it in reversed(found):
             self.checkpoint.addItem(f"iter_{it}", str(it))
+        if self._user_loras:
+            self.merge.setText(f"Merge my LoRAs ({', '.join(self._user_loras)}) into the one file")
+        self._update_merge()
+
+    def _update_merge(self) -> None:
+        """The merge switch exists for a LoRA one-file export of a run whose teacher had LoRAs."""
+        self.merge.setVisible(bool(getattr(self, "_user_loras", [])) and self.format.currentData() == "lora-single-file")
 
     def start(self) -> bool:
         if self.command.is_running():
@@ -113,6 +150,8 @@ class ExportDialog(QDialog):
             args += ["--dtype", self.dtype.currentData()]
         if self.checkpoint.currentData() != "latest":
             args += ["--checkpoint", self.checkpoint.currentData()]
+        if not self.merge.isHidden() and self.merge.isChecked():
+            args += ["--merge-user-loras"]
         into = Path(self.destination.text())
         if into != self.run / "export":  # the engine's default folder name, in the chosen folder
             ckpt = "latest" if self.checkpoint.currentData() == "latest" else f"iter_{self.checkpoint.currentData()}"

@@ -186,8 +186,9 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     panel.select_paths([full])
     qtbot.mouseClick(panel.export_button, Qt.LeftButton)
     dialog = panel.findChild(ExportDialog)
-    assert dialog.format.currentData() == "diffusers" and dialog.format.count() == 3
+    assert dialog.format.currentData() == "diffusers" and dialog.format.count() == 4
     assert not dialog.format.model().item(1).isEnabled() and not dialog.format.model().item(2).isEnabled()
+    assert dialog.format.model().item(3).isEnabled() and dialog.format.itemData(3) == "single-file"  # any student
     dialog.close()
     panel.select_paths([lora])
     qtbot.mouseClick(panel.export_button, Qt.LeftButton)
@@ -225,6 +226,38 @@ def test_export_runs_dmad_export_shows_progress_and_reveals_the_folder(qtbot, tm
     assert dialog.status.full_text() == f"Exported to {out} (no file manager opened it: Copy path)"
     qtbot.mouseClick(dialog.copy_button, Qt.LeftButton)
     assert QApplication.clipboard().text() == str(out)
+
+
+def test_export_offers_to_merge_the_teachers_loras_into_the_one_lora_file(qtbot, tmp_path, monkeypatch):
+    script = tmp_path / "export.py"
+    script.write_text(EXPORT, encoding="utf-8")
+    argv = tmp_path / "argv.json"
+    ident = {"pretrained_model_name_or_path": "/models/demo/teacher", "train_data_dir": "/data/shapes", "student": "lora"}
+    plain = write_run(tmp_path / "runs", "plain", "finished", last_checkpoint=20, config=_config(identity=ident))
+    styled = write_run(tmp_path / "runs", "styled", "finished", last_checkpoint=20, config=_config(identity={
+        **ident, "teacher_loras": [{"path": "/loras/style_lora", "scale": 0.8}]}))
+    for run in (plain, styled):
+        (run / "checkpoints" / "iter_20").mkdir(parents=True)
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: True)
+    panel = open_panel(qtbot, tmp_path / "runs", engine_command=[sys.executable, str(script), str(argv)])
+    dialogs = {}
+    for run in (plain, styled):
+        panel.select_paths([run])
+        qtbot.mouseClick(panel.export_button, Qt.LeftButton)
+        dialogs[run.name] = d = next(x for x in panel.findChildren(ExportDialog) if x.run == run)
+        qtbot.waitUntil(lambda d=d: d.checkpoint.count() == 2, timeout=WAIT_MS)  # the worker has read the run
+        d.format.setCurrentIndex(d.format.findData("lora-single-file"))
+    assert dialogs["plain"].merge.isHidden()  # its teacher had no LoRAs: nothing to merge
+    d = dialogs["styled"]
+    assert not d.merge.isHidden() and "style_lora" in d.merge.text()
+    d.format.setCurrentIndex(d.format.findData("lora"))
+    assert d.merge.isHidden()  # only the one-file LoRA format merges
+    d.format.setCurrentIndex(d.format.findData("lora-single-file"))
+    d.merge.setChecked(True)
+    qtbot.mouseClick(d.export_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not d.command.is_running() and argv.is_file(), timeout=WAIT_MS)
+    assert json.loads(argv.read_text()) == ["export", "--run", str(styled), "--format", "lora-single-file",
+                                            "--merge-user-loras"]
 
 
 # ---------------------------------------------------------------- how runs are shown
