@@ -42,11 +42,26 @@ def _carries_graph(out) -> bool:
     return isinstance(sample, torch.Tensor) and sample.requires_grad
 
 
+def network_size(net: nn.Module, adapters: bool = True) -> int:
+    """The parameters one forward of `net` runs through: its weights, plus, for a view on one
+    shared frozen base (dmad.models.shared_base.AdapterView: the teacher with its adapters off, a
+    LoRA student or fake score with its adapter on), the base's weights, which a view holds outside
+    its own parameters (its parameters are its adapter's). LoRA weights count for the network they
+    are part of (`adapters`); the shared base itself carries every view's adapters, so its own
+    size, the reference, counts without them (adapters=False)."""
+    size = sum(p.numel() for n, p in net.named_parameters() if adapters or "lora_" not in n)
+    base = getattr(getattr(net, "shared", None), "base", None)
+    if isinstance(base, nn.Module):
+        size += sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    return size
+
+
 class PassCounter:
     """Image-passes per network while `counting()`: {name: {"forward": n, "backward": n}}, and
     their cost in passes of the teacher's denoiser (equivalents): each network's forward + 2 x
-    backward image-passes, weighted by its parameter count over the denoiser's (a LoRA student
-    carries its frozen base: about 1; the GAN head: a few percent). Parameters stand in for
+    backward image-passes, weighted by its parameter count over the denoiser's (network_size: a
+    LoRA student carries its frozen base, a separate copy or the shared one: about 1; the GAN
+    head: a few percent). Parameters stand in for
     FLOPs per image: exact for a network of dense layers on the same tokens, an approximation
     for convolutions at other resolutions."""
 
@@ -56,7 +71,7 @@ class PassCounter:
         self._active = False
         self._handles = []
         self._name_of: dict[int, str] = {}
-        ref = max(1, sum(p.numel() for p in reference.parameters()))
+        ref = max(1, network_size(reference, adapters=False))
         for name, net in networks.items():
             if net is None:
                 continue
@@ -67,7 +82,7 @@ class PassCounter:
                 continue
             self._name_of[id(net)] = name
             self.counts[name] = {"forward": 0, "backward": 0}
-            self.weights[name] = sum(p.numel() for p in net.parameters()) / ref
+            self.weights[name] = network_size(net) / ref
             self._handles.append(net.register_forward_hook(self._hook, with_kwargs=True))
         self.start_from(start)
 

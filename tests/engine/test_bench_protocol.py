@@ -215,6 +215,26 @@ def test_the_engine_counts_every_network_pass_of_training(write_config, tmp_path
     assert finished.data["network_passes"]["student"] == 2 + 2 * 2
 
 
+def test_a_lora_student_on_the_shared_base_costs_the_whole_base_per_pass(write_config, tmp_path):
+    """With resources.share_frozen_base the teacher, student and fake score are views on one
+    module whose own parameters are only their adapters (none for the teacher): each pass still
+    runs the whole base, so each weighs about one teacher pass (it counted 0 for the teacher and
+    the adapters' share for the LoRA networks before)."""
+    import json
+
+    from dmad.cli import main
+
+    config = write_config({"identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4},
+                           "optimization": {"max_train_steps": 1}})
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run)]) == 0
+    assert "one frozen base" in (run / "logs" / "engine.log").read_text()
+    passes = json.loads((run / "checkpoints" / "iter_1" / "training_state.json").read_text())["network_passes"]
+    assert passes["teacher"]["weight"] == 1.0
+    for name in ("student", "fake_score"):
+        assert 1.0 < passes[name]["weight"] < 1.2, (name, passes[name])  # the base, and its own adapter
+
+
 def test_lcms_two_budgets_checkpoint_at_the_wall_clock_and_stop_after_equal_compute():
     from dmad.demo.bench_runs import two_budgets
 
