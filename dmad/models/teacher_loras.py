@@ -107,6 +107,8 @@ def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
     import torch
     from safetensors import SafetensorError
 
+    from dmad.models.families import quiet_pipeline_logs
+
     family = teacher.family
     pipe, loadable = _pipeline(teacher)
     names, records = [], []
@@ -118,7 +120,8 @@ def apply_teacher_loras(teacher: Any, loras: Sequence[Any]) -> list[dict]:
             converted = pipe.lora_state_dict(str(f))
             state = converted[0] if isinstance(converted, tuple) else converted
             expected = sum(1 for k in state if _is_down(k))
-            pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=name)
+            with quiet_pipeline_logs():  # "no LoRA keys for the text encoder": a LoRA of the denoiser alone
+                pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=name)
         except (ValueError, RuntimeError, KeyError, IndexError, TypeError, AttributeError, SafetensorError) as e:
             first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
             raise UserInputError(f"{where}: {printable(str(f))} does not fit the {family.name} teacher "
@@ -148,11 +151,14 @@ def user_lora_layers(teacher: Any) -> dict[tuple[str, str], list[tuple[Any, Any]
     For `dmad export --merge-user-loras`."""
     from peft.tuners.lora import LoraLayer
 
+    from dmad.models.families import quiet_pipeline_logs
+
     pipe, loadable = _pipeline(teacher)
     names = []
     for i, record in enumerate(teacher.loras):
         f = Path(record["path"])
-        pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=f"merge_{i}")
+        with quiet_pipeline_logs():
+            pipe.load_lora_weights(str(f.parent), weight_name=f.name, adapter_name=f"merge_{i}")
         names.append(f"merge_{i}")
     if not names:
         return {}

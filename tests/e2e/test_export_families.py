@@ -139,6 +139,19 @@ def test_full_student_exports_to_the_family_pipeline(family, teachers, tiny_data
     _check_scheduler(pipe, family, doc)
     # the same latents, re-noising draws and arithmetic as the engine's render: the same pixels
     _check_against_samples(out, run, family, tol=1)
+    # the student's model as one file in diffusers' names, with the keys ComfyUI's Load Diffusion Model
+    # detects each family by (comfy/model_detection.py: conv_in.weight for a UNet, x_embedder.weight
+    # for Flux, transformer_blocks.0.attn.add_q_proj.weight for SD3): base pipeline + load_state_dict
+    one = _export(run, "single-file")
+    doc = _check_doc(one, family, "single-file")
+    from safetensors import safe_open
+
+    with safe_open(str(one / doc["lora_weight_name"]), "pt") as f:
+        keys = set(f.keys())
+    assert keys == set(pipe.unet.state_dict() if family == "sdxl" else pipe.transformer.state_dict())
+    assert {"sdxl": "conv_in.weight", "sd3": "transformer_blocks.0.attn.add_q_proj.weight",
+            "flux": "x_embedder.weight"}[family] in keys
+    _check_against_samples(one, run, family, tol=1)
 
 
 @pytest.mark.slow
@@ -241,3 +254,35 @@ def test_flow_scheduler_is_the_student_sampler(config):
         for t in sched.timesteps:
             x = sched.step(model(x, t.view(1)), t, x, generator=gen, return_dict=False)[0]
         assert torch.equal(x, want), (n, (x - want).abs().max().item())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_lora_runs_on_a_teacher_with_a_user_lora(family, teachers, tiny_data, tiny_prompt_set, tmp_path_factory,
+                                                      capsys):
+    """Issue 40 on the larger families: a LoRA student and LoRA fake score on one shared frozen base
+    that is base + the user's LoRA (fused at load): the run records the LoRA, the ledger counts it,
+    and the exported student LoRA, loaded on top of the user's LoRA as the README says, renders the
+    run's sample."""
+    from dmad.testing.tiny import make_tiny_lora
+    from tests.conftest import dmad_captured
+
+    root = tmp_path_factory.mktemp(f"user_lora_{family}")
+    layout = "kohya" if family == "sdxl" else "diffusers"
+    user = make_tiny_lora(teachers[family], root / ("style.safetensors" if layout == "kohya" else "style"), layout,
+                          text_encoder=family == "sdxl", strength=0.2)
+    extra = json.loads(json.dumps(LORA))
+    extra["identity"]["teacher_loras"] = [{"path": str(user), "scale": 0.7}]
+    run = _train(root, f"{family}-user-lora", extra, teachers[family], tiny_data, tiny_prompt_set)
+    assert "one frozen base" in (run / "logs" / "engine.log").read_text()
+    meta = json.loads((run / "samples" / "iter_2" / "meta.json").read_text())
+    recorded = [(Path(x["path"]), x["scale"]) for x in meta["teacher_loras"]]  # a folder: its weights file
+    assert recorded == [(user if user.is_file() else user / "pytorch_lora_weights.safetensors", 0.7)]
+    code, out, err = dmad_captured(capsys, "train", "--config", str(run / "config.json"), "--run-dir",
+                                   str(root / "dry"), "--dry-run")
+    assert code == 0, err[-2000:]
+    assert "teacher LoRAs (1, fused at load" in out
+    lora_out = _export(run, "lora")
+    readme = (lora_out / "README.md").read_text()
+    assert "adapter_name='user_0'" in readme and "set_adapters(['user_0', 'student']" in readme
+    _check_against_samples(lora_out, run, family, tol=2)
