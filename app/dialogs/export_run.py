@@ -107,9 +107,10 @@ class ExportDialog(QDialog):
         self.merge = QCheckBox("Merge my LoRAs into the one file")
         self.merge.setToolTip("for tools that load one LoRA at a time: the file holds your LoRAs at their scales "
                               "and the student (exact: their ranks add up)")
-        self.merge.hide()
         self.format.currentIndexChanged.connect(self._update_merge)
         form.addRow("", self.merge)
+        self._form = form
+        form.setRowVisible(self.merge, False)  # the whole row: a hidden widget alone leaves its gap
         self.progress = QProgressBar(textVisible=True)
         self.progress.setRange(0, 0)  # busy: the engine reports no fraction for an export
         self.progress.hide()  # only while the export runs
@@ -140,7 +141,8 @@ class ExportDialog(QDialog):
 
     def _update_merge(self) -> None:
         """The merge switch exists for a LoRA one-file export of a run whose teacher had LoRAs."""
-        self.merge.setVisible(bool(getattr(self, "_user_loras", [])) and self.format.currentData() == "lora-single-file")
+        self._form.setRowVisible(self.merge, bool(getattr(self, "_user_loras", []))
+                                 and self.format.currentData() == "lora-single-file")
 
     def start(self) -> bool:
         if self.command.is_running():

@@ -604,6 +604,13 @@ def _tools_section(doc: dict) -> list[str]:
             "the suggested sampler, scheduler and CFG.", ""]
 
 
+def lora_name(path: str) -> str:
+    """How a user LoRA is named in the export: its file name, or for a diffusers LoRA folder the
+    folder's name (every such folder's file is pytorch_lora_weights.safetensors)."""
+    f = Path(path)
+    return f"{f.parent.name}/{f.name}" if f.name == LORA_WEIGHT_NAME else f.name
+
+
 def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidance_embedded: bool,
          dtype: str = "fp32", weight_name: Optional[str] = None) -> dict:
     import diffusers
@@ -631,7 +638,7 @@ def _doc(fmt: str, src: ExportSource, teacher, state, s: Sampling, sched, guidan
            "dtype": dtype, "teacher_name": Path(teacher.info.path).name,
            # the user's LoRAs fused into the teacher (identity.teacher_loras): a LoRA student is meant for
            # base + these at these scales
-           "teacher_loras": [{"name": Path(x["path"]).name, "scale": x["scale"], "sha256": x["sha256"]}
+           "teacher_loras": [{"name": lora_name(x["path"]), "scale": x["scale"], "sha256": x["sha256"]}
                              for x in teacher.loras],
            "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

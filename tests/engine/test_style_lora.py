@@ -166,3 +166,10 @@ def test_bench_intervals_resample_captions_and_pair_rows():
     d = bench.paired(a, b, "x", groups)
     assert d["difference"] == pytest.approx(0.5) and d["ci"][0] > 0.3
     assert bench.paired(b, b, "x", groups) == {"difference": 0.0, "ci": [0.0, 0.0]}
+
+
+def test_an_exported_user_lora_is_named_by_its_folder_when_it_is_a_diffusers_folder():
+    from dmad.sample.export import lora_name
+
+    assert lora_name("/loras/style_lora/pytorch_lora_weights.safetensors") == "style_lora/pytorch_lora_weights.safetensors"
+    assert lora_name("/loras/my_style.safetensors") == "my_style.safetensors"
