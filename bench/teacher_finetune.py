@@ -110,13 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         idx = torch.multinomial(weights, args.batch, replacement=True, generator=gen)
         drop = torch.rand(args.batch, generator=gen) < 0.1
         emb, pooled = text.encode_ids(torch.where(drop[:, None], empty[None], ids[idx]))
-        sigma = ts.logit_normal_sigmas(args.batch, gen, 1.5, 1.0)
-        noise = torch.randn(pool[idx].shape, generator=gen)
-        loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = ts.flow_step(tr, opt, params, pool[idx], emb, pooled, gen, 1.5, 1.0)
         ts.ema_update(ema, tr, args.ema)
         if step % 100 == 0 or step == args.steps - 1:
             print(json.dumps({"step": step, "loss": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)}),

@@ -147,13 +147,7 @@ def train_lora(pipe, cfg: LoraTraining, log: LogFn) -> None:
         rng = random.Random(f"{GENERATOR}/lora-captions/{cfg.seed}/{step}")
         captions = ["" if d else training_caption(attrs[i], rng, cfg.under_specified_share) for i, d in zip(idx, drop)]
         emb, pooled = text.encode(captions)
-        sigma = ts.logit_normal_sigmas(cfg.batch, gen, cfg.logit_mean, cfg.logit_std)
-        noise = torch.randn(pool[idx].shape, generator=gen)
-        loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = ts.flow_step(tr, opt, params, pool[idx], emb, pooled, gen, cfg.logit_mean, cfg.logit_std)
         if ts.log_every(step, cfg.steps, 50):
             log({"stage": "lora", "step": step, "loss": round(loss.item(), 5), "lr": round(opt.param_groups[0]["lr"], 6),
                  "elapsed_s": round(time.time() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)})

@@ -226,14 +226,9 @@ def train_transformer(pipe, cfg: TeacherTraining, log: LogFn, work: Path, resume
         drop = torch.rand(cfg.batch, generator=gen) < cfg.caption_dropout
         ids = text.cached_ids(step_captions(attrs, idx.tolist(), cfg, step))
         batch_ids = torch.where(drop[:, None], empty[None], ids)
-        sigma = ts.logit_normal_sigmas(cfg.batch, gen, cfg.logit_mean, cfg.logit_std)
-        noise = torch.randn(pool[idx].shape, generator=gen)
-        emb, pooled = text.encode_ids(batch_ids)
-        loss = ts.flow_loss(tr, pool[idx], emb, pooled, sigma, noise).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], 1.0)
-        opt.step()
+        emb, pooled = text.encode_ids(batch_ids)  # draws nothing from gen: the order of draws is as before
+        loss = ts.flow_step(tr, opt, [p for g in params for p in g["params"]], pool[idx], emb, pooled, gen,
+                            cfg.logit_mean, cfg.logit_std)
         ts.ema_update(ema, tr, cfg.ema_decay if step >= cfg.warmup_steps else 0.0)
         if ts.log_every(step, cfg.steps, 50):
             wall, cpu = clocks()

@@ -193,6 +193,21 @@ def flow_loss(transformer, z0, emb, pooled, sigma, noise, weight: torch.Tensor |
     return (err if weight is None else err * weight).mean((1, 2, 3))
 
 
+def flow_step(transformer, opt, params, z0, emb, pooled, gen: torch.Generator, logit_mean: float,
+              logit_std: float) -> torch.Tensor:
+    """One optimizer step of the flow-matching loss on scaled latents `z0` (B, C, h, w): noise
+    levels logit-normal(logit_mean, logit_std) and noise drawn from `gen` in that order, gradient
+    norm clipped to 1 over `params`. Returns the batch loss (detached use: .item())."""
+    sigma = logit_normal_sigmas(len(z0), gen, logit_mean, logit_std)
+    noise = torch.randn(z0.shape, generator=gen)
+    loss = flow_loss(transformer, z0, emb, pooled, sigma, noise).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss
+
+
 def shape_masks(images: torch.Tensor, latent_hw: tuple[int, int], dilate: int = 1) -> torch.Tensor:
     """(B, 1, h, w) bool: the latent pixels a captioned render's shape touches, grown by `dilate`
     latent pixels so its edges count as shape. A render's pixel (0, 0) is always background
