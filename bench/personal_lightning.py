@@ -107,9 +107,6 @@ class Bench:
     def row(self, name: str, render) -> dict:
         """The row `name`: kept, or rendered by `render()` ((N, 3, H, W) in [-1, 1]) and read. Its
         style-evaluator features are kept beside it (rows/<name>.npy) for the FD to the reference."""
-        import torch
-
-        from dmad.demo.evaluator import load_evaluator, style_evaluator_path
         from dmad.demo.make_lora import read_style
 
         f, npy = self.out / "rows" / f"{name}.json", self.out / "rows" / f"{name}.npy"
@@ -118,9 +115,7 @@ class Bench:
         t0 = time.perf_counter()
         images = render()
         res = read_style(images, self.captions, STYLE)
-        model = load_evaluator(style_evaluator_path())
-        with torch.no_grad():
-            feats = torch.cat([model.features(images[a:a + 256]) for a in range(0, len(images), 256)]).numpy()
+        feats = res.pop("features")
         tmp = npy.with_name(f".{npy.name}.tmp.npy")
         np.save(tmp, feats.astype(np.float32))
         tmp.replace(npy)

@@ -158,23 +158,30 @@ def train_lora(pipe, cfg: LoraTraining, log: LogFn) -> None:
 
 def read_style(images, captions: list[str], style: str = "outline") -> dict:
     """What the style evaluator reads in `images` ((N, 3, H, W) in [-1, 1]) against `captions`:
-    {"style": share drawn in `style`, "adherence": every stated attribute right, "n"}. Both from
-    the same network, so an outline that hides a shape's identity counts against adherence."""
+    {"style": share drawn in `style`, "adherence": every stated attribute right, "n"}, per image
+    ("hits", "styles", "right") and its features (N, 128) numpy, from one forward pass. Style and
+    attributes come from the same network, so an outline that hides a shape's identity counts
+    against adherence."""
     import numpy as np
+    import torch
 
     from dmad.demo.evaluator import load_evaluator, style_evaluator_path
     from dmad.demo.metrics import adherence, parse_caption
 
     model = load_evaluator(style_evaluator_path())
-    preds = []
-    for a in range(0, len(images), 256):
-        preds += model.predict(images[a:a + 256])
+    preds, feats = [], []
+    with torch.no_grad():
+        for a in range(0, len(images), 256):
+            f = model.features(images[a:a + 256])
+            preds += model.decode(model.logits_from_features(f))
+            feats.append(f)
     targets = [parse_caption(c) for c in captions]
     res = adherence(preds, targets)
     hits = [style in p["style"].split("+") for p in preds]  # "outline+frame" shows both
     return {"n": len(preds), "style": float(np.mean(hits)), "adherence": res["all"],
             "per_attribute": res["per_attribute"], "hits": hits, "styles": [p["style"] for p in preds],
-            "right": [all(p[k] == v for k, v in t.items()) for p, t in zip(preds, targets)]}
+            "right": [all(p[k] == v for k, v in t.items()) for p, t in zip(preds, targets)],
+            "features": torch.cat(feats).numpy()}
 
 
 def check_lora(pipe, cfg: LoraTraining) -> dict:
@@ -194,7 +201,7 @@ def check_lora(pipe, cfg: LoraTraining) -> dict:
         (pipe.transformer.enable_adapters if enabled else pipe.transformer.disable_adapters)()
         lat = ts.sample_flow(pipe.transformer, text, caps, noise, cfg.check_steps, cfg.guidance_scale, pipe.scheduler.config)
         res = read_style(ts.decode(pipe.vae, lat), caps, cfg.style)
-        out[name] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k not in ("hits", "right", "styles")}
+        out[name] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k not in ("hits", "right", "styles", "features")}
     pipe.transformer.enable_adapters()
     return {"captions": len(caps), "caption_seed": CHECK_CAPTION_SEED, "steps": cfg.check_steps,
             "guidance_scale": cfg.guidance_scale, **out}
