@@ -169,18 +169,27 @@ class Bench:
         return self.row(name, lambda: sample_teacher(self.teacher(loras), self.captions, noise, steps,
                                                      self.cfg_scale, self.batch, trailing=steps < 50))
 
-    def student_row(self, name: str, run_dir: Path, loras: tuple, student_scale: float = 1.0) -> dict:
+    def student_row(self, name: str, run_dir: Path, loras: tuple, student_scale: float = 1.0,
+                    checkpoint: Path | None = None) -> dict:
         from dmad.demo.bench_sampling import load_student, sample_student
 
         def render():
             teacher = self.teacher(loras)
-            student, state = load_student(run_dir, teacher)
+            student, state = load_student(run_dir, teacher, checkpoint)
             if student_scale != 1.0:
                 scale_adapter(student, student_scale)
             return sample_student(student, teacher, self.captions, self.noise, list(state.student_timesteps),
                                   self.batch, self.resolution)
 
         return self.row(name, render)
+
+
+def learning_curve(b: Bench, run_dir: Path, loras: tuple, prefix: str) -> dict:
+    """Rows of every checkpoint of the run before its last, by iteration (read, never chosen)."""
+    from dmad.contract.runs import RunFolder
+
+    ckpts = sorted(RunFolder(run_dir).checkpoints_from_latest())
+    return {it: b.student_row(f"curve-{prefix}-{it}", run_dir, loras, checkpoint=path) for it, path in ckpts[:-1]}
 
 
 def scale_adapter(model, scale: float) -> None:
@@ -215,7 +224,19 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(default: made here: dmad demo make-lora --style outline)")
     p.add_argument("--no-lab", action="store_true", help="skip the compatibility lab's rows")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[;KEY=VALUE...]",
+                   help="also train the preset with these overrides (repeatable; a tuning sweep: use --set tuning)")
+    p.add_argument("--no-stacked", action="store_true",
+                   help="skip the base-distilled student and its stacked row (a sweep of the preset alone)")
+    p.add_argument("--curve", action="store_true",
+                   help="also read every Personal Lightning run's earlier checkpoints (a learning curve; never chosen)")
     args = p.parse_args(argv)
+    variants = {}
+    for v in args.variant:
+        name, _, overrides = v.partition("=")
+        if not name or not overrides or not name.replace("_", "").replace("-", "").isalnum():
+            p.error(f"--variant {v!r}: give NAME=KEY=VALUE[;KEY=VALUE...], NAME of letters, digits, - and _")
+        variants[name] = tuple(o.strip() for o in overrides.split(";") if o.strip())
 
     from dmad.demo.bench_runs import Method, train
 
@@ -239,16 +260,30 @@ def main(argv: list[str] | None = None) -> int:
 
             log(f"making the lab's second user LoRA ({SECOND_STYLE}) in {second}")
             main_make_lora(out=second, teacher=None, training=LoraTraining(style=SECOND_STYLE))
+    curves = {}
     for seed in seeds:
         pl = train(args.out, Method("personal_lightning", "Personal Lightning", PRESET), seed, b.config, log)
+        runs[seed] = {"personal_lightning": pl}
+        pl_dir = Path(pl["run_dir"])
+        rows[f"Personal Lightning student, seed {seed}"] = b.student_row(f"pl-student-s{seed}", pl_dir, style)
+        for name, overrides in variants.items():
+            run = train(args.out, Method(f"pl_{name}", f"Personal Lightning + {name}", PRESET, overrides),
+                        seed, b.config, log)
+            runs[seed][f"pl_{name}"] = run
+            rows[f"Personal Lightning + {name} ({'; '.join(overrides)}), seed {seed}"] = b.student_row(
+                f"pl-{name}-s{seed}", Path(run["run_dir"]), style)
+        if args.curve:
+            for key, run in runs[seed].items():
+                curves[f"{key}, seed {seed}"] = learning_curve(b, Path(run["run_dir"]), style, f"{key}-s{seed}")
+        if args.no_stacked:
+            continue
         base = train(args.out, Method("base_lora", "base-distilled LoRA student", PRESET,
                                       ("identity.teacher_loras=[]",)), seed, b.config, log)
-        runs[seed] = {"personal_lightning": pl, "base_lora": base}
-        pl_dir, base_dir = Path(pl["run_dir"]), Path(base["run_dir"])
+        runs[seed]["base_lora"] = base
+        base_dir = Path(base["run_dir"])
         rows[f"base-distilled student, seed {seed}"] = b.student_row(f"base-student-s{seed}", base_dir, ())
         rows[f"base-distilled student + style LoRA stacked, seed {seed}"] = b.student_row(
             f"base-student-stacked-s{seed}", base_dir, style)
-        rows[f"Personal Lightning student, seed {seed}"] = b.student_row(f"pl-student-s{seed}", pl_dir, style)
         stacked, own = rows[f"base-distilled student + style LoRA stacked, seed {seed}"], rows[f"Personal Lightning student, seed {seed}"]
         from dmad.demo.metrics import fd_difference_interval, feature_stats
 
@@ -268,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             two = (*style, (str(second), 1.0))
             lab["+ a second user LoRA"] = b.student_row(f"lab-second-lora-s{seed}", pl_dir, two)
             lab["teacher + both LoRAs, 50 steps"] = b.teacher_row("lab-teacher-second-lora", two, 50)
-    for r in (*rows.values(), *lab.values()):
+    for r in (*rows.values(), *lab.values(), *(r for c in curves.values() for r in c.values())):
         b.fd_to(r, reference)
     summary = {}
-    if len(seeds) > 1:
+    if len(seeds) > 1 and comparisons:
         for key in ("style", "adherence", "fd_ref"):
             diffs = [comparisons[s][key]["difference"] for s in seeds]
             summary[key] = {"mean": float(np.mean(diffs)), "sd": float(np.std(diffs, ddof=1)), "t_ci": t_interval(diffs)}
@@ -280,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
               "runs": runs,
               "rows": {k: {kk: vv for kk, vv in v.items() if kk not in hidden} for k, v in rows.items()},
               "comparisons": comparisons, "over_seeds": summary,
+              "curves": {k: {it: {kk: vv for kk, vv in r.items() if kk not in hidden} for it, r in c.items()}
+                         for k, c in curves.items()},
               "lab": {k: {kk: vv for kk, vv in v.items() if kk not in hidden} for k, v in lab.items()},
               "wall_s": round(time.perf_counter() - t0, 1)}
     if args.json:
@@ -307,6 +344,10 @@ def markdown(result: dict) -> str:
                    f"{c['adherence']['difference']:+.1%} [{c['adherence']['ci'][0]:+.1%}, {c['adherence']['ci'][1]:+.1%}], "
                    f"FD to teacher + LoRA {c['fd_ref']['difference']:+.2f} [{c['fd_ref']['ci'][0]:+.2f}, "
                    f"{c['fd_ref']['ci'][1]:+.2f}]")
+    for name, curve in result.get("curves", {}).items():
+        out.append(f"Learning curve, {name}: " + "; ".join(
+            f"iteration {it}: {STYLE} {r['style']:.1%}, adherence {r['adherence']:.1%}, FD {r['fd_ref']:.2f}"
+            for it, r in curve.items()))
     for key, v in result["over_seeds"].items():
         ci = v["t_ci"]
         out.append(f"Over seeds, {key}: mean {v['mean']:+.4f}, SD {v['sd']:.4f}, 95% t interval "
