@@ -106,6 +106,20 @@ class Resources(Group):
         False, description="Keep the frozen teacher (denoiser and text encoders) in CPU memory and move each "
                            "network to the GPU only for its own calls: frees its weights from the GPU between "
                            "calls, at the cost of a host-to-device copy per call.")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With several processes: ddp keeps a whole copy of every network on each GPU and averages "
+                           "gradients (fastest while the model fits); fsdp shards the full student, the full fake score "
+                           "and the GAN head over the processes per block (torch FSDP2: weights, gradients and "
+                           "optimizer states divided by the number of processes) and saves sharded checkpoints. LoRA "
+                           "networks stay replicated.")
+    fsdp_shard_teacher: bool = Field(
+        False, description="With fsdp: shard the frozen teacher's denoiser too (its weights divided by the number of "
+                           "processes, gathered block by block for each call). Not with share_frozen_base, whose base "
+                           "carries the LoRA adapters.")
+    fsdp_cpu_offload: bool = Field(
+        False, description="With fsdp: keep the sharded weights, gradients and optimizer states in CPU memory, the "
+                           "optimizer stepping on the CPU; the GPU holds a block's gathered weights only while it "
+                           "computes. Least GPU memory, much slower.")
     train_batch_size: int = Field(1, ge=1, le=4096, description="Images per process per micro-step.")
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024, description="Micro-steps per optimizer step.")
     resolution: int = Field(512, ge=8, le=8192, description="Training and sampling side length in pixels (multiple of 8).")
@@ -187,6 +201,31 @@ class TrainConfig(Group):
             raise ValueError("resources.teacher_cpu_offload cannot be used with distillation.gan_head_placement "
                              "teacher_bottleneck: the GAN loss backpropagates through the teacher, whose weights "
                              "offload moves off the GPU after each call; use fake_score_bottleneck")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding(self) -> "TrainConfig":
+        res, ident = self.resources, self.identity
+        if res.distributed != "fsdp" and (res.fsdp_shard_teacher or res.fsdp_cpu_offload):
+            on = "fsdp_shard_teacher" if res.fsdp_shard_teacher else "fsdp_cpu_offload"
+            raise ValueError(f"resources.{on} needs resources.distributed fsdp (it is {res.distributed})")
+        if res.distributed == "fsdp" and res.mixed_precision == "fp16":
+            raise ValueError("resources.distributed fsdp trains in bf16 or fp32: fp16 needs a gradient scaler over "
+                             "sharded gradients, which this engine does not have; set mixed_precision bf16")
+        if res.distributed == "fsdp" and self.distillation.method != "dmad":
+            raise ValueError(f"resources.distributed fsdp trains distillation.method dmad; "
+                             f"{self.distillation.method} runs with ddp")
+        shared = res.share_frozen_base and ident.student == "lora" and ident.fake_score == "lora"
+        if res.fsdp_shard_teacher and shared:
+            raise ValueError("resources.fsdp_shard_teacher cannot shard a shared frozen base (the LoRA student's and "
+                             "fake score's adapters sit on it): set share_frozen_base false, or leave the teacher "
+                             "replicated")
+        if res.fsdp_shard_teacher and res.teacher_cpu_offload:
+            raise ValueError("resources.fsdp_shard_teacher and teacher_cpu_offload both place the teacher: use "
+                             "fsdp_cpu_offload to keep sharded weights in CPU memory")
+        if res.fsdp_shard_teacher and res.teacher_precision in ("int8", "fp8"):
+            raise ValueError(f"resources.fsdp_shard_teacher cannot shard a {res.teacher_precision} teacher (quantised "
+                             f"weights are not sharded): use teacher_precision bf16 or auto")
         return self
 
 

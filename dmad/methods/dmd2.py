@@ -34,6 +34,7 @@ from torch import nn
 from dmad.contract.methods import DMAD
 from dmad.methods.noise import SampleRNG, fresh_noise, iteration_generator
 from dmad.methods.prediction import NoiseSchedule, ddim_step
+from dmad.methods.sharded import no_sync, prepare as prepare_replicated, reshard
 from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, cond_rows,
                                make_ema, make_lr_scheduler, make_optimizer, trainable_parameters)
 
@@ -151,7 +152,8 @@ class GanHead(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         h = self.body(features.to(self.out.weight.dtype))
-        return self.out(h.mean(dim=(2, 3))).squeeze(1).float()
+        # a fresh tensor, not a view: FSDP2 hooks a sharded head's output for its backward
+        return self.out(h.mean(dim=(2, 3))).squeeze(1).float().clone()
 
 
 # --------------------------------------------------------------------------- timesteps and student rollouts
@@ -295,7 +297,7 @@ def iteration(nets: DmadNetworks, opts: dict[str, Stepper], batches: list[MicroB
         latents, emb = mb.encode()
         stages.forward()
         x_t, t = student_input(nets, latents.shape, emb, it, cfg.resources.seed, mb.rng, acc)
-        sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
+        sync = no_sync(acc, nets.student) if m < accum - 1 else contextlib.nullcontext()
         with sync, acc.autocast(), torch.set_grad_enabled(gen_step):
             x0 = nets.family.x0(nets.student, x_t, t, emb, nets.schedule)
             if gen_step:
@@ -312,7 +314,7 @@ def iteration(nets: DmadNetworks, opts: dict[str, Stepper], batches: list[MicroB
         logs.add({"grad_norm_g": opts["generator"].step(acc, max_norm)}, it + 1)
     for m, (x0, latents, emb, rng) in enumerate(samples):
         stages.forward()
-        sync = acc.no_sync(nets.fake_score) if m < accum - 1 else contextlib.nullcontext()
+        sync = no_sync(acc, nets.fake_score) if m < accum - 1 else contextlib.nullcontext()
         with sync, acc.autocast():
             loss, lc = critic_loss(nets, x0, latents, emb, rng, dist.critic_gan_weight)
         stages.backward()
@@ -348,15 +350,19 @@ def student_input(nets: DmadNetworks, shape: torch.Size, emb: Any, it: int, seed
 
 @contextlib.contextmanager
 def critic_frozen(critic: Stepper):
-    """During the student's update the critic only passes gradients through to the student."""
+    """During the student's update the critic only passes gradients through to the student.
+    Sharded critic networks are resharded on the way in and out, so their next call gathers
+    weights with the requires_grad just set."""
     params = critic.params()
     for p in params:
         p.requires_grad_(False)
+    reshard(*critic.nets)
     try:
         yield
     finally:
         for p in params:
             p.requires_grad_(True)
+        reshard(*critic.nets)
 
 
 def generator_loss(nets: DmadNetworks, x0: torch.Tensor, emb: Any, gen: SampleRNG, gan_weight: float,
@@ -495,14 +501,16 @@ def prepare(nets: DmadTrainables, cfg: Any, acc: Any, real: RealScore, schedule:
     sched_g = make_lr_scheduler(opt_g, opt.lr_scheduler, math.ceil(opt.lr_warmup_steps / k),
                                 math.ceil(opt.max_train_steps / k))
     sched_c = make_lr_scheduler(opt_c, opt.lr_scheduler, opt.lr_warmup_steps, opt.max_train_steps)
-    student, fake, head, opt_g, opt_c = acc.prepare(nets.student, nets.fake_score, nets.gan_head, opt_g, opt_c)
+    student, fake, head, opt_g, opt_c = prepare_replicated(acc, nets.student, nets.fake_score, nets.gan_head, opt_g,
+                                                           opt_c)
     on_teacher = dist.gan_head_placement == "teacher_bottleneck"
     gan_net = real.unet if on_teacher else nets.fake_score
     calls = DmadNetworks(student=student, student_bare=nets.student, fake_score=fake, fake_score_bare=nets.fake_score,
                          gan_head=head, real=real, gan_net=gan_net, tap=real.family.tap(gan_net),
                          head_on_teacher=on_teacher, family=real.family, schedule=schedule,
                          trange=TimestepRange(dist.min_timestep, dist.max_timestep), timesteps=timesteps)
-    return calls, {"generator": Stepper(opt_g, sched_g, nets.ema), "critic": Stepper(opt_c, sched_c)}
+    return calls, {"generator": Stepper(opt_g, sched_g, nets.ema, (nets.student,)),
+                   "critic": Stepper(opt_c, sched_c, nets=(nets.fake_score, nets.gan_head))}
 
 
 def _save_files(nets: DmadTrainables, out: Path) -> None:

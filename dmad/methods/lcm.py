@@ -38,6 +38,7 @@ from torch import nn
 from dmad.contract.methods import LCM
 from dmad.methods.noise import fresh_noise
 from dmad.methods.prediction import NoiseSchedule, ddim_step
+from dmad.methods.sharded import no_sync
 from dmad.methods.unit import (LedgerInputs, LogSum, Method, MicroBatch, RealScore, Stages, Stepper, make_ema,
                                make_lr_scheduler, make_optimizer, read_shadow, trainable_parameters)
 
@@ -182,7 +183,7 @@ def iteration(nets: LcmNetworks, opts: dict[str, Stepper], batches: list[MicroBa
         targets = [consistency_output(x_prev, family.x0(nets.student_bare, x_prev, t_prev, emb, schedule), t_prev)
                    for _, _, x_prev, t_prev, emb in items]
     for m, ((x_t, t, _, _, emb), target) in enumerate(zip(items, targets)):
-        sync = acc.no_sync(nets.student) if m < accum - 1 else contextlib.nullcontext()
+        sync = no_sync(acc, nets.student) if m < accum - 1 else contextlib.nullcontext()
         with sync, acc.autocast():
             pred = consistency_output(x_t, family.x0(nets.student, x_t, t, emb, schedule), t)
             loss, lg = loss_consistency(pred, target, nets.huber_c, nets.loss_type)

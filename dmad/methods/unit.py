@@ -61,9 +61,13 @@ class Stepper:
     """An optimizer with its learning-rate schedule and what steps with it (the student's EMA).
     `steps` counts its steps (the generator's are a checkpoint's generator_steps)."""
 
-    def __init__(self, opt: torch.optim.Optimizer, sched: Any, ema: Optional[Any] = None):
+    def __init__(self, opt: torch.optim.Optimizer, sched: Any, ema: Optional[Any] = None, nets: tuple = ()):
         self.opt, self.sched, self.ema = opt, sched, ema  # sched: a torch LRScheduler; ema: an EMAModel
+        self.nets = nets  # the networks it steps (sharded ones are resharded after a step)
         self.steps = 0
+        from dmad.methods.sharded import is_sharded_optimizer
+
+        self.sharded = is_sharded_optimizer(opt)  # over FSDP2-sharded parameters (resources.distributed fsdp)
 
     def params(self) -> list[nn.Parameter]:
         """The network's trainable parameters, as the optimizer lists them (listed once at build
@@ -75,8 +79,17 @@ class Stepper:
         the gradients; then the EMA."""
         norm = None
         if max_grad_norm > 0:
-            norm = float(acc.clip_grad_norm_(self.params(), max_grad_norm))
+            if self.sharded:
+                from dmad.methods.sharded import clip_grad_norm
+
+                norm = clip_grad_norm(self.params(), max_grad_norm)
+            else:
+                norm = float(acc.clip_grad_norm_(self.params(), max_grad_norm))
         self.opt.step()
+        if self.sharded:
+            from dmad.methods.sharded import reshard
+
+            reshard(*self.nets)
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         if self.ema is not None:

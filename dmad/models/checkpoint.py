@@ -16,6 +16,10 @@ checkpoints/iter_<N>/
                            of format 1 have optimizer_*.pt / grad_scaler.pt instead, torch.save files
                            read back with weights_only=True
   rng.safetensors          torch CPU/CUDA RNG states (training noise itself is per-sample, dmad.methods.noise)
+  sharded/                 a resources.distributed fsdp run's sharded networks, EMA and optimizer
+                           states (dmad.models.sharded_checkpoint: each rank's shards as safetensors,
+                           index.json); what is there is absent above (the full student's folder,
+                           fake_score/, gan_head.safetensors, ema.safetensors, optimizer_<name>)
   training_state.json      iteration, generator steps, data batches consumed, student timesteps,
                            lr schedulers, the config fingerprint
 
@@ -39,6 +43,9 @@ from dmad.contract.regular import read_regular
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
+from dmad.models.sharded_checkpoint import (finite_on_every_rank, load_ema_sharded, load_network_sharded,
+                                            load_optimizer_sharded, read_index, shard_files, sharded_networks,
+                                            stored_shapes)
 
 FORMAT_VERSION = 2  # 1: optimizer states as torch.save .pt files (still read, weights_only=True)
 READABLE_FORMATS = (1, 2)
@@ -61,6 +68,15 @@ def save_network(module: nn.Module, out: Path, name: str, mode: str) -> None:
 
 
 def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
+    if mode == "full" and name in sharded_networks(ckpt):
+        load_network_sharded(module, ckpt, name)
+        bad = finite_on_every_rank(module.state_dict())
+        if bad is not None:
+            raise CheckpointUnusable(f"checkpoint {ckpt}: its {name} weights have NaN or Inf values ({bad[:80]})")
+        return
+    if mode == "full" and _is_sharded_module(module):
+        raise CheckpointMismatch(f"checkpoint {ckpt} holds a whole {name} (trained with resources.distributed ddp); "
+                                 f"this run shards it (fsdp): resume it with ddp, or start fresh")
     if mode == "full":
         files = sorted((ckpt / name).glob("*.safetensors"))
         if not files:
@@ -82,8 +98,10 @@ def load_network(module: nn.Module, ckpt: Path, name: str, mode: str) -> None:
 
 def student_weight_files(ckpt: Path) -> list[Path]:
     """The files the student's sampling weights come from, in a fixed order: the full student's
-    safetensors (or the LoRA adapter), then ema.safetensors when the run kept an EMA (samples use
-    the EMA weights). What meta.json's weights_sha256 covers."""
+    safetensors (or the LoRA adapter; a sharded checkpoint's shards), then ema.safetensors when
+    the run kept an EMA (samples use the EMA weights). What meta.json's weights_sha256 covers."""
+    if "student" in sharded_networks(ckpt):
+        return shard_files(ckpt)
     files = sorted((ckpt / "student").glob("*.safetensors")) or sorted(ckpt.glob("student_lora.safetensors"))
     return files + ([ckpt / "ema.safetensors"] if (ckpt / "ema.safetensors").is_file() else [])
 
@@ -126,6 +144,12 @@ def _load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
                                   teacher.family.lora_targets)
     load_network(student, ckpt, "student", identity.student)
     ema = ckpt / "ema.safetensors"
+    if _sharded_ema(ckpt):
+        params = trainable_parameters(student)
+        load_ema_sharded(params, ckpt)
+        _require_finite({f"shadow.{i}": t for i, t in enumerate(params)}, ckpt, "its EMA weights")
+        student.requires_grad_(False).eval()
+        return student, True
     if ema.is_file():  # shadow.<i> follow trainable_parameters(student) (_save_ema)
         params = trainable_parameters(student)
         found = read_shadow(ema, params)
@@ -171,17 +195,21 @@ class TrainingState:
 
 def save_checkpoint(out: Path, layout: CheckpointLayout, *, modules: Mapping[str, nn.Module], ema: Optional[Any],
                     save_files: Callable[[Path], None], optimizers: Mapping[str, Stepper], scaler,
-                    state: TrainingState) -> None:
+                    state: TrainingState, sharded: frozenset = frozenset()) -> None:
     """Write every file of a checkpoint into `out` (a fresh temp folder): the layout's networks
     (`modules` by name, unwrapped), the method's own files (save_files(out)), the EMA, the
-    optimizers (their schedules in training_state.json), the grad scaler and the RNG states."""
+    optimizers (their schedules in training_state.json), the grad scaler and the RNG states.
+    `sharded`: what the ranks already wrote into out/sharded/ (network names, "ema",
+    "optimizer_<name>"; dmad.models.sharded_checkpoint.save_sharded), skipped here."""
     for name, mode in layout.networks:
-        save_network(modules[name], out, name, mode)
+        if name not in sharded:
+            save_network(modules[name], out, name, mode)
     save_files(out)
-    if ema is not None:
+    if ema is not None and "ema" not in sharded:
         _save_ema(ema, out / "ema.safetensors")
     for name in layout.optimizers:
-        save_optimizer(optimizers[name].opt, out / f"optimizer_{name}.safetensors")
+        if f"optimizer_{name}" not in sharded:
+            save_optimizer(optimizers[name].opt, out / f"optimizer_{name}.safetensors")
     if scaler is not None:
         save_scaler(scaler, out / "grad_scaler.json")
     save_file(_rng_state(), str(out / "rng.safetensors"))
@@ -324,18 +352,23 @@ def verify_checkpoint(ckpt: Path, layout: CheckpointLayout, expected: Optional[E
     _check_method(ckpt, layout)
     if expected is not None:
         _check_modes(ckpt, layout.networks)
+    index = _verify_sharded(ckpt)
+    in_shards = set(index["networks"]) if index else set()
     for name, mode in layout.networks:
+        if mode == "full" and name in in_shards:
+            continue
         files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
         if not files:
             raise CheckpointUnusable(f"checkpoint {ckpt} has no {name} weights (expected {ckpt / name}/*.safetensors)")
         for f in files:
             _check_safetensors(f, ckpt)
-    for name in (*layout.files, "rng.safetensors"):
+    for name in ("rng.safetensors", *(() if _files_sharded(in_shards) else layout.files)):
         _check_safetensors(ckpt / name, ckpt)
     if (ckpt / "ema.safetensors").exists():
         _check_safetensors(ckpt / "ema.safetensors", ckpt)
     for name in layout.optimizers:
-        _optimizer_state(ckpt, name, header_only=True)
+        if not (index and name in index["optimizers"]):
+            _optimizer_state(ckpt, name, header_only=True)
     if expected is not None:
         check_fits(ckpt, state, layout, expected)
     return state
@@ -385,6 +418,14 @@ def _check_finite_files(ckpt: Path, name: str, mode: str) -> None:
     time, so a large model is checked without a second copy in memory."""
     from safetensors import safe_open
 
+    if mode == "full" and name in sharded_networks(ckpt):
+        prefixes = (f"{name}.",) + (("ema.shadow.",) if name == "student" else ())
+        for f in shard_files(ckpt):  # each rank's shards, one tensor at a time
+            with safe_open(str(f), framework="pt") as h:
+                for key in h.keys():
+                    if key.startswith(prefixes):
+                        _require_finite({key: h.get_tensor(key)}, ckpt, f.relative_to(ckpt).as_posix())
+        return
     files = sorted((ckpt / name).glob("*.safetensors")) if mode == "full" else [ckpt / f"{name}_lora.safetensors"]
     if name == "student" and (ckpt / "ema.safetensors").is_file():
         files.append(ckpt / "ema.safetensors")
@@ -398,7 +439,7 @@ def _check_method(ckpt: Path, layout: CheckpointLayout) -> None:
     """CheckpointMismatch when `ckpt` holds another method's own files and none of this one's."""
     from dmad.methods import UNITS
 
-    if any((ckpt / f).exists() for f in layout.files):
+    if any((ckpt / f).exists() for f in layout.files) or _files_sharded(set(sharded_networks(ckpt))):
         return
     for unit in UNITS.values():
         if unit.info.name != layout.info.name and all((ckpt / f).exists() for f in unit.files):
@@ -417,7 +458,7 @@ def check_fits(ckpt: Path, state: TrainingState, layout: CheckpointLayout, expec
         if rank is not None and rank != expected.lora_rank:
             raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA has rank {rank}; this config has "
                                      f"identity.lora_rank {expected.lora_rank}")
-    if expected.ema and not (ckpt / "ema.safetensors").exists():
+    if expected.ema and not (ckpt / "ema.safetensors").exists() and not _sharded_ema(ckpt):
         raise CheckpointMismatch(f"checkpoint {ckpt} has no EMA weights (it was trained without "
                                  f"distillation.ema_decay); this config sets distillation.ema_decay")
     if state.student_timesteps != list(expected.timesteps):
@@ -430,7 +471,8 @@ def _check_modes(ckpt: Path, networks) -> None:
     """A full network folder where the config trains a LoRA, or the reverse (before the file
     checks: the files are not missing, they are another kind)."""
     for name, mode in networks:
-        full, lora = (ckpt / name).is_dir(), (ckpt / f"{name}_lora.safetensors").exists()
+        full = (ckpt / name).is_dir() or name in sharded_networks(ckpt)
+        lora = (ckpt / f"{name}_lora.safetensors").exists()
         if mode == "full" and lora and not full:
             raise CheckpointMismatch(f"checkpoint {ckpt} has a LoRA {name}; this config trains a full one "
                                      f"(identity.{name}: full)")
@@ -503,15 +545,28 @@ def _load_checkpoint(ckpt: Path, layout: CheckpointLayout, *, modules, ema, load
                      scaler) -> TrainingState:
     # Preflight verified the files (verify_checkpoint); each load below fails on its own file anyway.
     state = read_training_state(ckpt)
+    index = read_index(ckpt)
+    in_shards = set(index["networks"]) if index else set()
     for name, mode in layout.networks:
         load_network(modules[name], ckpt, name, mode)
-    load_files(ckpt)
+    if _files_sharded(in_shards):
+        load_network(modules["gan_head"], ckpt, "gan_head", "full")
+    else:
+        load_files(ckpt)
     if ema is not None:
-        if not (ckpt / "ema.safetensors").is_file():
+        if index and index.get("ema"):
+            load_ema_sharded(ema.shadow_params, ckpt)
+            ema.optimization_step = int(index["ema"]["optimization_step"])
+        elif not (ckpt / "ema.safetensors").is_file():
             raise CheckpointUnusable(f"checkpoint {ckpt} has no EMA weights but this config has ema_decay set")
-        _load_ema(ema, ckpt / "ema.safetensors")
+        else:
+            _load_ema(ema, ckpt / "ema.safetensors")
+    shapes = stored_shapes(ckpt) if index else {}
     for name in layout.optimizers:
-        optimizers[name].opt.load_state_dict(_optimizer_state(ckpt, name))
+        if index and name in index["optimizers"]:
+            load_optimizer_sharded(optimizers[name].opt, ckpt, name, index, shapes)
+        else:
+            optimizers[name].opt.load_state_dict(_optimizer_state(ckpt, name))
     scaler_state = _scaler_state(ckpt)
     if scaler is not None and scaler_state is not None:
         scaler.load_state_dict(scaler_state)
@@ -519,3 +574,47 @@ def _load_checkpoint(ckpt: Path, layout: CheckpointLayout, *, modules, ema, load
         optimizers[name].sched.load_state_dict(getattr(state, f"lr_{name}"))
     _restore_rng(load_file(str(ckpt / "rng.safetensors")))
     return state
+
+
+def _is_sharded_module(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _files_sharded(in_shards: set) -> bool:
+    """DMAD's own file (gan_head.safetensors) is in the shards: its GAN head is sharded with a
+    full fake score."""
+    return "gan_head" in in_shards
+
+
+def _sharded_ema(ckpt: Path) -> bool:
+    try:
+        index = read_index(ckpt)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return bool(index and index.get("ema"))
+
+
+def _verify_sharded(ckpt: Path) -> Optional[dict]:
+    """The sharded part's index, every shard a whole safetensors file and every network it names
+    present in them (headers only); None without a sharded part."""
+    try:
+        index = read_index(ckpt)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointUnusable(f"checkpoint {ckpt}: its sharded part is not readable: {_first_line(e)}") from None
+    if index is None:
+        return None
+    files = shard_files(ckpt)
+    if not files:
+        raise CheckpointUnusable(f"checkpoint {ckpt} has no shards in sharded/")
+    for f in files:
+        _check_safetensors(f, ckpt)
+    try:
+        keys = stored_shapes(ckpt)
+    except Exception as e:  # noqa: BLE001 - a header that is not DCP's
+        raise CheckpointUnusable(f"checkpoint {ckpt}: its shards are damaged: {_first_line(e)}") from None
+    for name in index["networks"]:
+        if not any(k.startswith(f"{name}.") for k in keys):
+            raise CheckpointUnusable(f"checkpoint {ckpt}: sharded/index.json names {name} but no shard holds it")
+    return index

@@ -168,6 +168,13 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
     loaded(state.iter if state else 0)
     if state is not None:
         events.emit("phase", state.iter, phase="restored", checkpoint=str(resume))
+        if res.distributed == "fsdp":
+            from dmad.train.sharding import world_size_note
+
+            note = world_size_note(resume, acc.num_processes, cfg)
+            if note:
+                log.warning("%s", note)
+                events.emit("warning", state.iter, message=note)
     # a run an older engine started keeps its metrics.csv header (columns are only added at the end)
     metrics = CsvAppender.continued(folder.metrics_csv, METRIC_COLUMNS) if acc.is_main_process else NullCsv(METRIC_COLUMNS)
     progress = Progress(iter=state.iter if state else 0, batches_used=state.batches_used if state else 0)
@@ -196,6 +203,10 @@ def _trainer(cfg: TrainConfig, acc, teacher, method: Method, trained: Trainables
     res, dist = cfg.resources, cfg.distillation
     wdtype = torch_dtype(res.mixed_precision)
     log.info(place_teacher(teacher, acc.device, wdtype, res.teacher_precision, res.teacher_cpu_offload, trained.shared))
+    if res.distributed == "fsdp":
+        from dmad.train.sharding import shard_run
+
+        log.info(shard_run(cfg, trained, teacher, method, acc.device))
     schedule = teacher.family.schedule(teacher.scheduler, res.resolution)
     teacher_net = trained.teacher_view if trained.teacher_view is not None else teacher.denoiser  # adapters off
     real = RealScore(teacher_net, _encode_uncond(teacher, acc.device), dist.real_guidance_scale, teacher.family)

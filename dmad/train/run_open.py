@@ -272,8 +272,11 @@ def _release_accelerate_state() -> None:
     multi-process run ends with its process; its process group is not touched."""
     from accelerate.state import AcceleratorState, GradientState
 
+    from dmad.train.sharding import release_own_process_group
+
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    release_own_process_group()  # a one-process fsdp run's group of one
 
 
 def _quietly(write: Callable, *args, **kwargs) -> None:

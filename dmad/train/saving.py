@@ -13,6 +13,8 @@ from dmad.contract.diskspace import reporting_disk_full
 from dmad.errors import UserInputError
 from dmad.methods.unit import NonFiniteLoss
 from dmad.models.checkpoint import TrainingState, config_fingerprint, load_checkpoint, save_checkpoint as write
+from dmad.methods.sharded import all_finite
+from dmad.train.ranks import any_rank
 from dmad.train.run_files import RESUME_ADVICE
 from dmad.train.session import Session
 from dmad.train.trainer import Trainer
@@ -31,13 +33,21 @@ def save_checkpoint(s: Session, tr: Trainer) -> None:
     p = s.progress
     if p.last_saved == p.iter:
         return
+    bad = None
     for name, net in tr.method.modules(tr.trainables):
         # One pass over the weights per checkpoint, so a saved checkpoint is always a good one
-        # (on every rank: the weights are the same, so every rank stops alike).
-        params = list(net.parameters())
-        if not all(torch.isfinite(q).all() for q in params):
-            raise NonFiniteLoss(f"{name} weights", p.iter)
+        # (on every rank: the weights are the same, so every rank stops alike; sharded weights
+        # are checked shard by shard and the verdict shared).
+        if bad is None and not all_finite(net.parameters()):
+            bad = name
+    if tr.sharded and tr.world > 1 and any_rank(tr.accelerator, bad is not None) and bad is None:
+        bad = "sharded"
+    if bad is not None:
+        raise NonFiniteLoss(f"{bad} weights", p.iter)
     tr.barrier()
+    if tr.sharded:
+        _write_sharded(s, tr)
+        return
     if not tr.is_main:
         p.last_saved = p.iter
         tr.barrier()
@@ -48,16 +58,62 @@ def save_checkpoint(s: Session, tr: Trainer) -> None:
         tr.barrier()
 
 
-def _write_checkpoint(s: Session, tr: Trainer) -> None:
+def sharded_parts(tr: Trainer) -> tuple[dict, Optional[object], dict]:
+    """(networks, EMA, optimizers) of an fsdp run that are sharded: what its ranks write together."""
+    from dmad.methods.sharded import is_sharded
+
+    nets = {name: net for name, net in tr.method.modules(tr.trainables) if is_sharded(net)}
+    ema = tr.trainables.ema if "student" in nets else None
+    opts = {name: st.opt for name, st in tr.optimizers.items() if st.sharded}
+    return nets, ema, opts
+
+
+def _write_sharded(s: Session, tr: Trainer) -> None:
+    """Every rank writes its shards into the temp folder rank 0 made (a collective); then rank 0
+    writes the rest and commits the folder, so the checkpoint is whole or absent."""
+    from dmad.models.sharded_checkpoint import save_sharded
+    from dmad.train.ranks import broadcast
+
+    folder, p = s.files.folder, s.progress
+    tmp = folder.begin_checkpoint(p.iter) if tr.is_main else None
+    if tr.world > 1:
+        tmp = broadcast(tr.accelerator, str(tmp) if tmp else None)
+    tmp = Path(tmp)
+    nets, ema, opts = sharded_parts(tr)
+    done = frozenset({*nets, *(("ema",) if ema is not None else ()), *(f"optimizer_{n}" for n in opts)})
+    try:
+        with reporting_disk_full(f"checkpoint iter_{p.iter}", folder.checkpoints_dir, lambda: checkpoint_bytes(tr),
+                                 advice=RESUME_ADVICE):
+            save_sharded(tmp, nets, ema, opts, tr.is_main)
+    except BaseException:
+        if tr.is_main:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not tr.is_main:
+        p.last_saved = p.iter
+        tr.barrier()
+        return
+    try:
+        _write_checkpoint(s, tr, tmp, done)
+    finally:
+        tr.barrier()
+
+
+def _write_checkpoint(s: Session, tr: Trainer, tmp: Optional[Path] = None, sharded: frozenset = frozenset()) -> None:
+    """Rank 0: the checkpoint's files into a fresh temp folder (or `tmp`, where the ranks already
+    wrote the `sharded` parts), then the folder committed as iter_<N>."""
     folder, p, unit = s.files.folder, s.progress, tr.method
     # a full disk (an OSError, or the safetensors writer's SafetensorError) is one line naming the checkpoint
     with reporting_disk_full(f"checkpoint iter_{p.iter}", folder.checkpoints_dir, lambda: checkpoint_bytes(tr),
                              advice=RESUME_ADVICE):
-        tmp = folder.begin_checkpoint(p.iter)
+        tmp = tmp or folder.begin_checkpoint(p.iter)
+        files = (lambda out: None) if "gan_head" in sharded else (lambda out: unit.save_files(tr.trainables, out))
         try:
             write(tmp, unit.layout(tr.cfg.identity), modules=dict(unit.modules(tr.trainables)),
-                  ema=tr.trainables.ema, save_files=lambda out: unit.save_files(tr.trainables, out),
-                  optimizers=tr.optimizers, scaler=tr.accelerator.scaler, state=training_state(s, tr))
+                  ema=tr.trainables.ema, save_files=files, optimizers=tr.optimizers, scaler=tr.accelerator.scaler,
+                  state=training_state(s, tr), sharded=sharded)
         except BaseException:
             import shutil
 

@@ -46,6 +46,11 @@ class Trainer:
         return self.accelerator.is_main_process
 
     @property
+    def sharded(self) -> bool:
+        """resources.distributed fsdp (dmad.train.sharding): checkpoints and samples are collectives."""
+        return self.cfg.resources.distributed == "fsdp"
+
+    @property
     def world(self) -> int:
         return self.accelerator.num_processes
 

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -28,8 +29,16 @@ ONE_OFF = "oneoff"  # samples/oneoff/iter_<N>-<k>.png + .json: prompts typed in 
 
 
 def render_samples(s: Session, tr: Trainer, prompt: Optional[str] = None, seed: Optional[int] = None) -> None:
-    """Validation images of the prompt set (or one image of `prompt`: sample_now with a prompt)."""
-    if tr.is_main:
+    """Validation images of the prompt set (or one image of `prompt`: sample_now with a prompt).
+    An fsdp run's networks gather their shards in each call, so there every rank renders the same
+    images and rank 0 alone keeps them."""
+    if tr.sharded and not tr.is_main:
+        with tr.own_rng(), tempfile.TemporaryDirectory(prefix="dmad-rank-samples-") as d:
+            with _warn_on_failure(s, "sampling"):
+                _render(s, tr, Path(d) / "out", _one_off_set(s, prompt, seed) if prompt else s.files.prompt_set,
+                        provenance=False)
+        tr.barrier()
+    elif tr.is_main:
         try:
             with tr.own_rng():
                 render_one_off(s, tr, prompt, seed) if prompt else render_prompt_set(s, tr)
@@ -43,7 +52,32 @@ def render_samples(s: Session, tr: Trainer, prompt: Optional[str] = None, seed: 
 
 def render_teacher(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None) -> None:
     """samples/teacher/, once per run, before iteration 1 (a no-op on resume).
-    `between_images(collective=False)` runs after each image."""
+    `between_images(collective=False)` runs after each image. With fsdp_shard_teacher every rank
+    renders (rank k into a copy of rank 0's folder, so it renders what rank 0 renders) and the stop
+    check between images is a collective."""
+    if tr.sharded and tr.cfg.resources.fsdp_shard_teacher:
+        check = (lambda: between_images(collective=True)) if between_images is not None else None
+        if tr.is_main:
+            try:
+                with tr.own_rng():
+                    render_teacher_reference(s, tr, check, collective=True)
+            finally:
+                tr.barrier()
+            return
+        with tr.own_rng(), tempfile.TemporaryDirectory(prefix="dmad-rank-teacher-") as d:
+            copy = Path(d) / "teacher"
+            source = s.files.folder.samples_dir / "teacher"
+            if source.is_dir():
+                shutil.copytree(source, copy)
+            from dmad.sample.render import ensure_teacher_samples
+
+            try:
+                ensure_teacher_samples(copy, teacher=tr.teacher, prompt_set=s.files.prompt_set, device=tr.device,
+                                       events=s.files.events, log=s.files.log, iteration=s.progress.iter,
+                                       between_images=check)
+            finally:
+                tr.barrier()
+        return
     if tr.is_main:
         try:
             with tr.own_rng():
@@ -57,16 +91,20 @@ def render_teacher(s: Session, tr: Trainer, between_images: Optional[Callable[..
 @contextlib.contextmanager
 def _ema_weights(tr: Trainer) -> Iterator[None]:
     """The student holds its EMA weights (what samples show) inside the block, its own after."""
+    from dmad.methods.sharded import reshard
+
     nets = tr.trainables
     params = trainable_parameters(nets.student)
     if nets.ema is not None:
         nets.ema.store(params)
         nets.ema.copy_to(params)
+        reshard(nets.student)  # a sharded student gathers the EMA weights, not a stale copy
     try:
         yield
     finally:
         if nets.ema is not None:
             nets.ema.restore(params)
+            reshard(nets.student)
 
 
 @contextlib.contextmanager
@@ -81,13 +119,13 @@ def _warn_on_failure(s: Session, what: str) -> Iterator[None]:
         s.files.events.emit("warning", it, message=f"{what} failed: {type(e).__name__}: {e}")
 
 
-def _render(s: Session, tr: Trainer, out: Path, prompt_set) -> list[str]:
+def _render(s: Session, tr: Trainer, out: Path, prompt_set, provenance: bool = True) -> list[str]:
     from dmad.models.checkpoint import student_weight_files
     from dmad.sample.render import library_versions, render_student_samples, sha256_files
 
     t, it = tr.teacher, s.progress.iter
     # between checkpoints the weights exist only in memory: no checkpoint, no hash
-    ckpt = s.files.folder.checkpoint_path(it) if s.progress.last_saved == it else None
+    ckpt = s.files.folder.checkpoint_path(it) if s.progress.last_saved == it and provenance else None
     ema = tr.trainables.ema is not None
     with _ema_weights(tr):
         return render_student_samples(
@@ -126,8 +164,7 @@ def render_one_off(s: Session, tr: Trainer, prompt: str, seed: Optional[int]) ->
     folder = s.files.folder.samples_dir / ONE_OFF
     with _warn_on_failure(s, "one-off sample"):
         folder.mkdir(parents=True, exist_ok=True)
-        item = PromptItem(id=ONE_OFF, topic="one-off prompt", prompt=prompt, seed=seed)
-        prompt_set = s.files.prompt_set.model_copy(update={"items": [item]})
+        prompt_set = _one_off_set(s, prompt, seed)
         tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{it}"
         try:
             _render(s, tr, tmp, prompt_set)
@@ -143,6 +180,12 @@ def render_one_off(s: Session, tr: Trainer, prompt: str, seed: Optional[int]) ->
                             ema=tr.trainables.ema is not None, one_off=True, prompt=prompt, seed=used)
 
 
+def _one_off_set(s: Session, prompt: str, seed: Optional[int]):
+    """The run's prompt set with one item: `prompt` at `seed` (None: the set's base seed)."""
+    item = PromptItem(id=ONE_OFF, topic="one-off prompt", prompt=prompt, seed=seed)
+    return s.files.prompt_set.model_copy(update={"items": [item]})
+
+
 def _free_name(folder: Path, stem: str) -> str:
     k = 1
     while (folder / f"{stem}-{k}.png").exists() or (folder / f"{stem}-{k}.json").exists():
@@ -150,12 +193,15 @@ def _free_name(folder: Path, stem: str) -> str:
     return f"{stem}-{k}"
 
 
-def render_teacher_reference(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None) -> None:
+def render_teacher_reference(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None,
+                             collective: bool = False) -> None:
     """samples/teacher/, once per run (dmad.sample.render.ensure_teacher_samples). `between_images`
-    (called with collective=False after each image): a stop command ends the phase there."""
+    (called after each image, with collective=False; `collective`: it is already the check to
+    call): a stop command ends the phase there."""
     from dmad.sample.render import ensure_teacher_samples
 
-    check = (lambda: between_images(collective=False)) if between_images is not None else None
+    check = between_images if collective else \
+        ((lambda: between_images(collective=False)) if between_images is not None else None)
     f = s.files
     ensure_teacher_samples(f.folder.samples_dir / "teacher", teacher=tr.teacher, prompt_set=f.prompt_set,
                            device=tr.device, events=f.events, log=f.log, iteration=s.progress.iter,

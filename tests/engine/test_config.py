@@ -164,3 +164,30 @@ def test_json_error_names_line_and_column(tmp_path):
     path.write_text('{\n  "identity": {\n    "train_data_dir": "d",\n  }\n}\n', encoding="utf-8")
     with pytest.raises(UserInputError, match=r"c\.json:4:3: invalid JSON"):
         load_config(path)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"resources": {"fsdp_shard_teacher": True}}, r"resources\.fsdp_shard_teacher needs resources\.distributed fsdp"),
+    ({"resources": {"fsdp_cpu_offload": True}}, r"resources\.fsdp_cpu_offload needs resources\.distributed fsdp"),
+    ({"resources": {"distributed": "fsdp", "mixed_precision": "fp16"}}, r"fsdp trains in bf16 or fp32.*bf16"),
+    ({"resources": {"distributed": "fsdp"}, "distillation": {"method": "lcm"}}, r"fsdp trains distillation\.method dmad"),
+    ({"identity": {"student": "lora", "fake_score": "lora"}, "resources": {"distributed": "fsdp",
+                                                                            "fsdp_shard_teacher": True}},
+     r"cannot shard a shared frozen base.*share_frozen_base false"),
+    ({"resources": {"distributed": "fsdp", "fsdp_shard_teacher": True, "teacher_precision": "int8"}},
+     r"cannot shard a int8 teacher"),
+])
+def test_sharding_settings_that_cannot_work_are_refused_in_one_line(tmp_path, extra, message):
+    raw = json.loads(json.dumps(MINIMAL))
+    for group, fields in extra.items():
+        raw.setdefault(group, {}).update(fields)
+    with pytest.raises(UserInputError, match=message) as e:
+        load_config(_write(tmp_path / "c.json", raw))
+    assert "\n" not in str(e.value)
+
+
+def test_fsdp_with_full_networks_and_a_sharded_teacher_is_valid(tmp_path):
+    raw = {**MINIMAL, "resources": {"distributed": "fsdp", "fsdp_shard_teacher": True, "fsdp_cpu_offload": True,
+                                    "mixed_precision": "bf16"}}
+    cfg = load_config(_write(tmp_path / "c.json", raw))
+    assert cfg.resources.distributed == "fsdp" and cfg.resources.fsdp_shard_teacher

@@ -1,0 +1,144 @@
+"""resources.distributed fsdp: torch's own FSDP2 (`torch.distributed.fsdp.fully_shard`) over the
+networks a run trains. What is sharded and why, and the checkpoint format:
+dmad.models.sharded_checkpoint; the training steps over sharded networks: dmad.methods.sharded.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+BLOCK_LISTS = ("down_blocks", "up_blocks", "transformer_blocks", "single_transformer_blocks")
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """fully_shard needs a process group: a one-process run gets one of its own (in memory)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    global _OWN_GROUP
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    _OWN_GROUP = True
+
+
+_OWN_GROUP = False  # ensure_process_group made the default group (a one-process run)
+
+
+def release_own_process_group() -> None:
+    """Destroy the group ensure_process_group made, so a later run in the same process (a script,
+    the tests) starts as a fresh process would; a launched run's group is accelerate's: untouched."""
+    global _OWN_GROUP
+    if _OWN_GROUP:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _OWN_GROUP = False
+
+
+def blocks(net: nn.Module) -> list[nn.Module]:
+    """The modules sharded as units of their own (each one gathered for its forward and again for
+    its backward, then freed): every block of a UNet's down / up lists and a transformer's (double
+    and single stream) lists, and every other child that holds weights (the mid block, conv_in,
+    the time embedding, the output layers). So the root holds no weights of its own: FSDP2 keeps a
+    root's weights gathered after a forward, and the GAN term backpropagates through the fake score
+    from a block's features, where the root's output hook never fires; a root with weights would
+    then either compute with a stale gathered copy (a frozen critic's root layers got no gradient:
+    measured on 2 processes) or find them freed."""
+    out: list[nn.Module] = []
+    for name, child in net.named_children():
+        if name in BLOCK_LISTS and isinstance(child, nn.ModuleList):
+            out += [b for b in child if any(True for _ in b.parameters())]
+        elif any(True for _ in child.parameters()):
+            out.append(child)
+    return out
+
+
+def from_rank0(net: nn.Module, device: torch.device) -> None:
+    """Every rank's weights and buffers made rank 0's, as DDP does when it wraps a network: each
+    rank then keeps its own slice of the same network. Copies of the teacher agree anyway; a
+    randomly initialised one (the GAN head: every rank seeds differently) would otherwise be
+    sharded from different initialisations (measured: its gradients then differed by more than
+    100% from a one-process run's)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for t in [*net.parameters(), *net.buffers()]:
+            on = t.data if t.device == device else t.data.to(device)
+            dist.broadcast(on, src=0)
+            if on is not t.data:
+                t.data.copy_(on)
+
+
+def shard(net: nn.Module, device: torch.device, param_dtype: Optional[torch.dtype], offload: bool) -> nn.Module:
+    """fully_shard `net` block by block, then its root (in place: its parameters become DTensors
+    sharded over the default mesh; build optimizers and EMA after this). param_dtype: what each
+    gathered block computes in (None: as stored); gradients are reduced in float32."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if device.type == "cuda" and not offload:
+        net.to(device)
+    from_rank0(net, device)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    kw = dict(mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
+    for b in blocks(net):
+        fully_shard(b, **kw)
+    fully_shard(net, **kw)  # the root: what is left (nothing, in diffusers' denoisers)
+    return net
+
+
+
+
+def shard_run(cfg: Any, trained: Any, teacher: Any, method: Any, device: torch.device) -> str:
+    """resources.distributed fsdp: shard the method's full networks (and the GAN head with a full
+    fake score; the teacher's denoiser with fsdp_shard_teacher), then remake what holds copies of
+    their parameters (the student's EMA). Returns a line for the engine log."""
+    from dmad.methods.unit import make_ema
+    from dmad.models.teacher import torch_dtype
+
+    res = cfg.resources
+    ensure_process_group(device)
+    param_dtype = torch_dtype(res.mixed_precision) if res.mixed_precision != "no" else None
+    modules = dict(method.modules(trained))
+    full = {name for name, mode in method.layout(cfg.identity).networks if mode == "full"}
+    done = []
+    for name, net in modules.items():
+        if name in full or (name == "gan_head" and "fake_score" in full):
+            shard(net, device, param_dtype, res.fsdp_cpu_offload)
+            done.append(name)
+    if trained.ema is not None and "student" in done:
+        trained.ema = make_ema(trained.student, cfg.distillation.ema_decay)
+    if res.fsdp_shard_teacher:
+        shard(teacher.denoiser, device, None, res.fsdp_cpu_offload)
+        done.append("teacher denoiser")
+    import torch.distributed as dist
+
+    where = "CPU memory" if res.fsdp_cpu_offload else str(device)
+    what = ", ".join(done) or "nothing (every network is LoRA: replicated)"
+    return f"fsdp over {dist.get_world_size()} process(es): sharded {what}; shards in {where}; compute " \
+           f"{param_dtype or 'as stored'}"
+
+
+def world_size_note(ckpt: Any, world: int, cfg: Any) -> Optional[str]:
+    """What differs when a run continues a checkpoint written by another number of processes
+    (None when it is the same): the shards are re-split, the effective batch changes with the
+    number of processes, and so does which samples and noise each process draws."""
+    from pathlib import Path
+
+    from dmad.models.sharded_checkpoint import read_index
+
+    try:
+        index = read_index(Path(ckpt))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    before = index.get("world_size") if index else None
+    if not isinstance(before, int) or before == world:
+        return None
+    return (f"continuing checkpoint {Path(ckpt).name}, written by {before} process(es), on {world}: its shards were "
+            f"re-split; the effective batch is now {cfg.effective_batch(world)} (it was {cfg.effective_batch(before)}) "
+            f"and the data order and noise differ from an uninterrupted run's")
