@@ -54,6 +54,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserInputError(f"{where}{message} (see '{self.prog} --help')")
 
 
+def _processes(value: str) -> int:
+    """--processes N: a whole number from 1 to 4096 (argparse's one-line error otherwise)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 1 <= n <= 4096:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 4096, got {n}")
+    return n
+
+
 def _path(value: str) -> str:
     """argparse type of every path argument: a NUL byte or an over-long name is a usage error
     (exit 2, naming the argument) before any OS call could raise on it."""
@@ -103,7 +114,7 @@ def _add_train(sub) -> None:
                             "(values parse as JSON when they can); repeatable")
     train.add_argument("--num-processes", type=int, default=1, metavar="N",
                        help="processes in all (one per GPU; several machines: the total), started with "
-                            "`accelerate launch` (DDP); default 1")
+                            "`accelerate launch` (resources.distributed: ddp or fsdp); default 1")
     train.add_argument("--num-machines", type=int, default=1, metavar="M", help="machines (default 1)")
     train.add_argument("--machine-rank", type=int, default=0, metavar="R", help="this machine's rank (0 .. M-1)")
     train.add_argument("--main-process-ip", metavar="IP", help="address of machine 0 (several machines)")
@@ -237,6 +248,9 @@ def _add_ledger(sub) -> None:
     ledger.add_argument("--config", required=True, type=_path, metavar="FILE", help="run config (JSON)")
     ledger.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field by its dotted path, as for train; repeatable")
+    ledger.add_argument("--processes", type=_processes, default=1, metavar="N",
+                        help="one GPU of N processes (train --num-processes x --num-machines): with N > 1 the "
+                             "ledger of the config's resources.distributed, then ddp and fsdp side by side")
     ledger.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     ledger.set_defaults(handler=_cmd_ledger)
 
@@ -350,9 +364,28 @@ def _cmd_ledger(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.memory.ledger import config_ledger, format_ledger, ledger_json
 
     cfg = load_config(args.config, args.set)
-    lines = config_ledger(cfg)
-    print(json.dumps(ledger_json(cfg, lines)) if args.json else format_ledger(lines))
+    lines = config_ledger(cfg, processes=args.processes)
+    compare = _both_ways(cfg, args.processes)
+    if args.json:
+        print(json.dumps(ledger_json(cfg, lines, args.processes, compare)))
+        return EXIT_OK
+    print(format_ledger(lines))
+    if compare:
+        from dmad.memory.ledger import format_comparison
+
+        print()
+        print(format_comparison(compare, args.processes))
     return EXIT_OK
+
+
+def _both_ways(cfg, processes: int, info=None) -> Optional[dict]:
+    """ddp's and fsdp's ledgers at `processes` (> 1) for the side-by-side table; None for one process
+    or a method fsdp does not train."""
+    from dmad.memory.ledger import config_ledger
+
+    if processes < 2 or cfg.distillation.method != "dmad":
+        return None
+    return {m: config_ledger(cfg, info, processes=processes, distributed=m) for m in ("ddp", "fsdp")}
 
 
 def _cmd_cache(args: argparse.Namespace, ctx: _Context) -> int:
@@ -490,7 +523,8 @@ def dry_run_report(cfg, pf, num_processes: int = 1) -> str:
     from dmad.memory.ledger import config_ledger, format_ledger
 
     ident = cfg.identity
-    ledger = config_ledger(cfg, pf.teacher_info)
+    ledger = config_ledger(cfg, pf.teacher_info, processes=num_processes)
+    compare = _both_ways(cfg, num_processes, pf.teacher_info)
     lines = [
         "Resolved config:",
         json.dumps(cfg.model_dump(mode="json"), indent=2),
@@ -509,9 +543,14 @@ def dry_run_report(cfg, pf, num_processes: int = 1) -> str:
         f"{cfg.effective_batch(num_processes)} (learning rates are not rescaled)",
         f"Prompt set:  {pf.prompt_set.name}-{pf.prompt_set.version}",
         "",
-        "Memory ledger (estimate, framework peak per device):",
+        f"Memory ledger (estimate, framework peak per device; resources.distributed {cfg.resources.distributed}"
+        + (f", {num_processes} processes" if num_processes > 1 else "") + "):",
         format_ledger(ledger),
     ]
+    if compare:
+        from dmad.memory.ledger import format_comparison
+
+        lines += ["", format_comparison(compare, num_processes)]
     return "\n".join(lines)
 
 

@@ -174,7 +174,9 @@ def _saved_base_weights(n_den: int, family: str, *, teacher_precision: str, mixe
 def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
                     gradient_checkpointing: bool, train_batch_size: int, resolution: int,
                     optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False,
-                    share_frozen_base: bool = True, method: str = "dmad") -> Ledger:
+                    share_frozen_base: bool = True, method: str = "dmad", processes: int = 1,
+                    distributed: str = "ddp", fsdp_shard_teacher: bool = False,
+                    fsdp_cpu_offload: bool = False) -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
@@ -197,7 +199,14 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
 
     The method (dmad.methods: its unit) adds its own lines beside the student's (DMAD: the fake
     score and the GAN head; latent consistency distillation: its EMA target), says how many graphs
-    with gradients are alive at the peak and whether its LoRA networks may share the frozen base."""
+    with gradients are alive at the peak and whether its LoRA networks may share the frozen base.
+
+    Several processes (`processes`, one GPU each): with ddp every line is whole on every GPU, and
+    DDP's gradient buckets add a float32 copy of every trainable gradient; with fsdp the full
+    networks' weights, gradients and optimizer states (and the GAN head's, and the teacher's with
+    fsdp_shard_teacher) are divided by the number of processes, and the gather and reduce buffers
+    of the largest unit are added (_sharding_lines); fsdp_cpu_offload moves the shards to a CPU
+    line."""
     from dmad.methods import method_unit
     from dmad.methods.unit import LedgerInputs
     from dmad.models.networks import shares_base
@@ -239,6 +248,14 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                                                    "fake-score call, one at a time" if shared else "")))
     lines.append(_activations_line(info, unit.graphs_at_peak, train_batch_size, resolution, gradient_checkpointing,
                                    mixed_precision))
+    if processes > 1 or distributed == "fsdp":
+        trainable = (n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank)
+        if "fake_score" in unit.networks:
+            trainable += n_den if fake_score == "full" else lora_rank * info.unet_lora_params_per_rank
+        lines = _sharding_lines(lines, info, processes=processes, distributed=distributed, trainable=trainable,
+                                shard_teacher=fsdp_shard_teacher and not teacher_cpu_offload and not shared,
+                                teacher_line=frozen_name, cpu_offload=fsdp_cpu_offload,
+                                mixed_precision=mixed_precision)
     subtotal = ledger_total(lines)
     lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
                             f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
@@ -251,6 +268,47 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                                 + f" in {dt}; host memory, not in the "
                                 f"total", scope="cpu"))
     return Ledger(lines, info.family)
+
+
+SHARDED_NAMES = ("student (full)", "fake score (full)", "GAN head")
+
+
+def _sharding_lines(lines: list[LedgerLine], info: "TeacherInfo", *, processes: int, distributed: str,
+                    trainable: int, shard_teacher: bool, teacher_line: str, cpu_offload: bool,
+                    mixed_precision: str) -> list[LedgerLine]:
+    """The lines of one GPU of `processes` (dmad.train.sharding). ddp: everything whole, plus DDP's
+    gradient buckets (torch DDP copies each gradient into a flat float32 bucket: gradient_as_bucket_view
+    is off). fsdp: the full networks, the GAN head (and the teacher) divided by the processes; the
+    largest unit gathered twice in the compute dtype (the one computing and the next, prefetched)
+    and its gradient in the compute dtype plus the float32 copy reduce-scatter takes; with
+    fsdp_cpu_offload the shards live in CPU RAM."""
+    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
+    if distributed != "fsdp":
+        return lines + [LedgerLine(
+            "DDP gradient buckets", trainable * 4 / GIB,
+            f"{trainable / 1e6:.0f} M trainable params: DDP keeps a float32 copy of every gradient in its buckets "
+            f"for the all-reduce ({processes} processes, each with every network whole)")]
+    out = []
+    present = {line.name for line in lines}
+    sharded = {n for n in SHARDED_NAMES[:2] if n in present}
+    if "fake score (full)" in sharded:
+        sharded.add("GAN head")  # sharded with the full fake score (one optimizer steps both)
+    for line in lines:
+        if line.name in sharded or (shard_teacher and line.name == teacher_line):
+            how = f"{line.assumption}; sharded over {processes} processes (1/{processes} here)"
+            if cpu_offload:
+                out.append(LedgerLine(f"{line.name}, this process's shard (CPU RAM)", line.gib / processes,
+                                      how + "; fsdp_cpu_offload: in host memory, not in the total", scope="cpu"))
+            else:
+                out.append(LedgerLine(line.name, line.gib / processes, how))
+        else:
+            out.append(line)
+    unit = info.shard_unit_params
+    out.append(LedgerLine(
+        "FSDP gather + reduce buffers", unit * (3 * wb + 4) / GIB,
+        f"the largest unit ({unit / 1e6:.0f} M params) gathered in {dt} twice (computing, and the next one "
+        f"prefetched) + its gradient in {dt} + the float32 copy reduce-scatter takes"))
+    return out
 
 
 def _activations_line(info: "TeacherInfo", graphs: int, batch: int, resolution: int, checkpointing: bool,
@@ -309,9 +367,11 @@ def format_ledger(lines: list[LedgerLine]) -> str:
     return "\n".join(rows)
 
 
-def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
-    """The ledger of a run config (dmad.contract.config.TrainConfig); the teacher is inspected (configs and
-    file headers only) unless `info` is given."""
+def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None, processes: int = 1,
+                  distributed: Optional[str] = None) -> Ledger:
+    """The ledger of a run config (dmad.contract.config.TrainConfig) on one GPU of `processes`, with
+    its resources.distributed (or `distributed`: the side-by-side comparison); the teacher is
+    inspected (configs and file headers only) unless `info` is given."""
     if info is None:
         from dmad.models.teacher import inspect_teacher
 
@@ -323,7 +383,9 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None) -> Ledger:
                              train_batch_size=r.train_batch_size, resolution=r.resolution,
                              optimizer=cfg.optimization.optimizer, teacher_precision=r.teacher_precision,
                              teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base,
-                             method=cfg.distillation.method)
+                             method=cfg.distillation.method, processes=processes,
+                             distributed=distributed or r.distributed, fsdp_shard_teacher=r.fsdp_shard_teacher,
+                             fsdp_cpu_offload=r.fsdp_cpu_offload)
     if ident.teacher_loras:
         ledger.append(teacher_loras_line(ident.teacher_loras))
     return ledger
@@ -356,11 +418,46 @@ def checkpoint_bytes(cfg: Any, info: "TeacherInfo") -> int:
     return 4 * values
 
 
-def ledger_json(cfg: Any, lines: list[LedgerLine]) -> dict:
+def format_comparison(by_mode: dict[str, list[LedgerLine]], processes: int) -> str:
+    """ddp and fsdp side by side, one GPU of `processes`: each line's GiB in both (a CPU RAM line in
+    brackets, not in the total), then the totals."""
+    names: list[str] = []
+    for lines in by_mode.values():
+        for line in lines:
+            base = line.name.removesuffix(", this process's shard (CPU RAM)")
+            if base not in names:
+                names.append(base)
+
+    def cell(lines: list[LedgerLine], name: str) -> str:
+        for line in lines:
+            if line.name.removesuffix(", this process's shard (CPU RAM)") == name:
+                return f"{line.gib:.2f}" if line.scope == "gpu" else f"({line.gib:.2f})"
+        return "-"
+
+    width = max(len(n) for n in names + ["total"])
+    modes = list(by_mode)
+    rows = [f"per GPU at {processes} processes".ljust(width) + "".join(f"  {m:>9}" for m in modes)]
+    rows += [name.ljust(width) + "".join(f"  {cell(by_mode[m], name):>9}" for m in modes) for name in names]
+    rows.append("total".ljust(width) + "".join(f"  {ledger_total(by_mode[m]):>9.2f}" for m in modes))
+    return "\n".join(rows)
+
+
+def ledger_json(cfg: Any, lines: list[LedgerLine], processes: int = 1, compare: Optional[dict] = None) -> dict:
     """`dmad ledger --json` (docs/memory.md). total_gib: the GPU lines; a line with "scope": "cpu"
-    is host RAM (teacher_cpu_offload)."""
+    is host RAM (teacher_cpu_offload, fsdp_cpu_offload). `compare`: {"ddp": lines, "fsdp": lines}
+    at `processes`, each as its own document under "by_distributed"."""
+    doc = _ledger_document(cfg, lines, processes)
+    if compare:
+        doc["by_distributed"] = {m: _ledger_document(cfg, ls, processes, m) for m, ls in compare.items()}
+    return doc
+
+
+def _ledger_document(cfg: Any, lines: list[LedgerLine], processes: int, distributed: Optional[str] = None) -> dict:
     r, ident = cfg.resources, cfg.identity
     return ledger_document(lines, {
+        "processes": processes, "distributed": distributed or getattr(r, "distributed", "ddp"),
+        "fsdp_shard_teacher": getattr(r, "fsdp_shard_teacher", False),
+        "fsdp_cpu_offload": getattr(r, "fsdp_cpu_offload", False),
         "train_batch_size": r.train_batch_size, "resolution": r.resolution,
         "mixed_precision": r.mixed_precision, "gradient_checkpointing": r.gradient_checkpointing,
         "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,

@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from dmad.models.shard_units import largest_unit_params
+
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
 from dmad.models.teacher_files import (TeacherInfo, read_json, read_safetensors_header, stored_dtype,
@@ -172,7 +174,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> Teac
         unet_block_out_channels=blocks, bottleneck_channels=feature, text_hidden_size=text_hidden,
         unet_lora_params_per_rank=lora, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
         components=tuple(comps), lora_targets=targets,
-        text_tokens=text_tokens)
+        text_tokens=text_tokens, shard_unit_params=largest_unit_params(models[family.denoiser_name]))
 
 
 def sd3_text_tokens(cdir: Path, files: dict, has_t5: bool) -> int:

@@ -1,9 +1,9 @@
 """Sharded checkpoints of resources.distributed fsdp runs (dmad.train.sharding shards the networks;
 dmad.models.checkpoint writes and reads the rest).
 
-What is sharded: every *full* trained network (the student, the fake score) block by block (a
-UNet's down / mid / up blocks, a transformer's blocks; then the root for what is left), and the
-GAN head with the fake score (one optimizer steps both: its parameters must be all sharded or all
+What is sharded: every *full* trained network (the student, the fake score) unit by unit
+(dmad.models.shard_units: a UNet's ResNet blocks and attention layers, a transformer's blocks,
+then what is left of each block), and the GAN head with the fake score (one optimizer steps both: its parameters must be all sharded or all
 replicated). With resources.fsdp_shard_teacher the frozen teacher's denoiser too. LoRA networks
 stay replicated (DDP through accelerate, as with ddp): an adapter is ~1-3% of the network, so
 sharding it saves little and would add an all-gather to each of the ~5 network calls of an

@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from dmad.models.shard_units import largest_unit_params
+
 from dmad.contract.config import COMPUTE_FORMAT, FLOAT_FORMATS
 from dmad.contract.jsonfile import check_path, printable
 from dmad.errors import UserInputError
@@ -305,7 +307,8 @@ def _inspect_sd(p: Path, cdir: Path, model_family: str) -> TeacherInfo:
         unet_block_out_channels=tuple(int(c) for c in unet_cfg.block_out_channels),
         bottleneck_channels=int(unet_cfg.block_out_channels[-1]), text_hidden_size=text_hidden,
         unet_lora_params_per_rank=sum(m.in_features + m.out_features for n, m in models["unet"].named_modules()
-                                      if isinstance(m, torch.nn.Linear) and n.endswith(LORA_TARGETS)))
+                                      if isinstance(m, torch.nn.Linear) and n.endswith(LORA_TARGETS)),
+        shard_unit_params=largest_unit_params(models["unet"]))
 
 
 # --------------------------------------------------------------------------- load

@@ -60,6 +60,7 @@ class TeacherInfo:
     components: tuple[str, ...] = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
     lora_targets: tuple[str, ...] = LORA_TARGETS
     text_tokens: Optional[int] = None  # context tokens per transformer block (SD3: CLIP + 256 T5 or 1); None: the family's
+    shard_unit_params: int = 0  # the largest FSDP unit's own parameters (dmad.models.shard_units): one gather
 
     @property
     def has_weights(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-BLOCK_LISTS = ("down_blocks", "up_blocks", "transformer_blocks", "single_transformer_blocks")
+from dmad.models.shard_units import shard_units
 
 
 def ensure_process_group(device: torch.device) -> None:
@@ -37,24 +37,6 @@ def release_own_process_group() -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         _OWN_GROUP = False
-
-
-def blocks(net: nn.Module) -> list[nn.Module]:
-    """The modules sharded as units of their own (each one gathered for its forward and again for
-    its backward, then freed): every block of a UNet's down / up lists and a transformer's (double
-    and single stream) lists, and every other child that holds weights (the mid block, conv_in,
-    the time embedding, the output layers). So the root holds no weights of its own: FSDP2 keeps a
-    root's weights gathered after a forward, and the GAN term backpropagates through the fake score
-    from a block's features, where the root's output hook never fires; a root with weights would
-    then either compute with a stale gathered copy (a frozen critic's root layers got no gradient:
-    measured on 2 processes) or find them freed."""
-    out: list[nn.Module] = []
-    for name, child in net.named_children():
-        if name in BLOCK_LISTS and isinstance(child, nn.ModuleList):
-            out += [b for b in child if any(True for _ in b.parameters())]
-        elif any(True for _ in child.parameters()):
-            out.append(child)
-    return out
 
 
 def from_rank0(net: nn.Module, device: torch.device) -> None:
@@ -86,8 +68,8 @@ def shard(net: nn.Module, device: torch.device, param_dtype: Optional[torch.dtyp
     from_rank0(net, device)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     kw = dict(mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
-    for b in blocks(net):
-        fully_shard(b, **kw)
+    for unit in shard_units(net):  # innermost first (dmad.models.shard_units says which and why)
+        fully_shard(unit, **kw)
     fully_shard(net, **kw)  # the root: what is left (nothing, in diffusers' denoisers)
     return net
 

@@ -234,8 +234,48 @@ def ledger_table(root: Path) -> str:
     return "\n".join(rows)
 
 
+SHARDING_MODELS = ("sdxl-base-1.0", "sd3.5-large", "flux-dev")
+SHARDING_MODES = (  # (label, estimate_ledger arguments)
+    ("ddp", dict(distributed="ddp")),
+    ("fsdp", dict(distributed="fsdp")),
+    ("fsdp, teacher sharded", dict(distributed="fsdp", fsdp_shard_teacher=True)),
+    ("fsdp, teacher sharded, CPU offload", dict(distributed="fsdp", fsdp_shard_teacher=True, fsdp_cpu_offload=True)),
+)
+SHARDING_PROCESSES = (2, 4, 8)
+CARDS_GIB = (24, 48, 80)  # RTX 3090 / 4090, A6000 / L40S, A100 / H100 80 GB
+
+
+def sharding_table(root: Path) -> str:
+    """docs/memory.md's "Full student and full fake score on several GPUs": the ledger's per-GPU
+    total for DMAD full/full at 1024 px, bf16, AdamW, batch 1, gradient checkpointing, on 2, 4
+    and 8 processes, ddp against fsdp; each cell names the cards it fits (24 / 48 / 80 GiB), and
+    the CPU offload rows the host RAM of each process."""
+    from dmad.memory.ledger import estimate_ledger, ledger_total
+    from dmad.models.teacher import inspect_teacher
+
+    base = dict(student="full", fake_score="full", lora_rank=64, mixed_precision="bf16", train_batch_size=1,
+                optimizer="adamw", gradient_checkpointing=True, resolution=1024)
+    rows = ["| model (family) | resources.distributed | " + " | ".join(f"{n} GPUs" for n in SHARDING_PROCESSES)
+            + " |", "|---|---|" + "---|" * len(SHARDING_PROCESSES)]
+    for model in SHARDING_MODELS:
+        info = inspect_teacher(str(write_real_config_folder(Path(root) / model, model)))
+        for label, mode in SHARDING_MODES:
+            cells = []
+            for n in SHARDING_PROCESSES:
+                lines = estimate_ledger(info, processes=n, **base, **mode)
+                total = ledger_total(lines)
+                fits = [f"{c}" for c in CARDS_GIB if total <= c]
+                cpu = sum(x.gib for x in lines if x.scope == "cpu")
+                cells.append(f"**{total:.1f}** (fits {', '.join(fits) if fits else 'none'})"
+                             + (f"; {cpu:.0f} GiB RAM per process" if cpu else ""))
+            rows.append(f"| {model} ({info.family}) | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":  # python -m tests.engine.real_configs
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         print(ledger_table(Path(d)))
+        print()
+        print(sharding_table(Path(d)))

@@ -1,6 +1,7 @@
 """Memory readings (scoped, never raising) and the ledger's arithmetic, on CPU."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -570,3 +571,74 @@ def test_sd35_large_needs_offload_for_24_gb(real_infos):
     info = real_infos["sd3.5-large"]
     assert ledger_total(lines_of(info, **LORA, resolution=1024, gradient_checkpointing=True,
                                  teacher_precision="int8")) == pytest.approx(26.27, abs=0.005)
+
+
+# --------------------------------------------------------------------------- several processes (issue 41)
+
+FULL_1024 = dict(BASE, resolution=1024, gradient_checkpointing=True)
+
+
+def test_fsdp_divides_the_full_networks_and_ddp_adds_its_gradient_buckets(real_infos):
+    info = real_infos["sdxl-base-1.0"]
+    one = {x.name: x.gib for x in estimate_ledger(info, **FULL_1024)}
+    ddp = {x.name: x.gib for x in estimate_ledger(info, **FULL_1024, processes=4, distributed="ddp")}
+    fsdp = {x.name: x.gib for x in estimate_ledger(info, **FULL_1024, processes=4, distributed="fsdp")}
+    for name in ("student (full)", "fake score (full)", "GAN head"):
+        assert ddp[name] == one[name] and fsdp[name] == pytest.approx(one[name] / 4)
+    assert fsdp["teacher UNet (frozen)"] == one["teacher UNet (frozen)"]  # replicated unless fsdp_shard_teacher
+    assert ddp["DDP gradient buckets"] == pytest.approx(2 * info.denoiser_params * 4 / 2**30)
+    assert "DDP gradient buckets" not in fsdp and "FSDP gather + reduce buffers" not in ddp
+    assert fsdp["FSDP gather + reduce buffers"] == pytest.approx(info.shard_unit_params * (3 * 2 + 4) / 2**30)
+    sharded_teacher = {x.name: x.gib for x in estimate_ledger(info, **FULL_1024, processes=4, distributed="fsdp",
+                                                                fsdp_shard_teacher=True)}
+    assert sharded_teacher["teacher UNet (frozen)"] == pytest.approx(one["teacher UNet (frozen)"] / 4)
+
+
+def test_fsdp_cpu_offload_moves_the_shards_to_host_memory(real_infos):
+    lines = estimate_ledger(real_infos["flux-dev"], **FULL_1024, processes=8, distributed="fsdp",
+                            fsdp_shard_teacher=True, fsdp_cpu_offload=True)
+    cpu = [x.name for x in lines if x.scope == "cpu"]
+    assert cpu == [f"{n}, this process's shard (CPU RAM)" for n in
+                   ("teacher transformer (frozen)", "student (full)", "fake score (full)", "GAN head")]
+
+
+def test_lora_networks_stay_whole_under_fsdp(real_infos):
+    info = real_infos["sdxl-base-1.0"]
+    lora = dict(FULL_1024, student="lora", fake_score="lora")
+    one = {x.name: x.gib for x in estimate_ledger(info, **lora)}
+    fsdp = {x.name: x.gib for x in estimate_ledger(info, **lora, processes=4, distributed="fsdp")}
+    assert {k: v for k, v in fsdp.items() if k in one and k != "margin"} == \
+        {k: v for k, v in one.items() if k != "margin"}
+
+
+def test_the_largest_shard_unit_is_a_block_not_a_whole_up_block(real_infos):
+    """SDXL's 1280-channel up block holds ~1 B parameters; its units are its layers."""
+    assert real_infos["sdxl-base-1.0"].shard_unit_params < 60e6
+    assert 150e6 < real_infos["sd3.5-large"].shard_unit_params < 250e6
+    assert 300e6 < real_infos["flux-dev"].shard_unit_params < 400e6
+
+
+def test_docs_sharding_table_is_the_ledgers_output(tmp_path):
+    from tests.engine.real_configs import sharding_table
+
+    assert sharding_table(tmp_path) in (REPO / "docs" / "memory.md").read_text(encoding="utf-8")
+
+
+def test_dmad_ledger_shows_ddp_and_fsdp_side_by_side(tmp_path, capsys):
+    from dmad.cli import main
+    from tests.engine.real_configs import write_real_config_folder
+
+    teacher = write_real_config_folder(tmp_path / "sdxl", "sdxl-base-1.0")
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"identity": {"pretrained_model_name_or_path": str(teacher),
+                                            "train_data_dir": str(tmp_path), "student": "full", "fake_score": "full"},
+                               "resources": {"mixed_precision": "bf16", "resolution": 1024,
+                                             "gradient_checkpointing": True, "distributed": "fsdp"}}))
+    assert main(["ledger", "--config", str(cfg), "--processes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "per GPU at 4 processes              ddp       fsdp" in out and "DDP gradient buckets" in out
+    assert main(["ledger", "--config", str(cfg), "--processes", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"]["processes"] == 4 and doc["inputs"]["distributed"] == "fsdp"
+    assert doc["by_distributed"]["ddp"]["total_gib"] > 3 * doc["by_distributed"]["fsdp"]["total_gib"]
+    assert doc["total_gib"] == doc["by_distributed"]["fsdp"]["total_gib"]
