@@ -115,6 +115,13 @@ class MainWindow(QMainWindow):
         self.runs.root_changed.connect(lambda root: self._settings.setValue(ROOT_KEY, str(root)))
         self.gpu.readings_received.connect(self._on_gpu)
         self.training.processes.valueChanged.connect(self.data.set_processes)
+        self.training.processes.valueChanged.connect(self.config.ledger_view.set_processes)
+        # DDP / FSDP beside Processes is the config's resources.distributed: picking one edits the
+        # config (one source of truth), and the config's value is what the box shows
+        self.training.controls.distributed_chosen.connect(self._choose_distributed)
+        self.config.ledger_view.ledger_shown.connect(
+            lambda report: self.training.controls.show_per_gpu(report.by_distributed,
+                                                               report.inputs.get("processes", 1)))
         self.memory.apply_requested.connect(self._apply_config_changes)  # a probe's "Apply to config"
 
     def _apply_config_changes(self, changes: dict) -> None:
@@ -130,7 +137,19 @@ class MainWindow(QMainWindow):
         """The Data and Memory tabs follow the config; relative paths are relative to the config file."""
         self.data.set_config(self.config.config(), self.config.base_dir())
         self.memory.set_config(self.config.config(), self.config.base_dir())
+        self._show_distributed()
         self._show_target()
+
+    def _show_distributed(self) -> None:
+        resources = self.config.config().get("resources")
+        value = resources.get("distributed", "ddp") if isinstance(resources, dict) else "ddp"
+        self.training.controls.show_distributed(value)
+
+    def _choose_distributed(self, value: str) -> None:
+        """DDP / FSDP picked beside Processes: the config's field is set (a run's own config shown
+        read-only stays as it is, and the box goes back to what it says)."""
+        self.config.apply_changes({"resources.distributed": value})
+        self._show_distributed()
 
     def _show_target(self) -> None:
         """Where Start would put a new run, said before Start (the state line and Start's tooltip)."""

@@ -64,6 +64,7 @@ class LedgerView(QWidget):
         self._valid = True
         self._ledger: Optional[LedgerReport] = None
         self._device: Optional[tuple[str, float]] = None
+        self._processes = 1       # the Training panel's Processes box: the ledger is per GPU of that many
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(DEBOUNCE_MS)
@@ -112,6 +113,12 @@ class LedgerView(QWidget):
             self._device = (name, total_gb)
             self._show_total()
 
+    def set_processes(self, n: int) -> None:
+        """The number of processes Start launches (one per GPU): the estimate is per GPU of them."""
+        if n != self._processes:
+            self._processes = n
+            self.config_changed(self._valid)
+
     def ledger(self) -> Optional[LedgerReport]:
         return self._ledger
 
@@ -144,7 +151,7 @@ class LedgerView(QWidget):
         dmad.finished.connect(self._on_finished)
         self._dmad, self._out = dmad, []
         self._set_status("Estimating (dmad ledger) ...")
-        dmad.start(["ledger", "--config", str(path), "--json"])
+        dmad.start(["ledger", "--config", str(path), "--json", "--processes", str(self._processes)])
 
     def _supersede(self) -> None:
         dmad, self._dmad = self._dmad, None
@@ -219,7 +226,9 @@ class LedgerView(QWidget):
     def _show_total(self) -> None:
         if self._ledger is None:
             return
-        text = f"<b>{self._ledger.total_gib:.2f} GiB estimated</b> (framework scope)"
+        n = self._ledger.inputs.get("processes", 1)
+        text = f"<b>{self._ledger.total_gib:.2f} GiB estimated</b> (framework scope" + \
+            (f", one GPU of {n} processes, {html.escape(str(self._ledger.inputs.get('distributed')))})" if n > 1 else ")")
         if self._device is not None:
             name, total = self._device
             text += (f" of <b>{total:.1f} GiB on {html.escape(name)}</b> (device-wide total, NVML)")
@@ -227,6 +236,10 @@ class LedgerView(QWidget):
             what = "; ".join(html.escape(line.name) for line in self._ledger.cpu_lines)
             text += (f"<br>GPU lines only; plus <b>{self._ledger.cpu_gib:.2f} GiB of CPU RAM</b> (host memory, not in "
                      f"the GPU total): {what}")
+        by = self._ledger.by_distributed
+        if by:
+            text += "<br>Per GPU at {} processes: {}".format(n, ", ".join(
+                f"{html.escape(m)} <b>{gib:.1f} GiB</b>" for m, gib in by.items()))
         self.total.setText(text)
 
     def _set_status(self, text: str, error: bool = False) -> None:

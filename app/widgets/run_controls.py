@@ -1,5 +1,6 @@
 """The Training panel's row of run controls: Start, Continue, Pause, Resume, Stop, Sample now,
-Sample prompt..., Checkpoint now, the process count and the machines (the state line is the first item
+Sample prompt..., Checkpoint now, the process count, DDP or FSDP (the config's resources.distributed, with
+the memory estimate per GPU of each) and the machines (the state line is the first item
 of the numbers row below: app/widgets/run_numbers.py, where a long line has room).
 
 Thin: it builds the row and shows what it is told. The panel decides what is enabled (it knows the
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
 
 from app.engine.process import LaunchMachines
 from app.widgets.wheel_guard import guard_wheel
@@ -32,8 +33,18 @@ def reserve_width(button: QPushButton, longest: str = LONGEST_CONTINUE) -> None:
     button.setText(text)
 
 
+SHARDING_TIP = ("How several processes split the work (the config's resources.distributed; changing it here edits "
+                "the config). DDP: every GPU holds every network whole and gradients are averaged: fastest while "
+                "the model fits. FSDP: the full student, the full fake score and its GAN head (and, with "
+                "fsdp_shard_teacher, the teacher) are sharded over the processes: weights, gradients and optimizer "
+                "states divided by their number; for full networks that do not fit one GPU. LoRA networks stay "
+                "replicated either way. The memory estimate per GPU for each is beside it (Config > Memory "
+                "estimate).")
+
+
 class RunControls(QWidget):
     machines_requested = Signal()
+    distributed_chosen = Signal(str)  # "ddp" | "fsdp": the user picked it (the config follows)
 
     def __init__(self, parent: Optional[QWidget] = None):
         super().__init__(parent)
@@ -55,6 +66,15 @@ class RunControls(QWidget):
                                   "launch` (DDP). The effective batch is batch x accumulation x processes; learning "
                                   "rates are not rescaled. Over several machines this is the total (Machines...).")
         row.addWidget(self.processes)
+        self.sharding = QComboBox()
+        self.sharding.addItem("DDP", "ddp")
+        self.sharding.addItem("FSDP", "fsdp")
+        guard_wheel(self.sharding)
+        self.sharding.setToolTip(SHARDING_TIP)
+        self.sharding.currentIndexChanged.connect(
+            lambda _i: None if self._showing else self.distributed_chosen.emit(self.sharding.currentData()))
+        self._showing = False
+        row.addWidget(self.sharding)
         self.machines = LaunchMachines()  # this machine alone, until the Machines dialog says otherwise
         self.machines_button = QPushButton("Machines: 1")
         self.machines_button.setToolTip("Run over several machines (accelerate: --num-machines, --machine-rank, "
@@ -62,6 +82,23 @@ class RunControls(QWidget):
         self.machines_button.clicked.connect(lambda: self.machines_requested.emit())
         row.addWidget(self.machines_button)
         row.addStretch(1)
+
+    def show_distributed(self, value: str) -> None:
+        """The config's resources.distributed, shown without sending it back."""
+        i = self.sharding.findData(value if value in ("ddp", "fsdp") else "ddp")
+        self._showing = True
+        try:
+            self.sharding.setCurrentIndex(i)
+        finally:
+            self._showing = False
+
+    def show_per_gpu(self, by_distributed: Optional[dict], processes: int) -> None:
+        """The memory estimate per GPU for each setting in its item ("DDP · 115 GiB/GPU"), when the
+        ledger knows it for `processes` > 1; the bare names otherwise."""
+        for i in range(self.sharding.count()):
+            mode = self.sharding.itemData(i)
+            gib = (by_distributed or {}).get(mode) if processes > 1 else None
+            self.sharding.setItemText(i, mode.upper() + (f" · {gib:.0f} GiB/GPU" if gib is not None else ""))
 
     def show_machines(self, machines: LaunchMachines) -> None:
         """The machines a Start or Continue launches on (`machines`), shown on their button."""

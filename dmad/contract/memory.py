@@ -58,6 +58,7 @@ class LedgerReport:
     total_gib: float     # the engine's GPU total: the "gpu" lines only
     inputs: dict
     family: Optional[str] = None  # the teacher family the engine sized (sd1, sd2, sdxl, sd3, flux); None: not said
+    by_distributed: Optional[dict] = None  # {"ddp": GPU total GiB, "fsdp": ...} per GPU at inputs["processes"] > 1
 
     @property
     def gpu_lines(self) -> list[LedgerLine]:
@@ -93,8 +94,10 @@ def parse_ledger(text: str) -> LedgerReport:
     try:
         lines = [_line(x) for x in d["lines"]]
         family = d.get("family")
+        modes = d.get("by_distributed")
+        by = {str(m): float(doc["total_gib"]) for m, doc in modes.items()} if isinstance(modes, dict) else None
         return LedgerReport(str(d.get("scope") or LEDGER_SCOPE), lines, float(d["total_gib"]),
                             d.get("inputs") if isinstance(d.get("inputs"), dict) else {},
-                            str(family) if isinstance(family, str) and family else None)
+                            str(family) if isinstance(family, str) and family else None, by)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"malformed ledger: {type(e).__name__} {e}") from None

@@ -140,7 +140,7 @@ def test_the_memory_estimate_follows_the_form(qtbot, config_panel):
                                                                                           "assumption"]
     assert f"{res / 8:.2f} GiB estimated" in panel.ledger_view.total_text()
     call = stand_in.calls("ledger")[0]["args"]
-    assert call[0] == "ledger" and call[-1] == "--json"
+    assert call[0] == "ledger" and call[-3:] == ["--json", "--processes", "1"]
     config = Path(call[call.index("--config") + 1])
     assert json.loads(config.read_text())["resources"]["resolution"] == res  # the form, materialized
 

@@ -431,3 +431,23 @@ def test_screenshots_writes_one_png_per_panel(tmp_path):
         img = QImage(str(p))
         assert (img.width(), img.height()) == (1280, 800), p
     assert not list(RECORDED_RUN.glob("control.jsonl"))  # the recorded run itself is never written
+
+
+def test_ddp_or_fsdp_beside_processes_is_the_configs_distributed_setting(window, qtbot):
+    """Picking FSDP edits the config (one source of truth, no silent override at Start); a config
+    that says fsdp shows FSDP; the per-GPU estimate of each setting lands in its item."""
+    from dmad.contract.memory import LedgerReport
+
+    box = window.training.controls.sharding
+    assert box.currentData() == "ddp" and window.config.config()["resources"].get("distributed", "ddp") == "ddp"
+    box.setCurrentIndex(box.findData("fsdp"))
+    assert window.config.config()["resources"]["distributed"] == "fsdp"
+    raw = window.config.config()
+    raw["resources"]["distributed"] = "ddp"
+    window.config.apply_changes({"resources.distributed": "ddp"})
+    qtbot.waitUntil(lambda: box.currentData() == "ddp")
+    window.training.processes.setValue(4)
+    assert window.config.ledger_view._processes == 4
+    window.config.ledger_view.ledger_shown.emit(LedgerReport("framework", [], 27.6, {"processes": 4},
+                                                             "sdxl", {"ddp": 115.2, "fsdp": 27.6}))
+    assert [box.itemText(i) for i in range(box.count())] == ["DDP · 115 GiB/GPU", "FSDP · 28 GiB/GPU"]
