@@ -98,7 +98,8 @@ class RunControls(QWidget):
         for i in range(self.sharding.count()):
             mode = self.sharding.itemData(i)
             gib = (by_distributed or {}).get(mode) if processes > 1 else None
-            self.sharding.setItemText(i, mode.upper() + (f" · {gib:.0f} GiB/GPU" if gib is not None else ""))
+            shown = "" if gib is None else f" · {gib:.1f} GiB/GPU" if gib < 10 else f" · {gib:.0f} GiB/GPU"
+            self.sharding.setItemText(i, mode.upper() + shown)
 
     def show_machines(self, machines: LaunchMachines) -> None:
         """The machines a Start or Continue launches on (`machines`), shown on their button."""
