@@ -8,9 +8,9 @@ The model: a random UNet with SD 1.5's layout at half its widths (block_out_chan
 state (student + fake score + GAN head, float32 weights, gradients and two AdamW states: 16 bytes
 a parameter) dominates each process. Each run trains 4 iterations at 64 px, batch 1 a process,
 through `dmad train` (ranks launched by accelerate), while this script samples the resident
-memory (RSS) of every rank process every 0.2 s; a rank's figure is its largest RSS after the
-run's first metric event (training, past the build, whose full float32 copies exist before
-fully_shard keeps each rank's slice).
+memory (RSS) of every rank process every 0.2 s; a rank's figure is its largest RSS between the
+run's first metric event and its checkpoint (training: past the build, whose full float32 copies
+exist before fully_shard keeps each rank's slice, and before a checkpoint's serialisation).
 
 What is compared: the state's share of a process, RSS of the full/full run minus RSS of the same
 run with a rank-1 LoRA student and fake score on one shared frozen base (the same teacher, VAE,
@@ -59,7 +59,10 @@ def sample_rss(run_dir: Path, stop: threading.Event, out: dict) -> None:
 
     events = run_dir / "events.jsonl"
     while not stop.is_set():
-        training = events.is_file() and '"kind":"metric"' in events.read_text(encoding="utf-8", errors="replace")
+        text = events.read_text(encoding="utf-8", errors="replace") if events.is_file() else ""
+        # training: after the first metric event and before the first checkpoint (the state, not the
+        # serialisation of a checkpoint, which buffers a rank's shards once more)
+        training = '"kind":"metric"' in text and '"kind":"checkpoint"' not in text
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmd = " ".join(p.info["cmdline"] or [])

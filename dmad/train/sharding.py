@@ -71,6 +71,12 @@ def shard(net: nn.Module, device: torch.device, param_dtype: Optional[torch.dtyp
     for unit in shard_units(net):  # innermost first (dmad.models.shard_units says which and why)
         fully_shard(unit, **kw)
     fully_shard(net, **kw)  # the root: what is left (nothing, in diffusers' denoisers)
+    # FSDP2 fixes each unit's gradient dtypes at its first forward, from the parameters that
+    # require grad at that moment; the critic's first forward is inside the student's step, frozen,
+    # so its bf16 gradients would later meet float32 parameters (measured: "attempting to assign a
+    # gradient with dtype BFloat16 to a tensor with grad_dtype Float"). Initialise now, with every
+    # trained parameter requiring grad. (FSDP2 has no public call for this; its forward makes it.)
+    net._get_fsdp_state()._lazy_init()
     return net
 
 
@@ -85,22 +91,24 @@ def shard_run(cfg: Any, trained: Any, teacher: Any, method: Any, device: torch.d
 
     res = cfg.resources
     ensure_process_group(device)
+    offload = res.fsdp_cpu_offload and device.type != "cpu"  # on a CPU the shards are in host memory already
     param_dtype = torch_dtype(res.mixed_precision) if res.mixed_precision != "no" else None
     modules = dict(method.modules(trained))
     full = {name for name, mode in method.layout(cfg.identity).networks if mode == "full"}
     done = []
     for name, net in modules.items():
         if name in full or (name == "gan_head" and "fake_score" in full):
-            shard(net, device, param_dtype, res.fsdp_cpu_offload)
+            shard(net, device, param_dtype, offload)
             done.append(name)
     if trained.ema is not None and "student" in done:
         trained.ema = make_ema(trained.student, cfg.distillation.ema_decay)
     if res.fsdp_shard_teacher:
-        shard(teacher.denoiser, device, None, res.fsdp_cpu_offload)
+        shard(teacher.denoiser, device, None, offload)
         done.append("teacher denoiser")
     import torch.distributed as dist
 
-    where = "CPU memory" if res.fsdp_cpu_offload else str(device)
+    where = "CPU memory" + (" (fsdp_cpu_offload)" if offload else "") if offload or device.type == "cpu" \
+        else str(device)
     what = ", ".join(done) or "nothing (every network is LoRA: replicated)"
     return f"fsdp over {dist.get_world_size()} process(es): sharded {what}; shards in {where}; compute " \
            f"{param_dtype or 'as stored'}"

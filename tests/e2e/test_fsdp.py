@@ -206,3 +206,22 @@ def test_fsdp_shards_and_checkpoints_every_family(family, tmp_path, tiny_data, t
     shapes = stored_shapes(run / "checkpoints" / "iter_2")
     assert {k: tuple(v.shape) for k, v in exported.items()} == {k[len("student."):]: v for k, v in shapes.items()
                                                                if k.startswith("student.")}
+
+
+def test_bf16_compute_with_a_frozen_first_critic_call_trains(fsdp_root, tmp_path):
+    """FSDP2 fixes each unit's gradient dtype at its first forward from what requires grad then; the
+    critic's first call is frozen, inside the student's step. With bf16 compute its gradients
+    then reached float32 parameters ("attempting to assign a gradient with dtype BFloat16"):
+    the engine initialises every sharded network before training. fsdp_cpu_offload on a CPU is
+    a no-op (the shards are in host memory already) and says so in the log line."""
+    _, config = fsdp_root
+    cfg = config("bf16", {"resources": {"distributed": "fsdp", "mixed_precision": "bf16", "fsdp_shard_teacher": True,
+                                        "fsdp_cpu_offload": True},
+                          "optimization": {"max_train_steps": 2}})
+    run = tmp_path / "bf16"
+    assert dmad_in_process("train", "--config", str(cfg), "--run-dir", str(run)) == 0
+    log = (run / "logs" / "engine.log").read_text()
+    assert ("fsdp over 1 process(es): sharded student, fake_score, gan_head, teacher denoiser; shards in CPU "
+            "memory; compute torch.bfloat16") in log
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 3
