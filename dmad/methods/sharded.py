@@ -19,10 +19,12 @@ def is_sharded(net: nn.Module) -> bool:
 
 def reshard(*nets: nn.Module) -> None:
     """Free every gathered copy of these networks' sharded weights: the next call gathers them
-    again from the shards. Needed after changing the shards or their requires_grad outside a
-    backward (an optimizer step, the critic frozen or thawed, EMA weights swapped in): a root left
-    gathered by a forward with no backward after it would compute with its stale copy (a frozen
-    critic's root then got no gradient; measured on 2 processes). Replicated networks: nothing."""
+    again from the shards. Called after changing the shards or their requires_grad outside a
+    backward (an optimizer step, the critic frozen or thawed, EMA weights swapped in). FSDP2 keeps
+    a root's weights gathered after a forward, and a root left gathered by a forward with no
+    backward after it computes with its stale copy (a frozen critic's root layers got no
+    gradient: measured on 2 processes). dmad.models.shard_units leaves diffusers' roots no weights
+    of their own, so this guards what a unit could still hold. Replicated networks: nothing."""
     from torch.distributed.fsdp import FSDPModule
 
     for net in nets:

@@ -17,7 +17,9 @@ checkpoints have one format whatever it was launched with.
 
 Sharded checkpoints (checkpoints/iter_<N>/sharded/): torch.distributed.checkpoint with its
 safetensors storage (HuggingFaceStorageWriter, save_distributed): each rank writes its own shards,
-`shard-<rank+1>-model-00001-of-00001.safetensors`, with each tensor's offset in the header, so
+one file per part (each network, the EMA, each optimizer: a file is serialised in memory before it
+is written, so this bounds the host memory a checkpoint adds to one part),
+`shard-<rank+1>-model-<part>-of-<parts>.safetensors`, with each tensor's offset in the header, so
 loading at another world size re-shards and nothing is ever unpickled (DCP's default storage
 pickles its metadata). Keys: `<network>.<parameter name>` for the sharded networks,
 `ema.shadow.<i>` for the student's EMA, `optimizer_<name>.state.<index>.<key>` for the sharded
@@ -74,8 +76,14 @@ def save_sharded(out: Path, modules: Mapping[str, nn.Module], ema: Optional[Any]
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     folder = out / SHARDED_DIR
-    dcp.save(_state(modules, ema, optimizers),
-             storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+    state = _state(modules, ema, optimizers)
+    # one file per part (each network, the EMA, each optimizer) and rank: the writer serialises a
+    # file in memory before writing it, so a rank's host memory rises by its largest part, not by
+    # all of its shards at once
+    parts = sorted({_part(k) for k in state})
+    mapping = {k: parts.index(_part(k)) + 1 for k in state}
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=mapping,
+                                                            save_distributed=True))
     if is_main:
         import torch.distributed as dist
 
@@ -85,6 +93,11 @@ def save_sharded(out: Path, modules: Mapping[str, nn.Module], ema: Optional[Any]
                  "ema": None if ema is None else {"decay": ema.decay, "optimization_step": ema.optimization_step},
                  "optimizer_scalars": {name: _scalars(opt) for name, opt in optimizers.items()}}
         (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+
+
+def _part(key: str) -> str:
+    """The part a key belongs to: its network, "ema" or "optimizer_<name>"."""
+    return key.split(".", 1)[0]
 
 
 def _param_groups(opt: Any) -> list:

@@ -79,6 +79,10 @@ def _write_sharded(s: Session, tr: Trainer) -> None:
     if tr.world > 1:
         tmp = broadcast(tr.accelerator, str(tmp) if tmp else None)
     tmp = Path(tmp)
+    if not tmp.is_dir():  # rank k on another machine: rank 0 made the folder on storage this machine does not see
+        raise UserInputError(f"checkpoint iter_{p.iter}: {tmp} (made by rank 0) is not visible here: an fsdp run's "
+                             f"ranks each write their shards into the run folder, so over several machines it must be "
+                             f"on storage every machine sees")
     nets, ema, opts = sharded_parts(tr)
     done = frozenset({*nets, *(("ema",) if ema is not None else ()), *(f"optimizer_{n}" for n in opts)})
     try:

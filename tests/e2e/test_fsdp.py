@@ -83,8 +83,9 @@ def test_two_sharded_processes_step_like_one_process_of_twice_the_batch(fsdp_roo
     assert dmad_in_process("train", "--config", str(two), "--run-dir", str(root / "two"), "--num-processes", "2") == 0
     ckpt = root / "two" / "checkpoints" / "iter_1"
     shards = ckpt / "sharded"
+    # one file per rank and part: the fake score and the GAN head (SGD keeps no optimizer state)
     assert sorted(p.name for p in shards.glob("*.safetensors")) == [
-        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"]
+        f"shard-0000{r}-model-0000{k}-of-00002.safetensors" for r in (1, 2) for k in (1, 2)]
     index = json.loads((shards / "index.json").read_text())
     assert index["world_size"] == 2 and index["networks"] == ["fake_score", "gan_head"]
     assert sorted(index["optimizers"]) == ["critic"]  # the LoRA student's optimizer is replicated
