@@ -172,11 +172,10 @@ def _saved_base_weights(n_den: int, family: str, *, teacher_precision: str, mixe
 
 
 def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_rank: int, mixed_precision: str,
-                    gradient_checkpointing: bool, train_batch_size: int, resolution: int,
-                    optimizer: str, teacher_precision: str = "auto", teacher_cpu_offload: bool = False,
-                    share_frozen_base: bool = True, method: str = "dmad", processes: int = 1,
-                    distributed: str = "ddp", fsdp_shard_teacher: bool = False,
-                    fsdp_cpu_offload: bool = False) -> Ledger:
+                    gradient_checkpointing: bool, train_batch_size: int, resolution: int, optimizer: str,
+                    teacher_precision: str = "auto", teacher_cpu_offload: bool = False, share_frozen_base: bool = True,
+                    method: str = "dmad", processes: int = 1, distributed: str = "ddp",
+                    fsdp_shard_teacher: bool = False, fsdp_cpu_offload: bool = False) -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
@@ -200,20 +199,12 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     The method (dmad.methods: its unit) adds its own lines beside the student's (DMAD: the fake
     score and the GAN head; latent consistency distillation: its EMA target), says how many graphs
     with gradients are alive at the peak and whether its LoRA networks may share the frozen base.
-
-    Several processes (`processes`, one GPU each): with ddp every line is whole on every GPU, and
-    DDP's gradient buckets add a float32 copy of every trainable gradient; with fsdp the full
-    networks' weights, gradients and optimizer states (and the GAN head's, and the teacher's with
-    fsdp_shard_teacher) are divided by the number of processes, and the gather and reduce buffers
-    of the largest unit are added (_sharding_lines); fsdp_cpu_offload moves the shards to a CPU
-    line."""
+    One GPU of `processes` with ddp or fsdp: _sharding_lines."""
     from dmad.methods import method_unit
     from dmad.methods.unit import LedgerInputs
     from dmad.models.networks import shares_base
 
-    wb, dt = BYTES[mixed_precision], DTYPE_NAME[mixed_precision]
-    n_den = info.denoiser_params
-    word = _denoiser_word(info)
+    wb, dt, n_den, word = BYTES[mixed_precision], DTYPE_NAME[mixed_precision], info.denoiser_params, _denoiser_word(info)
     unit = method_unit(method)
     shared = unit.shares_base and shares_base(student, fake_score, share_frozen_base)
     encoders = {c: n for c, n in info.param_counts.items() if c not in (info.denoiser, "vae")}
@@ -238,36 +229,36 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
         teacher_cpu_offload=teacher_cpu_offload, teacher_bytes=tb, teacher_dtype=tdt)
     if saved is not None:
         lines.append(LedgerLine("base weights saved for backward", saved[0] / GIB, saved[1]))
+    offloaded = {f"frozen base {word}" if shared else f"teacher {word}": n_den * tb,
+                 **{c: n * wb for c, n in encoders.items()}}
     if teacher_cpu_offload:
-        offloaded = f"frozen base {word}" if shared else f"teacher {word}"
-        parts = {offloaded: n_den * tb, **{c: n * wb for c, n in encoders.items()}}
-        largest = max(parts, key=parts.get)
-        lines.append(LedgerLine("teacher offload (transient)", parts[largest] / GIB,
-                                f"teacher_cpu_offload: the largest offloaded network ({largest}) on the GPU during "
-                                f"its own call" + ("; the shared base is on the GPU for each teacher, student and "
-                                                   "fake-score call, one at a time" if shared else "")))
+        lines.append(_offload_transient(offloaded, shared))
     lines.append(_activations_line(info, unit.graphs_at_peak, train_batch_size, resolution, gradient_checkpointing,
                                    mixed_precision))
     if processes > 1 or distributed == "fsdp":
-        trainable = (n_den if student == "full" else lora_rank * info.unet_lora_params_per_rank)
-        if "fake_score" in unit.networks:
-            trainable += n_den if fake_score == "full" else lora_rank * info.unet_lora_params_per_rank
-        lines = _sharding_lines(lines, info, processes=processes, distributed=distributed, trainable=trainable,
+        trained = {"full": n_den, "lora": lora_rank * info.unet_lora_params_per_rank}
+        lines = _sharding_lines(lines, info, processes=processes, distributed=distributed, trainable=trained[student]
+                                + (trained[fake_score] if "fake_score" in unit.networks else 0), teacher_line=frozen_name,
                                 shard_teacher=fsdp_shard_teacher and not teacher_cpu_offload and not shared,
-                                teacher_line=frozen_name, cpu_offload=fsdp_cpu_offload,
-                                mixed_precision=mixed_precision)
+                                cpu_offload=fsdp_cpu_offload, mixed_precision=mixed_precision)
     subtotal = ledger_total(lines)
     lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
                             f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
     if teacher_cpu_offload:
-        cpu_name = f"frozen base {word} + text encoders (CPU RAM)" if shared else \
-            f"teacher {word} + text encoders (CPU RAM)"
-        lines.append(LedgerLine(cpu_name, (n_den * tb + n_text * wb) / GIB,
+        lines.append(LedgerLine(f"{next(iter(offloaded))} + text encoders (CPU RAM)", (n_den * tb + n_text * wb) / GIB,
                                 f"teacher_cpu_offload: {teacher_how}; "
                                 + " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
-                                + f" in {dt}; host memory, not in the "
-                                f"total", scope="cpu"))
+                                + f" in {dt}; host memory, not in the total", scope="cpu"))
     return Ledger(lines, info.family)
+
+
+def _offload_transient(offloaded: dict[str, float], shared: bool) -> LedgerLine:
+    """teacher_cpu_offload: the largest offloaded network (bytes by name) on the GPU during its call."""
+    largest = max(offloaded, key=offloaded.get)
+    return LedgerLine("teacher offload (transient)", offloaded[largest] / GIB,
+                      f"teacher_cpu_offload: the largest offloaded network ({largest}) on the GPU during its own "
+                      f"call" + ("; the shared base is on the GPU for each teacher, student and fake-score call, one "
+                                 "at a time" if shared else ""))
 
 
 SHARDED_NAMES = ("student (full)", "fake score (full)", "GAN head")
@@ -276,7 +267,7 @@ SHARDED_NAMES = ("student (full)", "fake score (full)", "GAN head")
 def _sharding_lines(lines: list[LedgerLine], info: "TeacherInfo", *, processes: int, distributed: str,
                     trainable: int, shard_teacher: bool, teacher_line: str, cpu_offload: bool,
                     mixed_precision: str) -> list[LedgerLine]:
-    """The lines of one GPU of `processes` (dmad.train.sharding). ddp: everything whole, plus DDP's
+    """The lines of one GPU of `processes` (one GPU each; dmad.train.sharding). ddp: everything whole, plus DDP's
     gradient buckets (torch DDP copies each gradient into a flat float32 bucket: gradient_as_bucket_view
     is off). fsdp: the full networks, the GAN head (and the teacher) divided by the processes; the
     largest unit gathered twice in the compute dtype (the one computing and the next, prefetched)
