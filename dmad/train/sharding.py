@@ -80,8 +80,6 @@ def shard(net: nn.Module, device: torch.device, param_dtype: Optional[torch.dtyp
     return net
 
 
-
-
 def shard_run(cfg: Any, trained: Any, teacher: Any, method: Any, device: torch.device) -> str:
     """resources.distributed fsdp: shard the method's full networks (and the GAN head with a full
     fake score; the teacher's denoiser with fsdp_shard_teacher), then remake what holds copies of
