@@ -20,18 +20,38 @@ from dmad.contract.regular import read_regular
 OPTIMIZER_FORMAT = "dmad-optimizer-1"
 
 
-def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
-    sd = opt.state_dict()
+def split_state(sd: dict) -> tuple[dict[str, torch.Tensor], dict, list]:
+    """A torch.optim state_dict as (tensors named `state.<param index>.<key>`, the other
+    per-parameter values {index: {key: value}}, param_groups): what a tensor file and JSON hold.
+    The tensors are the state's own (sharded ones stay sharded)."""
     tensors, scalars = {}, {}
     for idx, state in sd["state"].items():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"state.{idx}.{key}"] = value.detach().contiguous().cpu()
+                tensors[f"state.{idx}.{key}"] = value
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    meta = {"format": OPTIMIZER_FORMAT, "param_groups": json.dumps(sd["param_groups"]),
-            "scalars": json.dumps(scalars)}
-    save_file(tensors, str(path), metadata=meta)
+    return tensors, scalars, sd["param_groups"]
+
+
+def join_state(tensors: dict, scalars: dict, groups: list) -> dict:
+    """split_state's parts back into a state_dict (JSON lists of betas made tuples again)."""
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = value
+    for idx, values in scalars.items():
+        state.setdefault(int(idx), {}).update(values)
+    for g in groups:
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])  # what torch.optim.Adam makes (JSON has no tuples)
+    return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    tensors, scalars, groups = split_state(opt.state_dict())
+    meta = {"format": OPTIMIZER_FORMAT, "param_groups": json.dumps(groups), "scalars": json.dumps(scalars)}
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=meta)
 
 
 def read_optimizer(path: Path, tensors: bool = True) -> dict:
@@ -45,16 +65,8 @@ def read_optimizer(path: Path, tensors: bool = True) -> dict:
         groups, scalars = json.loads(meta["param_groups"]), json.loads(meta["scalars"])
         if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups) or not isinstance(scalars, dict):
             raise ValueError("param_groups or scalars have the wrong type")
-        state: dict[int, dict] = {}
-        for name in f.keys():
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = f.get_tensor(name) if tensors else None
-    for idx, values in scalars.items():
-        state.setdefault(int(idx), {}).update(values)
-    for g in groups:
-        if isinstance(g.get("betas"), list):
-            g["betas"] = tuple(g["betas"])  # what torch.optim.Adam makes (JSON has no tuples)
-    return {"state": dict(sorted(state.items())), "param_groups": groups}
+        stored = {name: f.get_tensor(name) if tensors else None for name in f.keys()}
+    return join_state(stored, scalars, groups)
 
 
 def save_scaler(scaler, path: Path) -> None:

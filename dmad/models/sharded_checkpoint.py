@@ -38,32 +38,27 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
+from dmad.models.optim_state import join_state, split_state
+
 SHARDED_DIR = "sharded"
 INDEX = "index.json"
 SHARDED_FORMAT = "dmad-sharded-1"
-BLOCK_LISTS = ("down_blocks", "up_blocks", "transformer_blocks", "single_transformer_blocks")
 
 
 # --------------------------------------------------------------------------- sharded checkpoints
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.detach()
-
-
-def _state(modules: Mapping[str, nn.Module], ema: Optional[Any], optimizers: Mapping[str, Any]) -> dict:
-    """The flat state dict of everything sharded (tensors only: what DCP's safetensors storage holds)."""
+def _state(modules: Mapping[str, nn.Module], ema: Optional[Any], optimizers: Mapping[str, dict]) -> dict:
+    """The flat state dict of everything sharded (tensors only: what DCP's safetensors storage
+    holds); `optimizers`: each one's split_state tensors."""
     out: dict[str, torch.Tensor] = {}
     for name, net in modules.items():
         for key, value in net.state_dict().items():
-            out[f"{name}.{key}"] = _local(value)
+            out[f"{name}.{key}"] = value.detach()
     if ema is not None:
         for i, t in enumerate(ema.shadow_params):
             out[f"ema.shadow.{i}"] = t
-    for name, opt in optimizers.items():
-        for idx, st in opt.state_dict()["state"].items():
-            for key, value in st.items():
-                if isinstance(value, torch.Tensor):
-                    out[f"optimizer_{name}.state.{idx}.{key}"] = value
+    for name, tensors in optimizers.items():
+        out.update({f"optimizer_{name}.{k}": v for k, v in tensors.items()})
     return out
 
 
@@ -76,7 +71,8 @@ def save_sharded(out: Path, modules: Mapping[str, nn.Module], ema: Optional[Any]
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     folder = out / SHARDED_DIR
-    state = _state(modules, ema, optimizers)
+    split = {name: split_state(opt.state_dict()) for name, opt in optimizers.items()}
+    state = _state(modules, ema, {name: tensors for name, (tensors, _, _) in split.items()})
     # one file per part (each network, the EMA, each optimizer) and rank: the writer serialises a
     # file in memory before writing it, so a rank's host memory rises by its largest part, not by
     # all of its shards at once
@@ -89,9 +85,9 @@ def save_sharded(out: Path, modules: Mapping[str, nn.Module], ema: Optional[Any]
 
         index = {"format": SHARDED_FORMAT, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
                  "networks": sorted(modules),
-                 "optimizers": {name: _param_groups(opt) for name, opt in optimizers.items()},
+                 "optimizers": {name: _jsonable(groups) for name, (_, _, groups) in split.items()},
                  "ema": None if ema is None else {"decay": ema.decay, "optimization_step": ema.optimization_step},
-                 "optimizer_scalars": {name: _scalars(opt) for name, opt in optimizers.items()}}
+                 "optimizer_scalars": {name: scalars for name, (_, scalars, _) in split.items()}}
         (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
@@ -100,18 +96,8 @@ def _part(key: str) -> str:
     return key.split(".", 1)[0]
 
 
-def _param_groups(opt: Any) -> list:
-    return json.loads(json.dumps(opt.state_dict()["param_groups"], default=lambda o: None))
-
-
-def _scalars(opt: Any) -> dict:
-    """Per-parameter optimizer values that are not tensors (SGD's momentum_buffer None, say)."""
-    out: dict = {}
-    for idx, st in opt.state_dict()["state"].items():
-        for key, value in st.items():
-            if not isinstance(value, torch.Tensor):
-                out.setdefault(str(idx), {})[key] = value
-    return out
+def _jsonable(groups: list) -> list:
+    return json.loads(json.dumps(groups, default=lambda o: None))
 
 
 def read_index(ckpt: Path) -> Optional[dict]:
@@ -181,10 +167,7 @@ def load_ema_sharded(params: list[torch.Tensor], ckpt: Path) -> None:
     """The EMA's shadow tensors from the sharded part into `params` (the EMA's own shadow params in
     a run; the student's parameters when sampling with its EMA weights), in place."""
     flat = {f"ema.shadow.{i}": p.data for i, p in enumerate(params)}
-    _load(flat, ckpt)
-    for i, p in enumerate(params):
-        if flat[f"ema.shadow.{i}"] is not p.data:
-            p.data.copy_(flat[f"ema.shadow.{i}"])
+    _load(flat, ckpt)  # DCP fills each tensor it is given
 
 
 def load_optimizer_sharded(opt: Any, ckpt: Path, name: str, index: dict, shapes: dict) -> None:
@@ -198,24 +181,15 @@ def load_optimizer_sharded(opt: Any, ckpt: Path, name: str, index: dict, shapes:
     for key, shape in shapes.items():
         if not key.startswith(prefix):
             continue
-        idx, _, sub = key[len(prefix):].partition(".")
-        p = params[int(idx)]
+        p = params[int(key[len(prefix):].split(".", 1)[0])]
         if tuple(p.shape) == tuple(shape) and shape:
             flat[key] = torch.zeros_like(p, dtype=torch.float32) if isinstance(p, DTensor) else torch.zeros_like(p)
         else:
             flat[key] = torch.zeros(shape, dtype=torch.float32)
     _load(flat, ckpt)
-    state: dict[int, dict] = {}
-    for key, value in flat.items():
-        idx, _, sub = key[len(prefix):].partition(".")
-        state.setdefault(int(idx), {})[sub] = value
-    for idx, values in index.get("optimizer_scalars", {}).get(name, {}).items():
-        state.setdefault(int(idx), {}).update(values)
-    groups = index["optimizers"][name]
-    for g in groups:
-        if isinstance(g.get("betas"), list):
-            g["betas"] = tuple(g["betas"])
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    tensors = {k[len(f"optimizer_{name}."):]: v for k, v in flat.items()}
+    opt.load_state_dict(join_state(tensors, index.get("optimizer_scalars", {}).get(name, {}),
+                                   index["optimizers"][name]))
 
 
 def finite_on_every_rank(tensors: Mapping[str, torch.Tensor]) -> Optional[str]:
