@@ -43,7 +43,7 @@ from dmad.contract.regular import read_regular
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
-from dmad.models.sharded_checkpoint import (finite_on_every_rank, load_ema_sharded, load_network_sharded,
+from dmad.models.sharded_checkpoint import (finite_on_every_rank, index_or_none, load_ema_sharded, load_network_sharded,
                                             load_optimizer_sharded, read_index, shard_files, sharded_networks,
                                             stored_shapes)
 
@@ -589,10 +589,7 @@ def _files_sharded(in_shards: set) -> bool:
 
 
 def _sharded_ema(ckpt: Path) -> bool:
-    try:
-        index = read_index(ckpt)
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return False
+    index = index_or_none(ckpt)
     return bool(index and index.get("ema"))
 
 

@@ -116,12 +116,17 @@ def read_index(ckpt: Path) -> Optional[dict]:
     return doc
 
 
-def sharded_networks(ckpt: Path) -> list[str]:
-    """The networks a checkpoint holds sharded ([] for none, or an unreadable index: verify says why)."""
+def index_or_none(ckpt: Path) -> Optional[dict]:
+    """read_index, or None for an unreadable index too (verify_checkpoint says why)."""
     try:
-        index = read_index(ckpt)
+        return read_index(ckpt)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return []
+        return None
+
+
+def sharded_networks(ckpt: Path) -> list[str]:
+    """The networks a checkpoint holds sharded ([] for none, or an unreadable index)."""
+    index = index_or_none(ckpt)
     return list(index["networks"]) if index else []
 
 

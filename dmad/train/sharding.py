@@ -118,12 +118,9 @@ def world_size_note(ckpt: Any, world: int, cfg: Any) -> Optional[str]:
     number of processes, and so does which samples and noise each process draws."""
     from pathlib import Path
 
-    from dmad.models.sharded_checkpoint import read_index
+    from dmad.models.sharded_checkpoint import index_or_none
 
-    try:
-        index = read_index(Path(ckpt))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return None
+    index = index_or_none(Path(ckpt))
     before = index.get("world_size") if index else None
     if not isinstance(before, int) or before == world:
         return None

@@ -69,12 +69,8 @@ def render_teacher(s: Session, tr: Trainer, between_images: Optional[Callable[..
             source = s.files.folder.samples_dir / "teacher"
             if source.is_dir():
                 shutil.copytree(source, copy)
-            from dmad.sample.render import ensure_teacher_samples
-
             try:
-                ensure_teacher_samples(copy, teacher=tr.teacher, prompt_set=s.files.prompt_set, device=tr.device,
-                                       events=s.files.events, log=s.files.log, iteration=s.progress.iter,
-                                       between_images=check)
+                render_teacher_reference(s, tr, check, collective=True, folder=copy)
             finally:
                 tr.barrier()
         return
@@ -194,15 +190,15 @@ def _free_name(folder: Path, stem: str) -> str:
 
 
 def render_teacher_reference(s: Session, tr: Trainer, between_images: Optional[Callable[..., None]] = None,
-                             collective: bool = False) -> None:
-    """samples/teacher/, once per run (dmad.sample.render.ensure_teacher_samples). `between_images`
-    (called after each image, with collective=False; `collective`: it is already the check to
-    call): a stop command ends the phase there."""
+                             collective: bool = False, folder: Optional[Path] = None) -> None:
+    """samples/teacher/ (or `folder`), once per run (dmad.sample.render.ensure_teacher_samples).
+    `between_images` (called after each image, with collective=False; `collective`: it is already
+    the check to call): a stop command ends the phase there."""
     from dmad.sample.render import ensure_teacher_samples
 
     check = between_images if collective else \
         ((lambda: between_images(collective=False)) if between_images is not None else None)
     f = s.files
-    ensure_teacher_samples(f.folder.samples_dir / "teacher", teacher=tr.teacher, prompt_set=f.prompt_set,
+    ensure_teacher_samples(folder or f.folder.samples_dir / "teacher", teacher=tr.teacher, prompt_set=f.prompt_set,
                            device=tr.device, events=f.events, log=f.log, iteration=s.progress.iter,
                            between_images=check)
