@@ -71,7 +71,9 @@ def run() -> int:
 
 # ---------------------------------------------------------------- layout: `dmad-studio --check-layout`
 
-LAYOUT_SIZE = (1280, 800)  # the smallest screen the window must fit, every panel usable
+LAYOUT_SIZE = (1280, 800)  # the size the window asks for, every panel usable
+SMALL_SIZE = (1024, 700)   # the smallest screen it must fit, every panel usable
+LAYOUT_SIZES = (LAYOUT_SIZE, SMALL_SIZE)
 SETTLE_MS = 300            # after switching a tab: layouts and the first paint land
 TOLERANCE_PX = 1
 
@@ -200,15 +202,24 @@ def show_for_check(window, size: tuple[int, int] = LAYOUT_SIZE) -> bool:
     return real
 
 
-def check_layout(window, panels, size: tuple[int, int] = LAYOUT_SIZE) -> int:
-    """`dmad-studio --check-layout`: one line per problem on stdout; exit 0 when there is none."""
-    real = show_for_check(window, size)
-    settle(2 * SETTLE_MS)
-    problems = window_problems(window, size, on_screen=real) + walk_panels(window, panels)
-    geo = window.frameGeometry()
-    print(f"layout: window {geo.width()}x{geo.height()} at {geo.x()},{geo.y()} on "
-          f"{window.screen().availableGeometry().width()}x{window.screen().availableGeometry().height()} "
-          f"({len(panels)} panels)", flush=True)
+def check_layout(window, panels, sizes: tuple[tuple[int, int], ...] = LAYOUT_SIZES) -> int:
+    """`dmad-studio --check-layout`: one line per problem on stdout; exit 0 when there is none. Off
+    screen the window is walked at each of `sizes`; on a real display at the size its screen gives it
+    (bench/real_window.py runs an X server of each size)."""
+    real = show_for_check(window, sizes[0])
+    if real:
+        avail = window.screen().availableGeometry()
+        sizes = ((avail.width(), avail.height()),)
+    problems = []
+    for size in sizes:
+        if not real:
+            window.resize(*size)
+        settle(2 * SETTLE_MS)
+        geo = window.frameGeometry()
+        print(f"layout: window {geo.width()}x{geo.height()} at {geo.x()},{geo.y()} for a {size[0]}x{size[1]} "
+              f"screen ({len(panels)} panels)", flush=True)
+        found = window_problems(window, size, on_screen=real) + walk_panels(window, panels)
+        problems += [f"{size[0]}x{size[1]}: {line}" for line in found]
     for line in problems:
         print(f"layout problem: {line}", flush=True)
     print("layout: " + ("ok" if not problems else f"{len(problems)} problems"), flush=True)

@@ -1,7 +1,9 @@
 """The Training panel's row of run controls: Start, Continue, Pause, Resume, Stop, Sample now,
 Sample prompt..., Checkpoint now, the process count, DDP or FSDP (the config's resources.distributed, with
 the memory estimate per GPU of each) and the machines (the state line is the first item
-of the numbers row below: app/widgets/run_numbers.py, where a long line has room).
+of the numbers row below: app/widgets/run_numbers.py, where a long line has room). Three groups
+(the run's lifecycle, its samples and checkpoints, how it launches) in a flow layout: one line on a
+wide window, two on a 1024 px one.
 
 Thin: it builds the row and shows what it is told. The panel decides what is enabled (it knows the
 run's state and its engine) and connects each button; `machines_requested` asks the panel for the
@@ -15,8 +17,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
 
 from app.engine.process import LaunchMachines
+from app.widgets.flow_layout import FlowLayout
 from app.widgets.wheel_guard import guard_wheel
 
+SAMPLE_KEYS = ("sample", "sample_prompt", "checkpoint")
 BUTTONS = (("start", "Start"), ("continue", "Continue"), ("pause", "Pause"), ("resume", "Resume"), ("stop", "Stop"),
            ("sample", "Sample now"), ("sample_prompt", "Sample prompt…"), ("checkpoint", "Checkpoint now"))
 
@@ -42,23 +46,32 @@ SHARDING_TIP = ("How several processes split the work (the config's resources.di
                 "estimate).")
 
 
+def _group(flow: FlowLayout) -> QHBoxLayout:
+    """A row of controls that stays together on one line of `flow`."""
+    box = QWidget()
+    row = QHBoxLayout(box)
+    row.setContentsMargins(0, 0, 0, 0)
+    flow.addWidget(box)
+    return row
+
+
 class RunControls(QWidget):
     machines_requested = Signal()
     distributed_chosen = Signal(str)  # "ddp" | "fsdp": the user picked it (the config follows)
 
     def __init__(self, parent: Optional[QWidget] = None):
         super().__init__(parent)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
+        flow = FlowLayout(self, spacing=12)  # three groups; a narrow window (1024 px) puts them on two lines
+        lifecycle, samples, launch = (_group(flow) for _ in range(3))
         self.buttons = {key: QPushButton(text) for key, text in BUTTONS}
-        for button in self.buttons.values():
-            row.addWidget(button)
+        for key, button in self.buttons.items():
+            (samples if key in SAMPLE_KEYS else lifecycle).addWidget(button)
         self.buttons["stop"].setToolTip("Stop at the next iteration boundary and save a checkpoint")
         self.buttons["sample"].setToolTip("Render the run's prompt set with the current student now")
         self.buttons["sample_prompt"].setToolTip("Render one prompt of your own (and a seed) with the current "
                                                  "student; the image opens when it is ready")
         reserve_width(self.buttons["continue"])
-        row.addSpacing(12)
+        row = launch
         row.addWidget(QLabel("Processes"))
         self.processes = QSpinBox(minimum=1, maximum=64, value=1)
         guard_wheel(self.processes)  # wheel only when it has focus
@@ -81,7 +94,7 @@ class RunControls(QWidget):
                                         "--main-process-ip, --main-process-port)")
         self.machines_button.clicked.connect(lambda: self.machines_requested.emit())
         row.addWidget(self.machines_button)
-        row.addStretch(1)
+        self.flow = flow
 
     def show_distributed(self, value: str) -> None:
         """The config's resources.distributed, shown without sending it back."""

@@ -1,4 +1,4 @@
-"""The main window fits a 1280x800 screen with every panel usable, and no message can widen it.
+"""The main window fits a 1280x800 and a 1024x700 screen with every panel usable, and no message can widen it.
 
 The same geometry walk as `dmad-studio --check-layout` (app/selftest.py), off screen: every panel
 and every page of the tab widgets inside it is shown, and any widget that extends past the window
@@ -13,7 +13,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QLabel, QPushButton
 
 from app.screenshots import RECORDED_RUN, no_nvml, prepare_recorded_run
-from app.selftest import LAYOUT_SIZE, settle, show_for_check, walk_panels, widget_problems, window_problems
+from app.selftest import LAYOUT_SIZE, LAYOUT_SIZES, SMALL_SIZE, settle, show_for_check, walk_panels, widget_problems, window_problems
 from app.widgets.gpu_status import GpuReading
 from app.widgets.ledger_view import LedgerView
 from app.window import PANELS, MainWindow
@@ -40,12 +40,29 @@ def _with_run(qtbot, tmp_path: Path) -> MainWindow:
     return w
 
 
-def test_every_panel_fits_1280x800_with_a_run_open(qtbot, tmp_path):
+def test_every_panel_fits_1280x800_and_1024x700_with_a_run_open(qtbot, tmp_path):
     w = _with_run(qtbot, tmp_path)
+    for size in LAYOUT_SIZES:
+        w.resize(*size)
+        settle()
+        assert window_problems(w, size, on_screen=False) == [], size
+        assert walk_panels(w, PANELS, settle_ms=100) == [], size
+        assert (w.width(), w.height()) == size
+
+
+def test_the_run_controls_wrap_on_a_narrow_window(qtbot, tmp_path):
+    # One line of controls at 1280 px; at 1024 px two, and nothing clipped (the walk above)
+    w = _window(qtbot, tmp_path)
+    w.show_panel("Training")
+    controls = w.training.controls
     settle()
-    assert window_problems(w, LAYOUT_SIZE, on_screen=False) == []
-    assert walk_panels(w, PANELS, settle_ms=100) == []
-    assert (w.width(), w.height()) == LAYOUT_SIZE
+    assert controls.flow.lines(controls.width()) == 1
+    w.resize(*SMALL_SIZE)
+    settle()
+    assert controls.flow.lines(controls.width()) == 2
+    assert controls.height() >= 2 * w.training.buttons["start"].height()
+    start, machines = w.training.buttons["start"], controls.machines_button
+    assert machines.mapTo(w, machines.rect().topLeft()).y() > start.mapTo(w, start.rect().bottomLeft()).y()
 
 
 def test_no_message_line_widens_the_window(qtbot, tmp_path):
