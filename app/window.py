@@ -26,7 +26,7 @@ from app.panels.config import ConfigPanel
 from app.panels.data import DataPanel
 from app.engine.process import EngineProcess
 from app.models.resume import CONTINUABLE, continue_text
-from app.models.run_target import new_run_folder, root_override, start_tooltip
+from app.models.run_target import new_run_folder, output_dir_note, root_override, start_tooltip
 from app.widgets.run_notifier import RunNotifier
 from app.widgets.gpu_status import GpuStatusLabel, import_pynvml
 from app.panels.memory import MemoryTab
@@ -155,6 +155,7 @@ class MainWindow(QMainWindow):
         """Where Start would put a new run, said before Start (the state line and Start's tooltip)."""
         root, raw = self.runs.root(), self.config.config()
         self.training.set_new_run_target(new_run_folder(root, raw), start_tooltip(root, raw, self.config.base_dir()))
+        self.config.form.set_fixed(("identity", "output_dir"), output_dir_note(root, raw, self.config.base_dir()))
 
     def _root_override(self) -> list[str]:
         # Start, Dry run and the memory estimate alike: runs go under the Runs tab's folder

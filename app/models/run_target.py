@@ -2,7 +2,8 @@
 
 The app starts runs under the Runs tab's folder, so every run it starts is listed there, whatever
 identity.output_dir the config names (a built-in preset's "../../runs" would land inside the
-installation). That override is applied alike to Start, the Config tab's Dry run and the memory
+installation). The Config form shows identity.output_dir read-only with that said under it
+(output_dir_note). That override is applied alike to Start, the Config tab's Dry run and the memory
 estimate, so the dry run names the folder the run will use; and it is said before Start (the Start
 button's tooltip and the state line), not found out afterwards.
 """
@@ -46,6 +47,15 @@ def replaced_output_dir(root: Path, config: Optional[dict], base_dir: Path) -> O
     configured = Path(value).expanduser()
     configured = configured if configured.is_absolute() else Path(base_dir) / configured
     return None if configured.resolve() == resolved_root(root) else value
+
+
+def output_dir_note(root: Path, config: Optional[dict], base_dir: Path) -> str:
+    """What the Config form says under identity.output_dir, which it shows read-only: the app puts
+    every run it starts in the Runs tab's folder (no silent override of the field)."""
+    replaced = replaced_output_dir(root, config, base_dir)
+    head = (f"Not used by the app: runs started here go to the Runs tab's folder, {resolved_root(root)}"
+            if replaced is not None else f"The Runs tab's folder, {resolved_root(root)}")
+    return head + " (change it on the Runs tab); `dmad train` on the command line uses this field."
 
 
 def start_tooltip(root: Path, config: Optional[dict], base_dir: Path) -> str:

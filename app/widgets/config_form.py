@@ -24,6 +24,7 @@ from dmad.contract.config import PATH_FIELDS
 
 INVALID_STYLE = "border: 1px solid #c62828;"
 ERROR_LABEL_STYLE = "color: #c62828;"
+NOTE_LABEL_STYLE = "color: #5f6b7a;"
 
 
 def parse_number(text: str) -> Any:
@@ -85,6 +86,9 @@ class _Editor(QWidget):
 
     def control(self) -> QWidget:
         raise NotImplementedError
+
+    def set_fixed(self, fixed: bool) -> None:
+        self.control().setEnabled(not fixed)
 
 
 class BoolEditor(_Editor):
@@ -163,6 +167,13 @@ class TextEditor(_Editor):
             else:
                 browse.clicked.connect(self._browse)
             self.row.addWidget(browse)
+            self.browse = browse
+
+    def set_fixed(self, fixed: bool) -> None:
+        """Shown but not editable here (the row's note says why and where it is set)."""
+        self.line.setReadOnly(fixed)
+        if getattr(self, "browse", None) is not None:
+            self.browse.setVisible(not fixed)
 
     def parse(self, text: str) -> Any:
         kind = self.spec.kind
@@ -325,6 +336,10 @@ class FieldRow(QWidget):
         layout.setSpacing(2)
         layout.addWidget(self.editor)
         layout.addWidget(self.error)
+        self.note = ElidedLabel()  # why a field is shown but set elsewhere (set_fixed); the tooltip has it whole
+        self.note.setStyleSheet(NOTE_LABEL_STYLE)
+        self.note.hide()
+        layout.addWidget(self.note)
         self.label = QLabel(spec.name + (" *" if spec.required else ""))
         self.unused = ""  # "unused with method <name>": the row is greyed out
         self.set_error("")
@@ -344,6 +359,12 @@ class FieldRow(QWidget):
         self.editor.setToolTip(tip)
         self.editor.control().setToolTip(tip)
         self.label.setToolTip(self.base_tooltip())
+
+    def set_fixed(self, note: str) -> None:
+        """Read-only with `note` under it (why, and where the value is set), or editable again ("")."""
+        self.editor.set_fixed(bool(note))
+        self.note.setText(note)
+        self.note.setVisible(bool(note))
 
     def set_unused(self, note: str) -> None:
         """Grey out (note: why) or enable again (""); the value and any error stay."""
@@ -402,6 +423,10 @@ class ConfigForm(QWidget):
     def mark_errors(self, errors: dict[Key, str]) -> None:
         for key, row in self.rows.items():
             row.set_error(errors.get(key, ""))
+
+    def set_fixed(self, key: Key, note: str) -> None:
+        """The field `key` is shown read-only with `note` under it ("" makes it editable again)."""
+        self.rows[key].set_fixed(note)
 
     def error_of(self, key: Key) -> str:
         return self.rows[key].error.text()

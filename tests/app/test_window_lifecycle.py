@@ -177,6 +177,14 @@ def test_dry_run_and_start_name_the_same_folder(qtbot, make_window, tmp_path, mo
     assert start.toolTip().startswith(f"Start a new run in {root / AUTO_NAME}")
     assert "identity.output_dir (../../runs) is replaced by the Runs tab's folder" in start.toolTip()
     assert window.training.state_label.full_text() == f"idle - Start makes a new run in {root / AUTO_NAME}"
+    # no silent override: the form shows the config's output_dir read-only, with where runs go under it
+    row = window.config.form.rows[("identity", "output_dir")]
+    assert row.editor.line.isReadOnly() and not row.editor.browse.isVisibleTo(row)
+    assert row.note.full_text().startswith(f"Not used by the app: runs started here go to the Runs tab's folder, {root}")
+    window.config.apply_changes({"identity.output_dir": str(root)})
+    assert row.note.full_text().startswith(f"The Runs tab's folder, {root} (change it on the Runs tab)")
+    assert "is replaced" not in start.toolTip()
+    window.config.apply_changes({"identity.output_dir": "../../runs"})
     with qtbot.waitSignal(window.config._engine.dry_run_finished, timeout=WAIT_MS):
         assert window.config.dry_run()
     report = window.config.dry_run_view.toPlainText()
