@@ -15,9 +15,14 @@ An opened run's config.json is shown read-only (show_run_config, read in a worke
 being edited waits aside, unchanged: "New run from this config" turns the run's config into an editable
 unsaved document with run_name cleared, "Back to my config" brings the waiting one back. Dry run gets
 the same identity.output_dir override as Start (set_run_overrides), so both name the same folder.
+
+Valid means well formed (the engine's schema, at once) and every path there and of the right kind
+(app/models/path_check.py, checked in a worker after each change): a preset's `path/to/...` is red
+and Start is disabled with the reason, before the engine would refuse it.
 """
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -33,6 +38,7 @@ from app.widgets.elided_label import ElidedLabel
 from app.widgets.run_config_banner import RunConfigBanner
 from app.widgets.dry_run_view import DryRunView
 from app.engine.background import Task
+from app.models.path_check import path_problems
 from app.widgets.json_view import JsonView
 from app.widgets.ledger_view import LedgerView
 from app.models.presets import Preset, presets
@@ -73,10 +79,13 @@ class ConfigPanel(QWidget):
         self._overrides: Callable[[], list[str]] = lambda: []
         self._run_read = Task(self)
         self._run_read.done.connect(self._on_run_config_read)
+        self._path_check = Task(self)  # the paths checked off the GUI thread (app/models/path_check.py)
+        self._path_check.done.connect(self._on_paths_checked)
+        self._path_problems: dict = {}
         self._build()
         self.doc.changed.connect(self._on_doc_changed)
         self.doc.json_failed.connect(lambda _message: self.ledger_view.config_changed(False, self.validity_message()))
-        self.doc.validity_changed.connect(self.validity_changed.emit)
+        self.doc.validity_changed.connect(lambda _valid, _message: self._say_validity())
         self.doc.modified_changed.connect(self.modified_changed.emit)
         demo = next(iter(self.presets), None)
         if demo is not None:
@@ -160,10 +169,15 @@ class ConfigPanel(QWidget):
         return self.doc.config()
 
     def is_valid(self) -> bool:
-        return self.doc.is_valid()
+        """Well formed (the schema) and every path there and of the right kind (path_check)."""
+        return self.doc.is_valid() and not self._path_problems
 
     def validity_message(self) -> str:
-        return self.doc.validity_message()
+        return self.doc.validity_message() or next(iter(self._path_problems.values()), "")
+
+    def path_problems(self) -> dict:
+        """The last path check's problems, one line per form field (empty: none, or not checked yet)."""
+        return dict(self._path_problems)
 
     def base_dir(self) -> Path:
         """The folder relative paths in the config are relative to."""
@@ -335,7 +349,8 @@ class ConfigPanel(QWidget):
             self.form.set_values(doc.raw)
         if origin != JSON:
             self.json.show_text(doc.json_text())
-        self.form.mark_errors(doc.problems.fields)
+        self._mark_errors()
+        self._path_check.submit(lambda raw=copy.deepcopy(doc.raw), base=doc.base_dir: path_problems(raw, base))
         self.form.mark_unused(unused_fields(method_of(doc.raw)))  # greyed: the method does not read them
         self.banner.setText("\n".join(doc.problems.general))
         self.banner.setVisible(bool(doc.problems.general))
@@ -344,6 +359,20 @@ class ConfigPanel(QWidget):
         self.file_label.setToolTip(f"{name}\nRelative paths are relative to {doc.base_dir}")
         self.ledger_view.config_changed(doc.is_valid(), doc.validity_message())
         self.config_edited.emit(doc.config())
+
+    def _mark_errors(self) -> None:
+        """The schema's problems, and where a field has none, its path's (red, the line under it)."""
+        self.form.mark_errors({**self._path_problems, **self.doc.problems.fields})
+
+    def _on_paths_checked(self, problems: dict) -> None:
+        if problems == self._path_problems:
+            return
+        self._path_problems = problems
+        self._mark_errors()
+        self._say_validity()
+
+    def _say_validity(self) -> None:
+        self.validity_changed.emit(self.is_valid(), self.validity_message())
 
     def _set_read_only(self, read_only: bool) -> None:
         self.form.setEnabled(not read_only)  # tooltips still show: the fields can be read, not changed

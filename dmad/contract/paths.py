@@ -7,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+# Weight files in pickle formats: refused everywhere (the engine's loaders, the app's path checks)
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
+
 
 def resources_dir() -> Path:
     env = os.environ.get("DMAD_RESOURCES")

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from dmad.contract.jsonfile import MAX_FILE_BYTES, loads_json, path_problem, printable
+from dmad.contract.paths import PICKLE_SUFFIXES
 from dmad.errors import UserInputError
 
 if TYPE_CHECKING:
     import torch
 
-PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 # The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
