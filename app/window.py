@@ -9,14 +9,17 @@ the close question read it.
 Opening a run also shows its own config.json in the Config tab, read-only; Start while a run is open
 asks whether a new run is meant (or Continue). Where a new run goes (the Runs tab's folder:
 app/models/run_target.py) is said before Start and used alike by Start, Dry run and the memory estimate.
-Closing asks about unsaved config edits, then about a live run.
+Closing asks about unsaved config edits, then about a live run and a pending queue.
+
+The run queue (the Queue tab; app/models/queue_runner.py) starts queued configs through the same
+Start and Continue as the buttons, one at a time, and goes on when the app opens again.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QSettings, Signal
+from PySide6.QtCore import QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QMainWindow, QMessageBox, QTabWidget, QWidget
 
@@ -30,11 +33,16 @@ from app.models.run_target import new_run_folder, output_dir_note, root_override
 from app.widgets.run_notifier import RunNotifier
 from app.widgets.gpu_status import GpuStatusLabel, import_pynvml
 from app.panels.memory import MemoryTab
+from app.panels.queue import QueuePanel, default_queue_dir
+from app.models.queue_runner import QueueRunner
+from app.models.run_queue import RunQueue
 from app.panels.runs import RunsPanel
 from app.panels.samples import SamplesPanel
 from app.panels.training import TrainingPanel
 
-PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Memory")
+PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Queue", "Memory")
+QUEUE_RESUME_MS = 3000  # after the window opens, an active queue goes on (the user sees it first)
+QUEUE_NEXT_MS = 1500    # between a queued run's end and the next start
 APP_NAME = "DMAD Studio"
 ROOT_KEY = "runs/root"
 DEFAULT_RUNS_ROOT = Path.home() / "dmad-runs"
@@ -51,10 +59,11 @@ class MainWindow(QMainWindow):
     def __init__(self, settings: QSettings, runs_root: Optional[Path] = None,
                  load_nvml: Callable[[], Any] = import_pynvml, config_path: Optional[Path] = None,
                  unsaved_dir: Optional[Path] = None, parent: Optional[QWidget] = None,
-                 probes_dir: Optional[Path] = None):
+                 probes_dir: Optional[Path] = None, queue_dir: Optional[Path] = None):
         """`config_path`: a config file to open instead of the CPU demo preset; `unsaved_dir`: where
         configs that are not saved as shown are written for the engine (default: per user);
-        `probes_dir`: where the Memory tab's probes write their folders (default: per user)."""
+        `probes_dir`: where the Memory tab's probes write their folders (default: per user);
+        `queue_dir`: the run queue's folder (default: per user)."""
         super().__init__(parent)
         self._settings = settings
         self._run: Optional[Path] = None
@@ -72,16 +81,22 @@ class MainWindow(QMainWindow):
         self.config.set_run_overrides(self._root_override)  # Dry run names the folder Start will use
         self.memory = MemoryTab(self.config.materialize, lambda: EngineProcess(self), self._root_override,
                                 probes_dir=probes_dir)
+        self.queue_runner = self._make_queue(queue_dir or default_queue_dir())
+        self.queue = QueuePanel(self.queue_runner)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in zip(PANELS, (self.config, self.data, self.training, self.samples, self.runs,
-                                         self.memory)):
+                                         self.queue, self.memory)):
             self.tabs.addTab(widget, name)
         self.setCentralWidget(self.tabs)
         self.gpu = GpuStatusLabel(load_nvml)
         self.statusBar().addPermanentWidget(self.gpu)
         self.notifier = RunNotifier(self.run_state, lambda text: self.statusBar().showMessage(text, 60000), self)
         self.training.health_alert.connect(self.notifier.notify_health)
+        self.queue_runner.notify.connect(self.notifier.notify)
+        if self.queue_runner.queue.problem:
+            self.statusBar().showMessage(f"Queue: {self.queue_runner.queue.problem}", 60000)
+        QTimer.singleShot(QUEUE_RESUME_MS, self.queue_runner.resume_after_launch)
         self._wire()
         if config_path is not None:
             self.config.load_file(config_path)
@@ -123,6 +138,33 @@ class MainWindow(QMainWindow):
             lambda report: self.training.controls.show_per_gpu(report.by_distributed,
                                                                report.inputs.get("processes", 1)))
         self.memory.apply_requested.connect(self._apply_config_changes)  # a probe's "Apply to config"
+        self.queue.add_requested.connect(self.queue_config)
+        self.config.queue_requested.connect(self.queue_config)
+        self.queue.open_requested.connect(self.open_run)
+
+    # ------------------------------------------------------------ the run queue
+
+    def _make_queue(self, folder: Path) -> QueueRunner:
+        busy = lambda: self.run_state.is_live() or self.training.opening() is not None  # noqa: E731
+        return QueueRunner(RunQueue(folder).load(), self.run_state, self._start_queued, self.continue_run,
+                           self.open_run, busy, self, next_ms=QUEUE_NEXT_MS)
+
+    def _start_queued(self, config: Path) -> None:
+        """The queue's turn: a new run of the queued copy, as Start makes one (the Runs tab's folder)."""
+        self.training.start(config, self.runs.root())
+
+    def queue_config(self) -> bool:
+        """Queue the Config tab's config as Start would run it (a run's own config: run_name cleared)."""
+        if self.config.is_read_only() and not self.config.new_run_from_view():
+            return False
+        try:
+            raw, label = self.config.runnable_copy()
+            entry = self.queue_runner.add(raw, label)
+        except (OSError, ValueError) as e:  # invalid, or the queue folder cannot be written
+            self.statusBar().showMessage(f"Cannot queue: {e}", 10000)
+            return False
+        self.statusBar().showMessage(f"Queued {entry.label} ({self.queue_runner.queue.waiting()} waiting)", 10000)
+        return True
 
     def _apply_config_changes(self, changes: dict) -> None:
         self.config.apply_changes(changes)
@@ -256,10 +298,17 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         if not self.run_state.is_live():
+            if not self._queue_settled():
+                event.ignore()
+                return
             self._shutdown()
             event.accept()
             return
-        choice = close_dialog.ask_close_during_run(self, self.run_state)
+        runner = self.queue_runner
+        choice = close_dialog.ask_close_during_run(self, self.run_state, runner.queue.waiting() if runner.queue.active
+                                                   else 0)
+        if choice != close_dialog.CANCEL:
+            runner.closing()  # a queued run stopped now is continued when the queue goes on
         if choice == close_dialog.STOP:
             # The engine needs time to write its checkpoint; the window closes when it has stopped.
             self._close_when_stopped = True
@@ -275,6 +324,18 @@ class MainWindow(QMainWindow):
             self._close_when_stopped = False
             self._config_answered = False  # a later close asks again: the edits may go on
             event.ignore()
+
+    def _queue_settled(self) -> bool:
+        """Runs waiting in an active queue: keep it for the next launch, pause it, or cancel the close."""
+        queue = self.queue_runner.queue
+        if not queue.active or not queue.pending() or self.queue_runner.is_closing():  # asked with the run's question
+            return True
+        choice = close_dialog.ask_close_with_queue(self, queue.pending())
+        if choice == close_dialog.PAUSE:
+            self.queue_runner.pause("paused when the app closed")
+        if choice != close_dialog.CANCEL:
+            self.queue_runner.closing()
+        return choice != close_dialog.CANCEL
 
     def _config_settled(self) -> bool:
         """Unsaved config edits: Save (Save as… for an untitled one), Discard, or Cancel the close.

@@ -1,4 +1,4 @@
-"""The questions asked when the window closes: about unsaved config edits, and about a live run."""
+"""The questions asked when the window closes: about unsaved config edits, a live run and the run queue."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 from app.models.run_state import RunState
 
 STOP, LEAVE, CANCEL = "stop", "leave", "cancel"
+KEEP, PAUSE = "keep", "pause"
 SAVE, DISCARD = "save", "discard"
 
 
@@ -16,9 +17,10 @@ def run_name(state: RunState) -> str:
     return state.run_dir.name if state.run_dir is not None else "The run"
 
 
-def ask_close_during_run(parent: Optional[QWidget], state: RunState) -> str:
+def ask_close_during_run(parent: Optional[QWidget], state: RunState, queued: int = 0) -> str:
     """STOP (graceful: the engine saves a checkpoint, then the window closes), LEAVE (the engine
-    keeps training; reopening the app with the run folder reattaches) or CANCEL."""
+    keeps training; reopening the app with the run folder reattaches) or CANCEL. `queued`: runs
+    waiting in the active queue, said (they go on when the app opens again)."""
     box = QMessageBox(QMessageBox.Question, "A run is training",
                       f"{run_name(state)} is still training. What should happen to it?",
                       QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
@@ -26,13 +28,34 @@ def ask_close_during_run(parent: Optional[QWidget], state: RunState) -> str:
     box.button(QMessageBox.Yes).setText("Stop the run (save a checkpoint)")
     box.button(QMessageBox.No).setText("Leave it running")
     box.setInformativeText("A run left running keeps writing its run folder; open it again with "
-                           "dmad-studio RUN_DIR or from the Runs panel to follow it.")
+                           "dmad-studio RUN_DIR or from the Runs panel to follow it."
+                           + (f"\n\nThe queue keeps its {queued} waiting run{'s' if queued != 1 else ''}: it goes on "
+                              "when DMAD Studio opens again (a stopped queued run is continued from its "
+                              "checkpoint first)." if queued else ""))
     box.setDefaultButton(QMessageBox.Cancel)
     answer = box.exec()
     if answer == QMessageBox.Yes:
         return STOP
     if answer == QMessageBox.No:
         return LEAVE
+    return CANCEL
+
+
+def ask_close_with_queue(parent: Optional[QWidget], pending: int) -> str:
+    """KEEP (the queue goes on when the app opens again), PAUSE (it waits for Start queue) or CANCEL."""
+    runs = f"{pending} queued run{'s' if pending != 1 else ''}"
+    box = QMessageBox(QMessageBox.Question, "The run queue is running",
+                      f"The queue has {runs} to do. What should happen to it?",
+                      QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
+    box.button(QMessageBox.Yes).setText("Go on when the app opens again")
+    box.button(QMessageBox.No).setText("Pause the queue")
+    box.setInformativeText("The queue is kept either way (the Queue tab); nothing runs while the app is closed.")
+    box.setDefaultButton(QMessageBox.Cancel)
+    answer = box.exec()
+    if answer == QMessageBox.Yes:
+        return KEEP
+    if answer == QMessageBox.No:
+        return PAUSE
     return CANCEL
 
 

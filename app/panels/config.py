@@ -66,6 +66,7 @@ def _is_builtin(path: Path) -> bool:
 
 class ConfigPanel(QWidget):
     validity_changed = Signal(bool, str)  # valid?, the first problem as the engine words it ("" when valid)
+    queue_requested = Signal()            # "Add to queue": the window queues runnable_copy()
     config_edited = Signal(dict)          # the raw config after any change (form, JSON, file, preset)
     modified_changed = Signal(bool)
 
@@ -153,7 +154,10 @@ class ConfigPanel(QWidget):
                                                                 "so they still point at the same places"),
                                 ("Dry run", self.dry_run, "dmad train --dry-run: validate the config, data, "
                                                           "teacher and run folder; show the resolved config "
-                                                          "and memory ledger")):
+                                                          "and memory ledger"),
+                                ("Add to queue", lambda: self.queue_requested.emit(),
+                                 "Queue this config to run after the ones before it (the Queue tab); a copy is "
+                                 "queued: later edits here do not change it")):
             button = QPushButton(text)
             button.setToolTip(tip)
             button.clicked.connect(lambda _=False, s=slot: s())
@@ -277,6 +281,18 @@ class ConfigPanel(QWidget):
         self._show_status(f"Saved {path}" + (" (relative paths rewritten for its folder)" if rebased else "")
                           + ("" if self.is_valid() else f"; not valid yet: {self.validity_message()}"))
         return True
+
+    def runnable_copy(self) -> tuple[dict, str]:
+        """The config as Start would run it (absolute paths) and its name, for the run queue. Raises
+        ConfigInvalid (a ValueError) with the first problem when it could not start now."""
+        self._flush_json()
+        if not self.is_valid():
+            raise ConfigInvalid(self.validity_message())
+        try:
+            raw = materialized(self.doc.raw, self.doc.base_dir, self.doc.source())
+        except UserInputError as e:
+            raise ConfigInvalid(str(e)) from None
+        return raw, (self.doc.path.name if self.doc.path is not None else self.document_name())
 
     def materialize(self, target: Optional[Path] = None) -> Path:
         """A config file whose meaning is exactly what the panel shows, for `dmad train --config`:

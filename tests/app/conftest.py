@@ -93,3 +93,10 @@ def open_and_wait(qtbot):
             qtbot.waitUntil(lambda: training.opening() is None, timeout=OPEN_WAIT_MS)
         return opened
     return open_and_wait
+
+
+@pytest.fixture(autouse=True)
+def _own_app_data(tmp_path_factory, monkeypatch):
+    """Each test's own app data folder (XDG_DATA_HOME: Qt's AppDataLocation on Linux): the run
+    queue, unsaved configs and probes of one test never reach another's, nor the user's."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("app-data")))

@@ -48,9 +48,10 @@ def window(qtbot, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- places
 
-def test_window_has_the_six_places_in_order(window):
+def test_window_has_the_seven_places_in_order(window):
     assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == list(PANELS)
-    assert list(PANELS) == ["Config", "Data", "Training", "Samples", "Runs", "Memory"]
+    assert list(PANELS) == ["Config", "Data", "Training", "Samples", "Runs", "Queue", "Memory"]
+    assert window.panel("Queue") is window.queue
     assert window.panel("Config") is window.config and window.panel("Runs") is window.runs
     assert window.panel("Training") is window.training and window.panel("Memory") is window.memory
 
