@@ -177,16 +177,19 @@ def render_demo_outputs(run_dir: Path) -> Path:
 
     folder = RunFolder(run_dir)
     ps = load_prompt_set(folder.prompt_set_json)
-    return write_grid(folder.samples_dir, [item.id for item in ps.items])
+    return write_grid(folder.samples_dir, [item.id for item in ps.items], [item.prompt for item in ps.items],
+                      title=f"{run_dir.name} · prompt set {ps.name} {ps.version} · {ps.width}x{ps.height}, "
+                            f"seed {ps.seed}")
 
 
-def write_grid(samples: Path, ids: list[str], scale: int = 2) -> Path:
-    """samples/grid.png: one row per prompt id, columns teacher then iter_N ascending."""
+def write_grid(samples: Path, ids: list[str], prompts: list[str] | None = None, title: str = "") -> Path:
+    """samples/grid.png: one row per prompt (labelled "id: prompt"), columns "teacher" then
+    "iteration N" ascending, as the Samples panel shows them (dmad.sample.grid.labelled_grid);
+    samples/grid.json says which image is in which cell (box: x, y, width, height)."""
     import re
 
-    from PIL import Image
-
-    from dmad.contract.runs import atomic_write_bytes
+    from dmad.contract.runs import atomic_write_json
+    from dmad.sample.grid import labelled_grid
 
     cols = (["teacher"] if (samples / "teacher").is_dir() else []) + [
         p.name for p in sorted((d for d in samples.iterdir() if re.fullmatch(r"iter_\d+", d.name)),
@@ -194,19 +197,27 @@ def write_grid(samples: Path, ids: list[str], scale: int = 2) -> Path:
     first = next((samples / c / f"{i}.png" for c in cols for i in ids if (samples / c / f"{i}.png").is_file()), None)
     if first is None:
         raise RunFailed(f"no sample images under {samples}")
-    with Image.open(first) as im:
-        w, h = im.size[0] * scale, im.size[1] * scale
-    grid = Image.new("RGB", (w * len(cols), h * len(ids)), (40, 40, 40))
-    for r, i in enumerate(ids):
-        for c, col in enumerate(cols):
-            path = samples / col / f"{i}.png"
-            if path.is_file():
-                with Image.open(path) as im:
-                    grid.paste(im.convert("RGB").resize((w, h), Image.NEAREST), (c * w, r * h))
-    import io
-    buf = io.BytesIO()
-    grid.save(buf, format="PNG")
+    blank = _blank_png(first)  # a missing image (a prompt added later) shows as a grey cell
+    pngs = [(samples / c / f"{i}.png").read_bytes() if (samples / c / f"{i}.png").is_file() else blank
+            for i in ids for c in cols]
+    labels = [f"{i}: {p}" for i, p in zip(ids, prompts)] if prompts else list(ids)
+    headers = ["teacher" if c == "teacher" else f"iteration {int(c[5:]):,}" for c in cols]
     out = samples / "grid.png"
-    atomic_write_bytes(out, buf.getvalue(), durable=False)
-    (samples / "grid.json").write_text(json.dumps({"rows": ids, "columns": cols}, indent=2) + "\n", encoding="utf-8")
+    boxes = labelled_grid(out, pngs, labels, headers, title=title)
+    atomic_write_json(samples / "grid.json", {
+        "rows": ids, "columns": cols, "row_labels": labels, "column_labels": headers,
+        "cells": [{"row": ids[r], "column": cols[c], "image": f"{cols[c]}/{ids[r]}.png", "box": list(box)}
+                  for (r, c), box in sorted(boxes.items())]})
     return out
+
+
+def _blank_png(like: Path) -> bytes:
+    import io
+
+    from PIL import Image
+
+    with Image.open(like) as im:
+        size = im.size
+    buf = io.BytesIO()
+    Image.new("RGB", size, (40, 40, 40)).save(buf, format="PNG")
+    return buf.getvalue()

@@ -80,8 +80,11 @@ def test_dmad_demo_distils_and_renders_teacher_and_student(capsys, tmp_path):
     assert grid["columns"] == ["teacher", "iter_4"] and len(grid["rows"]) == len(ids)
     from PIL import Image
 
-    with Image.open(run / "samples" / "grid.png") as im:
-        assert im.size == (2 * 128, len(ids) * 128)
+    assert grid["column_labels"] == ["teacher", "iteration 4"]
+    assert [label.split(": ", 1)[0] for label in grid["row_labels"]] == grid["rows"]
+    with Image.open(run / "samples" / "grid.png") as im:  # labelled: wider and taller than the cells alone
+        assert im.size[0] > 2 * 128 and im.size[1] > len(ids) * 128
+        assert all(c["box"][2] == 128 and c["box"][0] + 128 <= im.size[0] for c in grid["cells"])
 
 
 def _first_in_its_process_then_in_this_one(real):

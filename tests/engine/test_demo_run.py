@@ -72,12 +72,27 @@ def test_grid_has_a_row_per_prompt_and_teacher_first_then_iterations_in_order(tm
         (samples / col).mkdir(parents=True)
         for i in ("a", "b"):
             Image.new("RGB", (8, 8), colour).save(samples / col / f"{i}.png")
-    out = demo_run.write_grid(samples, ["a", "b"], scale=2)
+    (samples / "iter_100" / "b.png").unlink()  # a cell without its image: grey, the grid still whole
+    out = demo_run.write_grid(samples, ["a", "b"], ["a red shape", "a blue circle"], title="run-1")
     meta = json.loads((samples / "grid.json").read_text())
-    assert meta == {"rows": ["a", "b"], "columns": ["teacher", "iter_20", "iter_100"]}
+    assert (meta["rows"], meta["columns"]) == (["a", "b"], ["teacher", "iter_20", "iter_100"])
+    assert meta["row_labels"] == ["a: a red shape", "b: a blue circle"]
+    assert meta["column_labels"] == ["teacher", "iteration 20", "iteration 100"]
+    colours = {("teacher", "a"): (0, 0, 255), ("iter_20", "b"): (0, 128, 0), ("iter_100", "a"): (255, 0, 0),
+               ("iter_100", "b"): (40, 40, 40)}
     with Image.open(out) as im:
-        assert im.size == (3 * 16, 2 * 16)
-        assert im.getpixel((0, 0)) == (0, 0, 255) and im.getpixel((16, 0)) == (0, 128, 0)
+        for cell in meta["cells"]:
+            x, y, w, h = cell["box"]
+            assert w == h == 128  # 8 px images drawn 16x: readable, exact pixels
+            assert cell["image"] == f"{cell['column']}/{cell['row']}.png"
+            want = colours.get((cell["column"], cell["row"]))
+            if want is not None:
+                assert im.getpixel((x + w // 2, y + h // 2)) == want, cell
+        left = min(c["box"][0] for c in meta["cells"])
+        label_strip = im.crop((0, meta["cells"][0]["box"][1], left, im.size[1])).convert("L")
+        assert label_strip.getextrema()[0] < 100  # the row labels are drawn (dark text on the light sheet)
+        header = im.crop((left, 0, im.size[0], meta["cells"][0]["box"][1])).convert("L")
+        assert header.getextrema()[0] < 100
 
 
 def test_the_demo_says_each_validations_health(capsys):
