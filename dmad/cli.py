@@ -145,6 +145,15 @@ def _add_sample(sub) -> None:
     sample.add_argument("--prompt-id", metavar="ID", help="the prompt of a --sweep (default: the set's first)")
     sample.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where to render (default: cuda when available)")
+    one = sample.add_argument_group("one prompt of your own (the app's Playground): the checkpoint's image and "
+                                    "the teacher's from the same noise, into <run>/samples/oneoff/ with a .json each")
+    one.add_argument("--prompt", metavar="TEXT", help="render this prompt instead of the prompt set")
+    one.add_argument("--negative-prompt", metavar="TEXT", help="for CFG (the teacher's, and the student's with --cfg)")
+    one.add_argument("--seed", type=int, metavar="N", help="noise seed (default: the prompt set's)")
+    one.add_argument("--steps", type=int, metavar="N", help="the student's steps (default: as trained)")
+    one.add_argument("--cfg", type=float, metavar="X", help="the student's CFG (default: none, as trained)")
+    one.add_argument("--size", metavar="WxH", help="resolution (default: the prompt set's)")
+    one.add_argument("--no-teacher", action="store_true", help="the checkpoint's image only")
     sample.set_defaults(handler=_cmd_sample)
 
 
@@ -405,8 +414,18 @@ def _cmd_sample(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.sample.command import main_sample
 
     ctx.run_dir = Path(args.run).expanduser().resolve()  # a crash log goes to <run>/logs/engine.log
+    one_off = None
+    given = [f"--{k.replace('_', '-')}" for k in ("negative_prompt", "seed", "steps", "cfg", "size", "no_teacher")
+             if getattr(args, k) not in (None, False)]
+    if args.prompt is not None:
+        from dmad.sample.one_off import OneOff, parse_size
+
+        one_off = OneOff(prompt=args.prompt, negative_prompt=args.negative_prompt, seed=args.seed, steps=args.steps,
+                         cfg=args.cfg, size=parse_size(args.size) if args.size else None, teacher=not args.no_teacher)
+    elif given:
+        raise UserInputError(f"{given[0]} is for --prompt (a one-off request)")
     return main_sample(run=args.run, checkpoint=args.checkpoint, prompt_set=args.prompt_set, out=args.out,
-                       sweep=args.sweep, prompt_id=args.prompt_id, device=args.device)
+                       sweep=args.sweep, prompt_id=args.prompt_id, device=args.device, one_off=one_off)
 
 
 def _cmd_demo(args: argparse.Namespace, ctx: _Context) -> int:

@@ -15,6 +15,7 @@ plus a .json beside it (the same -rK rule).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -190,11 +191,12 @@ def _say(msg: str) -> None:
 
 def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Optional[str | Path] = None,
                 out: Optional[str | Path] = None, sweep: Optional[Sequence[str]] = None,
-                prompt_id: Optional[str] = None, device: str = "auto") -> int:
+                prompt_id: Optional[str] = None, device: str = "auto", one_off=None) -> int:
     """The `dmad sample` command. stdout: one `samples` event (dmad.contract.events), with the render time
     (models loaded, so loading is not counted); stderr: a human line. Input problems raise UserInputError before any model is loaded.
     `checkpoint`: latest | teacher | N; `prompt_set` None: the run's prompt_set.json; `out` None:
-    <run>/samples; `sweep`: KEY=V1,V2,... items (--sweep); `device`: auto | cpu | cuda."""
+    <run>/samples; `sweep`: KEY=V1,V2,... items (--sweep); `device`: auto | cpu | cuda; `one_off`: a
+    dmad.sample.one_off.OneOff (--prompt: the Playground's request) instead of the prompt set."""
     from dmad.contract.config import load_config
     from dmad.contract.prompts import load_prompt_set
 
@@ -211,32 +213,27 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
                                  f"(ids: {', '.join(it.id for it in ps.items)})")
     elif prompt_id:
         raise UserInputError("--prompt-id is for --sweep (without it every prompt is rendered)")
+    if one_off is not None:
+        from dmad.sample.one_off import ONE_OFF, check_one_off
+
+        if sweeps is not None:
+            raise UserInputError("--prompt renders one request; --sweep renders the prompt set's prompts: use one")
+        check_one_off(one_off)
+        if not out:
+            folder.check_confined()
+        out = Path(out).expanduser().resolve() if out else folder.samples_dir / ONE_OFF
+        check_output_folder(out, "--out", new=False)
+        return _main_one_off(cfg, target, ps, one_off, out, device)
     if not out:  # into the run folder: never through a link that leaves it
         folder.check_confined()
     out = Path(out).expanduser().resolve() if out else folder.samples_dir
     check_output_folder(out, "--out", new=False)  # before the models load
 
-    import torch
-
-    from dmad.models.checkpoint import load_student
     from dmad.contract.events import make_event
-    from dmad.models.teacher import load_identity_teacher
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
-    device = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device)
     with deterministic(device):
-        ident = cfg.identity
-        teacher = load_identity_teacher(ident, dtype=torch.float32)
-        for m in teacher.networks():
-            m.to(device)
-        # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
-        teacher.family.guidance = cfg.distillation.real_guidance_scale
-        schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
-        student = ema = None
-        if target.checkpoint is not None:
-            student, ema = load_student(teacher, ident, target.checkpoint)
-            student.to(device)
+        teacher, schedule, student, ema = _load_models(cfg, target, device)
         t0 = time.perf_counter()
         images = len(ps.items) if sweeps is None else math.prod(len(v) for _, v in sweeps)
         full = reporting_disk_full(f"the samples of {target.name}", out, png_bytes(images, ps.width, ps.height))
@@ -259,6 +256,59 @@ def main_sample(*, run: str | Path, checkpoint: str = "latest", prompt_set: Opti
         print(event.to_line(), flush=True)
         _say(f"dmad sample: {n} image{'s' if n != 1 else ''} of {target.name} in {sec:.2f} s "
              f"({sec / max(n, 1):.3f} s/image) -> {dest}")
+        return 0
+
+
+def _device(name: str):
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("--device cuda: this machine has no CUDA device torch can use")
+    return torch.device(name if name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _load_models(cfg, target: Target, device):
+    """(teacher, schedule, student or None, ema) on `device`, as training saw them."""
+    import torch
+
+    from dmad.models.checkpoint import load_student
+    from dmad.models.teacher import load_identity_teacher
+
+    ident = cfg.identity
+    teacher = load_identity_teacher(ident, dtype=torch.float32)
+    for m in teacher.networks():
+        m.to(device)
+    # as in training: the guidance a guidance-embedding student was given; Flux's shift at the run's resolution
+    teacher.family.guidance = cfg.distillation.real_guidance_scale
+    schedule = teacher.family.schedule(teacher.scheduler, cfg.resources.resolution)
+    student = ema = None
+    if target.checkpoint is not None:
+        student, ema = load_student(teacher, ident, target.checkpoint)
+        student.to(device)
+    return teacher, schedule, student, ema
+
+
+def _main_one_off(cfg, target: Target, ps, req, out: Path, device: str) -> int:
+    """--prompt: the request on the checkpoint (and the teacher) into <run>/samples/oneoff."""
+    from dmad.contract.events import make_event
+    from dmad.sample.one_off import render_one_off
+
+    device = _device(device)
+    with deterministic(device):
+        teacher, schedule, student, ema = _load_models(cfg, target, device)
+        t0 = time.perf_counter()
+        n = (student is not None) + (req.teacher or student is None)
+        with reporting_disk_full("the one-off samples", out, png_bytes(n, *(req.size or (ps.width, ps.height)))):
+            paths = render_one_off(out, target=target, ps=ps, req=req, teacher=teacher, student=student,
+                                   ema=bool(ema), device=device, schedule=schedule, method=cfg.distillation.method)
+        sec = time.perf_counter() - t0
+        event = make_event("samples", _iter(target), folder=str(out), paths=paths, model=_model(target),
+                           checkpoint=target.name, ema=ema, one_off=True, prompt=req.prompt,
+                           seed=json.loads(Path(paths[0]).with_suffix(".json").read_text(encoding="utf-8"))["seed"],
+                           images=len(paths), render_s=round(sec, 4), device=str(device))
+        print(event.to_line(), flush=True)
+        _say(f"dmad sample: {len(paths)} one-off image{'s' if len(paths) != 1 else ''} of {target.name} in "
+             f"{sec:.2f} s ({sec / len(paths):.3f} s/image) -> {out}")
         return 0
 
 

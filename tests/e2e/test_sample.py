@@ -114,7 +114,50 @@ def test_sweep_writes_a_labelled_grid_and_its_json(run, tmp_path, capsys):
     assert Path(again["paths"][0]).read_bytes() == Path(teacher["paths"][0]).read_bytes()
 
 
+def test_one_off_prompt_renders_the_checkpoint_and_the_teacher_side_by_side(run, capsys):
+    """The Playground's request: with the prompt set's own prompt and seed, the two images are the
+    run's own samples of that prompt, bit for bit (same noise, same sampler, same timesteps)."""
+    oneoff = run / "samples" / "oneoff"
+    data = _sample(run, "--prompt", "a red square on a black background", "--seed", "0", capsys=capsys)
+    student, teacher = (Path(p) for p in data["paths"])
+    assert student.parent == teacher.parent == oneoff and data["one_off"] is True and data["seed"] == 0
+    assert student.name.startswith("iter_2-") and student.name.endswith("-student.png")
+    assert teacher.name == student.name.replace("-student", "-teacher")
+    assert student.read_bytes() == (run / "samples" / "iter_2" / "red.png").read_bytes()
+    assert teacher.read_bytes() == (run / "samples" / "teacher" / "red.png").read_bytes()
+    s_meta, t_meta = (json.loads(p.with_suffix(".json").read_text()) for p in (student, teacher))
+    assert s_meta["pair"] == t_meta["pair"] and s_meta["file"] == student.name
+    assert (s_meta["model"], s_meta["steps"], s_meta["timesteps"], s_meta["cfg"], s_meta["iter"]) == (
+        "student", 1, [999], None, 2)
+    assert (t_meta["model"], t_meta["sampler"], t_meta["steps"], t_meta["checkpoint"]) == ("teacher", "ddim", 2, None)
+    assert s_meta["weights_sha256"] == json.loads((run / "samples" / "iter_2" / "meta.json").read_text())["weights_sha256"]
+    # the user's steps, CFG, size and negative prompt; the student alone; a second request never replaces the first
+    data = _sample(run, "--checkpoint", "1", "--prompt", "a blue square", "--negative-prompt", "red", "--steps", "2",
+                   "--cfg", "2", "--size", "16x24", "--seed", "9", "--no-teacher", capsys=capsys)
+    (path,) = (Path(p) for p in data["paths"])
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert (meta["steps"], meta["timesteps"], meta["cfg"], meta["resolution"], meta["negative_prompt"]) == (
+        2, [999, 499], 2.0, [16, 24], "red")
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.size == (16, 24)
+    teacher_only = _sample(run, "--checkpoint", "teacher", "--prompt", "a red square on a black background",
+                           "--seed", "0", capsys=capsys)
+    (again,) = teacher_only["paths"]
+    assert Path(again).read_bytes() == teacher.read_bytes() and again != str(teacher)
+    assert len(list(oneoff.glob("*.json"))) == len(list(oneoff.glob("*.png"))) == 4
+
+
 @pytest.mark.parametrize("args, expected", [
+    (["--run", "{run}", "--prompt", ""], "--prompt must be non-empty text"),
+    (["--run", "{run}", "--prompt", "x", "--size", "30x30"], "--size 30x30: each side must be a multiple of 8"),
+    (["--run", "{run}", "--prompt", "x", "--size", "big"], "--size 'big': expected WIDTHxHEIGHT"),
+    (["--run", "{run}", "--prompt", "x", "--steps", "0"], "--steps 0: from 1 to 1000"),
+    (["--run", "{run}", "--prompt", "x", "--cfg", "nan"], "--cfg nan: a number from 0 to 100"),
+    (["--run", "{run}", "--prompt", "x", "--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
+    (["--run", "{run}", "--prompt", "x", "--sweep", "cfg=1"], "--prompt renders one request"),
+    (["--run", "{run}", "--seed", "3"], "--seed is for --prompt (a one-off request)"),
     (["--run", "{tmp}/nope"], "--run {tmp}/nope: run folder not found"),
     (["--run", "{tmp}"], "not a run folder (no config.json)"),
     (["--run", "{run}", "--checkpoint", "7"], "--checkpoint 7: no checkpoint iter_7 in"),
