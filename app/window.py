@@ -33,6 +33,7 @@ from app.models.run_target import new_run_folder, output_dir_note, root_override
 from app.widgets.run_notifier import RunNotifier
 from app.widgets.gpu_status import GpuStatusLabel, import_pynvml
 from app.panels.memory import MemoryTab
+from app.panels.playground import PlaygroundPanel
 from app.panels.queue import QueuePanel, default_queue_dir
 from app.models.queue_runner import QueueRunner
 from app.models.run_queue import RunQueue
@@ -40,7 +41,7 @@ from app.panels.runs import RunsPanel
 from app.panels.samples import SamplesPanel
 from app.panels.training import TrainingPanel
 
-PANELS = ("Config", "Data", "Training", "Samples", "Runs", "Queue", "Memory")
+PANELS = ("Config", "Data", "Training", "Samples", "Playground", "Runs", "Queue", "Memory")
 QUEUE_RESUME_MS = 3000  # after the window opens, an active queue goes on (the user sees it first)
 QUEUE_NEXT_MS = 1500    # between a queued run's end and the next start
 APP_NAME = "DMAD Studio"
@@ -85,8 +86,9 @@ class MainWindow(QMainWindow):
         self.queue = QueuePanel(self.queue_runner)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
-        for name, widget in zip(PANELS, (self.config, self.data, self.training, self.samples, self.runs,
-                                         self.queue, self.memory)):
+        self.playground = PlaygroundPanel()
+        for name, widget in zip(PANELS, (self.config, self.data, self.training, self.samples, self.playground,
+                                         self.runs, self.queue, self.memory)):
             self.tabs.addTab(widget, name)
         self.setCentralWidget(self.tabs)
         self.gpu = GpuStatusLabel(load_nvml)
@@ -141,6 +143,12 @@ class MainWindow(QMainWindow):
         self.queue.add_requested.connect(self.queue_config)
         self.config.queue_requested.connect(self.queue_config)
         self.queue.open_requested.connect(self.open_run)
+        self.playground.ab_requested.connect(self._show_ab)
+
+    def _show_ab(self, label_a: str, path_a: Path, label_b: str, path_b: Path) -> None:
+        """The Playground's pair in the Samples tab's A/B window (one A/B window for the app)."""
+        self.samples.ab.set_pair(label_a, path_a, label_b, path_b)
+        self.samples.ab.show_beside(self)
 
     # ------------------------------------------------------------ the run queue
 
@@ -270,6 +278,7 @@ class MainWindow(QMainWindow):
         # "starting": a new engine whose run folder is not known yet; the old run's tabs go blank
         self._set_run(self.run_state.run_dir)
         self.samples.refresh()  # a checkpoint or the end of a run usually brings new samples
+        self.playground.refresh()
         if self._close_when_stopped and not self.run_state.is_live():
             self.close()
 
@@ -277,6 +286,7 @@ class MainWindow(QMainWindow):
         if run_dir != self._run:
             self._run = run_dir
             self.samples.set_run(run_dir)
+            self.playground.set_run(run_dir)
             self.memory.set_run(run_dir)
             self.run_changed.emit(run_dir)
         self._update_title()

@@ -33,7 +33,7 @@ def test_self_test_dry_runs_the_demo_through_the_engine_and_builds_the_window():
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert lines[0].startswith("self-test engine: ok: engine dry run of the demo config")
-    assert lines[1].startswith("self-test app: ok: main window built (7 panels")
+    assert lines[1].startswith("self-test app: ok: main window built (8 panels")
     assert lines[-1] == "self-test: passed"
 
 

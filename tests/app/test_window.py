@@ -48,10 +48,10 @@ def window(qtbot, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- places
 
-def test_window_has_the_seven_places_in_order(window):
+def test_window_has_the_eight_places_in_order(window):
     assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == list(PANELS)
-    assert list(PANELS) == ["Config", "Data", "Training", "Samples", "Runs", "Queue", "Memory"]
-    assert window.panel("Queue") is window.queue
+    assert list(PANELS) == ["Config", "Data", "Training", "Samples", "Playground", "Runs", "Queue", "Memory"]
+    assert window.panel("Queue") is window.queue and window.panel("Playground") is window.playground
     assert window.panel("Config") is window.config and window.panel("Runs") is window.runs
     assert window.panel("Training") is window.training and window.panel("Memory") is window.memory
 
