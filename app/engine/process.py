@@ -269,7 +269,9 @@ def describe_event(kind: str, it: Optional[int], data: dict) -> str:
     """One log-tail line for a non-metric event."""
     at = f" at iteration {it}" if it is not None else ""
     if kind == "phase":
-        return f"phase: {phase_text(data)}" + (f" ({data['device']})" if data.get("device") else "")
+        took = data.get("took_s")
+        after = f" (after {data['after']}, {took:.1f} s)" if data.get("after") and isinstance(took, (int, float)) else ""
+        return f"phase: {phase_text(data)}{after}" + (f" ({data['device']})" if data.get("device") else "")
     if kind in ("warning", "error"):
         return f"{kind}{at}: {data.get('message') or data.get('reason') or ''}"
     if kind == "checkpoint":

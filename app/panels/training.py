@@ -102,6 +102,7 @@ class TrainingPanel(QWidget):
         self.stopping = self.commands.stopping
         self._target = ("", "")  # (folder, Start's tooltip) of a new run: said before Start (set_new_run_target)
         self._clock_timer = QTimer(self, interval=1000, timeout=self._update_numbers)
+        self._paused_at = 0.0  # the unix time of the last paused event (a pause's mark on the step-time plot)
         self._build()
         self._refresh()
 
@@ -292,10 +293,25 @@ class TrainingPanel(QWidget):
             return
         if kind == "health":
             self.health.show_event(it, data)
+        self._mark_boundary(kind, it, data, ev["t"])
         if kind == "started" and data.get("effective_batch"):
             self.note_label.setText(f"effective batch {data['effective_batch']} "
                                     f"({data.get('num_processes', 1)} process(es))")
         self._log(describe_event(kind, it, data))
+
+    def _mark_boundary(self, kind: str, it, data: dict, t: float) -> None:
+        """What took time between training steps, as a mark on the step-time plot: a span the engine
+        timed (a phase event "training" after a checkpoint / validation / sample-now), or a pause."""
+        if not isinstance(it, int):
+            return
+        took = data.get("took_s")
+        if kind == "phase" and data.get("after") and isinstance(took, (int, float)):
+            self.step_plot.add_mark(it, f"{data['after']} {took:.1f} s")
+        elif kind == "paused":
+            self._paused_at = t
+        elif kind == "resumed" and self._paused_at:
+            self.step_plot.add_mark(it, f"pause {max(t - self._paused_at, 0):.0f} s")
+            self._paused_at = 0.0
 
     def _show_failure(self, failure: Failure) -> None:
         lines = failure.log_lines if failure.log_lines is not None else self.log_view.last_lines(LOG_LINES)

@@ -76,7 +76,9 @@ MEMORY = PlotSpec(
 STEP_TIME = PlotSpec(
     "step_time", "Step time", "seconds per iteration",
     (CurveSpec("step_time_s", "step time (s)", GREEN), CurveSpec("data_time_s", "data time (s)", YELLOW)),
-    y_from_zero=True, smooth=False, log_ok=False)
+    y_from_zero=True, smooth=False, log_ok=False,
+    tip="Training steps only. Checkpoint writes, validation and sample-now renders and pauses are not steps: "
+        "each is a dashed mark at its iteration with what it was and how long it took.")
 
 COLOURS = {"sky": SKY, "orange": ORANGE, "green": GREEN, "yellow": YELLOW, "pink": PINK, "vermilion": VERMILION,
            "grey": GREY, "band_red": BAND_RED, "band_green": BAND_GREEN}

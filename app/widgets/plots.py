@@ -29,6 +29,8 @@ from app.widgets.plot_specs import DEVICE_USED, FRAMEWORK_PEAK, GREY, STEP_TIME,
 from app.widgets.plot_view import PlotViewBox
 
 # the curve names and the smoothing, for whoever checks what the plots show
+MARK_COLOR = (120, 120, 140)  # the marks of checkpoints, renders and pauses on the step-time plot
+
 __all__ = ["MetricPlot", "step_time_plot", "ema", "DEVICE_USED", "FRAMEWORK_PEAK"]
 _EMPTY = (np.empty(0), np.empty(0), np.empty(0))
 _X_LABELS = {X_ITERATION: "iteration", X_ELAPSED: "elapsed wall-clock time"}
@@ -62,6 +64,7 @@ class MetricPlot(QWidget):
         self._caches = {k: CurveCache() for k in self._curves}
         self._drawn: dict[str, tuple] = {}
         self._overlays: dict[str, _Overlay] = {}
+        self._marks: dict[float, tuple[list[str], pg.InfiniteLine]] = {}  # iteration -> (labels, its line)
         self.readout = HoverReadout(self.widget, self._look_up)
         self.exporter = PlotExporter(self)
         self.exporter.exported.connect(lambda path: self.reported.emit(f"saved {path}"))
@@ -146,6 +149,7 @@ class MetricPlot(QWidget):
             for key, s in series.items():
                 self._draw(key, s.view(), to_x)
             self._update_empty()
+            self._place_marks()
 
     def _draw(self, key: str, raw: Arrays, to_x) -> None:
         if self._x_mode == X_ELAPSED and to_x is None:
@@ -193,6 +197,9 @@ class MetricPlot(QWidget):
             self.legend.show_entry(key, False)
             self.legend.entry(key).setChecked(True)
         self._drawn.clear()
+        for _labels, line in self._marks.values():
+            self.widget.getPlotItem().removeItem(line)
+        self._marks.clear()
         self.readout.hide()
         self.view.shared_x = None
         self._empty = None
@@ -223,11 +230,41 @@ class MetricPlot(QWidget):
         if self.spec.log_ok:
             self.getPlotItem().setLogMode(y=on)
 
+    # ------------------------------------------------------------ marks: what is not a training step
+
+    def add_mark(self, iteration: float, label: str) -> None:
+        """A dashed vertical line at the iteration boundary where something that is not a training step
+        took time ("validation 5.6 s", "pause 20 s"); several at one boundary share a line."""
+        item = self.widget.getPlotItem()
+        labels, line = self._marks.get(iteration, ([], None))
+        if line is None:
+            line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(MARK_COLOR, style=Qt.DashLine),
+                                   label="", labelOpts={"position": 0.92, "color": MARK_COLOR, "anchors": [(0, 0), (0, 0)]})
+            item.addItem(line, ignoreBounds=True)
+        labels.append(label)
+        line.label.setFormat(" · ".join(labels))
+        line.setToolTip(f"iteration {int(iteration):,}: " + ", ".join(labels) + " (not counted in the step time)")
+        self._marks[iteration] = (labels, line)
+        self._place_marks()
+
+    def marks(self) -> dict[float, str]:
+        return {it: " · ".join(labels) for it, (labels, _line) in self._marks.items()}
+
+    def _place_marks(self) -> None:
+        to_x = elapsed_map(self._store.times.view()) if self._x_mode == X_ELAPSED and self._store is not None else None
+        for it, (_labels, line) in self._marks.items():
+            if self._x_mode == X_ELAPSED and to_x is None:
+                line.hide()
+                continue
+            line.setPos(float(to_x(np.array([it]))[0]) if to_x is not None else it)
+            line.show()
+
     def _invalidate(self) -> None:
         for cache in self._caches.values():
             cache.clear()
         for name in self._overlays:
             self._draw_overlay(name)
+        self._place_marks()
         self.readout.hide()
 
     # ------------------------------------------------------------ overlays

@@ -11,8 +11,9 @@ iteration.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from dmad.contract.config import TrainConfig
 from dmad.contract.methods import LR_COLUMNS
@@ -76,7 +77,9 @@ def train_loop(s: Session, tr: Trainer, stop: "StopFlag", phase: Phase, control:
     files.folder.write_status("running", iter=p.iter, max_train_steps=max_steps)
     files.events.emit("phase", p.iter, phase="training")
     while p.iter < max_steps:
+        t_boundary = time.perf_counter()
         stopping = _control(s, tr, control, stop)
+        window.asked += time.perf_counter() - t_boundary  # a pause, a sample-now, a checkpoint-now
         if stopping:
             return _stop(s, tr, checkpoint=stopping == "stop")
         if s.health.stop_signal:  # observation.health.stop_on_alert: as stop_now, no new checkpoint
@@ -94,18 +97,37 @@ def train_loop(s: Session, tr: Trainer, stop: "StopFlag", phase: Phase, control:
         window.add(logs)
         if p.iter % cfg.observation.log_every_steps == 0 or p.iter == max_steps:
             _log_row(s, tr, window)
+        t_boundary = time.perf_counter()
         after_iteration(s, tr)
+        window.scheduled += time.perf_counter() - t_boundary  # checkpoints and validation renders
     return _finish(s, tr)
+
+
+@contextmanager
+def phase_span(s: Session, name: str) -> Iterator[None]:
+    """Work at an iteration boundary that is not a training step (a checkpoint write, a validation
+    or sample-now render): a `phase` event with its name when it starts, and `phase` "training" with
+    `after` (the name) and `took_s` when it ends, so the app marks it as a span of its own; its time
+    is kept out of step_time_s (train_loop). A pause is the paused / resumed events' span."""
+    t0 = time.perf_counter()
+    s.files.events.emit("phase", s.progress.iter, phase=name)
+    try:
+        yield
+    finally:
+        s.files.events.emit("phase", s.progress.iter, phase="training", after=name,
+                            took_s=round(time.perf_counter() - t0, 3))
 
 
 def checkpoint_and_sample(s: Session, tr: Trainer) -> None:
     obs, it = tr.cfg.observation, s.progress.iter
     last = it == tr.cfg.optimization.max_train_steps
     if it % obs.checkpointing_steps == 0 or last:
-        save_checkpoint(s, tr)
+        with phase_span(s, "checkpoint"):
+            save_checkpoint(s, tr)
     v = obs.validation_steps
     if (v and it % v == 0) or it % obs.checkpointing_steps == 0 or last:
-        render_samples(s, tr)
+        with phase_span(s, "validation"):
+            render_samples(s, tr)
 
 
 def _cache_counts(s: Session) -> dict:
@@ -156,9 +178,11 @@ def _control(s: Session, tr: Trainer, control: ControlReader, stop: "StopFlag") 
 
     def run(command: dict) -> None:
         if command.get("cmd") == "sample_now":
-            _sample_now(s, tr, command)
+            with phase_span(s, "sample-now"):
+                _sample_now(s, tr, command)
         else:
-            save_checkpoint(s, tr)
+            with phase_span(s, "checkpoint"):
+                save_checkpoint(s, tr)
 
     stopping = handle_control(lambda: _poll_control(tr, control, stop), announce, run)
     if stopping:
@@ -199,6 +223,8 @@ class _Window(LogSum):
 
     def reset(self) -> None:
         self.sums, self.counts, self.iters, self.data_time = {}, {}, 0, 0.0
+        self.asked = 0.0      # at boundaries, on the user's command: pauses, sample-now, checkpoint-now
+        self.scheduled = 0.0  # at boundaries, on the config's schedule: checkpoints, validation renders
         self.t0 = time.perf_counter()
 
     def add(self, logs: LogSum, iteration: int = 0) -> None:  # type: ignore[override]
@@ -231,11 +257,13 @@ def _log_row(s: Session, tr: Trainer, w: _Window) -> None:
     it, max_steps = s.progress.iter, tr.cfg.optimization.max_train_steps
     row = {k: w.sums[k] / w.counts[k] for k in w.sums}
     row.update(memory_row(tr.device))
-    row.update(iter=it, step_time_s=elapsed / w.iters, data_time_s=w.data_time / w.iters)
+    # a training step's time alone; the ETA counts the scheduled checkpoints and renders too, never a pause
+    training = max(elapsed - w.asked - w.scheduled, 0.0)
+    row.update(iter=it, step_time_s=training / w.iters, data_time_s=w.data_time / w.iters)
     opts = tr.optimizers
     row.update({c: opts[c[3:]].lr() if c[3:] in opts else None for c in LR_COLUMNS})  # lr_<optimizer>
     s.files.metrics.append({k: row.get(k) for k in s.files.metrics.columns})  # an older run's header may lack new columns
     remaining = max_steps - it
     s.files.events.emit("metric", it, **{k: v for k, v in row.items() if k != "iter"}, max_train_steps=max_steps,
-                        network_passes=tr.passes.equivalents()["total"], eta_s=round(remaining * elapsed / w.iters, 1))
+                        network_passes=tr.passes.equivalents()["total"], eta_s=round(remaining * max(elapsed - w.asked, 0.0) / w.iters, 1))
     w.reset()

@@ -105,6 +105,28 @@ def test_memory_scopes_are_separate_curves_and_the_total_is_a_line(qtbot, panel,
     assert panel.memory_plot.total_line.isVisible() and panel.memory_plot.total_line.value() == 80.0
 
 
+def test_step_time_marks_what_was_not_a_training_step(qtbot, panel, tmp_path, open_and_wait):
+    # the engine times checkpoints, renders and sample-now as phase spans; a pause is paused -> resumed
+    spans = (_event("phase", 4, phase="checkpoint") + _event("phase", 4, phase="training", after="checkpoint", took_s=2.04)
+             + _event("phase", 4, phase="validation") + _event("phase", 4, phase="training", after="validation",
+                                                                 took_s=5.6)
+             + (make_event("paused", 6).to_line() + "\n").encode() + _event("phase", 7, phase="sample-now"))
+    resumed = json.loads(make_event("resumed", 6).to_line())
+    resumed["t"] += 20.0
+    tail = spans + (json.dumps(resumed) + "\n").encode() + _event("phase", 7, phase="training", after="sample-now",
+                                                                  took_s=3.0)
+    run = write_run(tmp_path, "marks", iters=range(1, 9), tail=tail)
+    open_and_wait(panel, run.path)
+    qtbot.waitUntil(lambda: len(panel.step_plot.marks()) == 3, timeout=WAIT_MS)
+    marks = panel.step_plot.marks()
+    assert marks[4] == "checkpoint 2.0 s · validation 5.6 s" and marks[7] == "sample-now 3.0 s"
+    assert marks[6].startswith("pause 2") and marks[6].endswith(" s")  # 20 s, give or take the events' own times
+    _, steps = panel.step_plot.curve("step_time_s").getData()
+    assert list(steps) == [0.25] * 8  # the steps alone; the marks are not points
+    panel.step_plot.reset()
+    assert panel.step_plot.marks() == {}
+
+
 def test_smoothing_and_log_scale(qtbot, panel, tmp_path, open_and_wait):
     run = write_run(tmp_path, "smooth", iters=range(1, 31))
     open_and_wait(panel, run.path)

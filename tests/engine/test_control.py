@@ -113,3 +113,59 @@ def test_the_heartbeat_keeps_the_iteration_fresh(tmp_path):
     run.note(iter=20)
     run.heartbeat()
     assert run.read_status()["iter"] == 20 and run.read_status()["state"] == "paused"
+
+
+def test_step_time_is_training_steps_only_and_boundaries_are_phases(write_config, tmp_path, monkeypatch):
+    """A pause, a scheduled checkpoint and a sample-now each take 'an hour' (a clock moved on at those
+    moments): step_time_s stays a training step's time, the ETA ignores the pause, and each of them is
+    a phase span in the events (issue 42 item 6)."""
+    import time as real_time
+
+    import dmad.train.loop as loop
+    from dmad.train import control as control_module
+
+    hour = {"offset": 0.0}
+    clock = type("Clock", (), {"perf_counter": staticmethod(lambda: real_time.perf_counter() + hour["offset"]),
+                               "time": staticmethod(real_time.time)})
+    monkeypatch.setattr(loop, "time", clock)
+    real_save = loop.save_checkpoint
+
+    def slow_save(s, tr):
+        hour["offset"] += 3600.0
+        return real_save(s, tr)
+
+    monkeypatch.setattr(loop, "save_checkpoint", slow_save)
+    real_handle = control_module.handle_control
+
+    def handle(poll, announce, run):  # the pause the user held for an hour
+        commands, _ = poll()
+        if any(c.get("cmd") == "pause" for c in commands):
+            hour["offset"] += 3600.0
+            announce("paused", "paused")
+            announce("running", "resumed")
+            commands = [c for c in commands if c.get("cmd") != "pause"]
+        return real_handle(lambda: (commands, None), announce, run)
+
+    monkeypatch.setattr(loop, "handle_control", handle)
+    run = tmp_path / "run"
+
+    def send(it):
+        if it == 2:
+            append_control(run, "pause")
+        if it == 4:
+            append_control(run, "sample_now", prompt="a large red circle", seed=1)
+
+    _after_iteration(monkeypatch, send)
+    cfg = write_config({"optimization": {"max_train_steps": 6},
+                        "observation": {"checkpointing_steps": 3, "log_every_steps": 1}})
+    assert dmad(["train", "--config", str(cfg), "--run-dir", str(run)]) == 0
+    events = list(read_events(run / "events.jsonl"))
+    metrics = [e for e in events if e.kind == "metric"]
+    assert len(metrics) == 6 and all(e.data["step_time_s"] < 600 for e in metrics), [e.data["step_time_s"] for e in metrics]
+    assert all(e.data["eta_s"] < 3600 * 2 + 600 * (6 - e.iter) for e in metrics)  # 2 more checkpoints, never the pause
+    spans = [(e.iter, e.data["phase"], e.data.get("after"), e.data.get("took_s")) for e in events if e.kind == "phase"]
+    ends = [(it, after) for it, phase, after, took in spans if after is not None]
+    assert (3, "checkpoint") in ends and (3, "validation") in ends and (4, "sample-now") in ends, spans
+    assert all(took >= 3600 for it, phase, after, took in spans if after == "checkpoint")
+    kinds = [e.kind for e in events]
+    assert "paused" in kinds and kinds.index("resumed") > kinds.index("paused")
