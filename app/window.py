@@ -39,13 +39,14 @@ from app.models.queue_runner import QueueRunner
 from app.models.run_queue import RunQueue
 from app.panels.runs import RunsPanel
 from app.panels.samples import SamplesPanel
-from app.panels.training import TrainingPanel
+from app.panels.training import TrainingPanel, same_path
 
 PANELS = ("Config", "Data", "Training", "Samples", "Playground", "Runs", "Queue", "Memory")
 QUEUE_RESUME_MS = 3000  # after the window opens, an active queue goes on (the user sees it first)
 QUEUE_NEXT_MS = 1500    # between a queued run's end and the next start
 APP_NAME = "DMAD Studio"
 ROOT_KEY = "runs/root"
+CONFIG_FOLDER_KEY = "config/last_folder"  # where Open and Save as start
 DEFAULT_RUNS_ROOT = Path.home() / "dmad-runs"
 
 
@@ -74,6 +75,9 @@ class MainWindow(QMainWindow):
         if runs_root is not None:
             settings.setValue(ROOT_KEY, str(runs_root))
         self.config = ConfigPanel(unsaved_dir=unsaved_dir)  # opens on the CPU demo preset
+        last = settings.value(CONFIG_FOLDER_KEY)
+        self.config.last_folder = Path(str(last)) if last else None
+        self.config.folder_used.connect(lambda folder: settings.setValue(CONFIG_FOLDER_KEY, str(folder)))
         self.data = DataPanel()
         self.training = TrainingPanel()
         self.samples = SamplesPanel()
@@ -258,15 +262,23 @@ class MainWindow(QMainWindow):
         self.config.show_run_config(run_dir)
         return True
 
+    def _shows(self, path: Path) -> bool:
+        """Whether `path` is the run the window shows (however the Runs tab spells its folder: a
+        symlinked or relative runs root names the same run)."""
+        shown = self._run or self.run_state.run_dir
+        return shown is not None and same_path(shown, path)
+
     def _on_run_renamed(self, old: Path, new: Path) -> None:
-        if self._run is not None and self._run == old and not self.run_state.is_live():
+        if self._shows(old) and not self.run_state.is_live():
             self.open_run(new)  # the shown run moved: show it where it is now
 
     def _on_run_deleted(self, path: Path) -> None:
-        if self._run is not None and self._run == path and not self.run_state.is_live():
+        if self._shows(path) and not self.run_state.is_live():
             self.training.forget_run()
-            if self.config.shown_run() == path:
-                self.config.back_to_document()
+            self._set_run(None)
+        shown = self.config.shown_run()
+        if shown is not None and same_path(shown, path):
+            self.config.back_to_document()
 
     def continue_run(self, run_dir: Path) -> None:
         """Show a stopped or failed run and continue it in its folder. The panel decides from the

@@ -109,7 +109,8 @@ class RunCommands(QObject):
     def offer(self) -> StopOffer:
         own = self._engine.is_running()
         return self.stopping.offer(self._state.state == "stopping", time.time(), self._state.run_dir is not None,
-                                   "" if own else kill_problem(self._status()), self.newest_checkpoint())
+                                   "" if own else kill_problem(self._status()), self.newest_checkpoint(),
+                                   self._state.iteration)
 
     def ask_prompt(self) -> None:
         """"Sample prompt…": the dialog, then control sample_now with its prompt and seed."""

@@ -231,7 +231,12 @@ def final_summary(ev: Optional[dict]) -> str:
             return "stopped before the first iteration" + kept
         return f"stopped at iteration {ev['iter']}" + kept
     elapsed = ev["data"].get("elapsed_s")
-    return f"finished {ev['iter']} iterations" + (f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else "")
+    took = f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else ""
+    start = ev["data"].get("start_iter")
+    if isinstance(start, int) and not isinstance(start, bool) and 0 < start < (ev["iter"] or 0):
+        # a continued run: this session's iterations and time, not the run's whole count in this session's seconds
+        return f"finished at iteration {ev['iter']}: {ev['iter'] - start} iterations{took} after continuing from {start}"
+    return f"finished {ev['iter']} iterations" + took
 
 
 # What to do when the engine gave no advice of its own

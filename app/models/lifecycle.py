@@ -82,6 +82,8 @@ class RunLifecycle:
         self.step_time_s: object = None  # the last metric event's (the engine's number, unchecked)
         self.started_t: Optional[float] = None  # unix s: when our engine started, else the started event's t
         self.last_t: Optional[float] = None     # unix s of the last event
+        self._done_s = 0.0                      # the run's earlier sessions (started -> its ending event), s
+        self._session_t: Optional[float] = None  # unix s of the current session's started event
         self.error: Optional[dict] = None       # the error event's data
         self.status: dict = {}                  # status.json as last read
         self.engine_running = False  # our engine runs this run
@@ -106,9 +108,17 @@ class RunLifecycle:
         return code if isinstance(code, int) else None
 
     def elapsed(self, now: float) -> Optional[float]:
-        """Seconds the run has taken: until `now` while it is live, until its last event after."""
-        end = now if self.is_live() else self.last_t
-        return end - self.started_t if self.started_t and end else None
+        """Seconds the run has taken: each engine session from its started event to its ending event
+        (the current one until `now` while it is live, until its last event after), so a live run
+        and the same run reopened say the same, and the hours between a stop and a Continue are not
+        counted. Before the first started event of our own engine: since it was launched."""
+        current = 0.0
+        if self._session_t is not None:
+            end = now if self.is_live() else (self.last_t or self._session_t)
+            current = max(end - self._session_t, 0.0)
+        elif not self._done_s:
+            return now - self.started_t if self.is_live() and self.started_t else None
+        return self._done_s + current
 
     def wants_status(self) -> bool:
         """A status.json read would tell something: the run is one this app does not run (it may die
@@ -193,6 +203,9 @@ class RunLifecycle:
         if not self.replaying:
             return
         self.replaying = False
+        if self.continuing and self._session_t is not None and self.last_t:  # the history's last session
+            self._done_s += max(self.last_t - self._session_t, 0.0)  # ended without a word (killed): it is over
+            self._session_t = None
         if self.state == "failed" and not self.continuing:  # ours: its exit code has said it
             self._fail(self.error_code(), "")
         elif self.state in LIVE_STATES:
@@ -253,9 +266,22 @@ class RunLifecycle:
 
     # ------------------------------------------------------------ the rules
 
+    def _time_sessions(self, kind: str, t: Optional[float]) -> None:
+        """The run's elapsed time, session by session (elapsed)."""
+        if t is None:
+            return
+        if kind == "started":
+            if self._session_t is not None and self.last_t:  # the last session ended without a word (killed)
+                self._done_s += max(self.last_t - self._session_t, 0.0)
+            self._session_t = t
+        elif kind in ("stopped", "finished", "error") and self._session_t is not None:
+            self._done_s += max(t - self._session_t, 0.0)
+            self._session_t = None
+
     def _record(self, ev: dict) -> None:
         """Everything an event tells but the state: progress, phase, the error, answered commands."""
         kind, it, data = ev["kind"], ev["iter"], ev["data"]
+        self._time_sessions(kind, ev["t"] or None)
         self.last_t = ev["t"] or self.last_t
         if kind == "metric" and data.get("source") == "sampler":
             return  # a memory sampler reading (gpu_mem.csv), not an iteration

@@ -52,8 +52,9 @@ class StopEscalation:
         self.stop_now_sent = True
 
     def offer(self, stopping: bool, now: float, has_run_dir: bool, kill_problem: str,
-              checkpoint: Optional[int]) -> StopOffer:
-        """`kill_problem`: why Kill cannot work here ("" when it can); `checkpoint`: the newest one."""
+              checkpoint: Optional[int], iteration: Optional[int] = 0) -> StopOffer:
+        """`kill_problem`: why Kill cannot work here ("" when it can); `checkpoint`: the newest one;
+        `iteration`: the run's (None: no iteration has run yet, so a stop has nothing to save)."""
         if not stopping:
             return StopOffer(False, False, False, "", "", "")
         waited = now - self.requested_at if self.requested_at is not None else 0.0
@@ -63,6 +64,9 @@ class StopEscalation:
             line = "Killed: waiting for the engine's process to end"
         elif self.stop_now_sent:
             line = f"Stopping now without a checkpoint ({waited:.0f} s); Kill ends the engine at once"
+        elif iteration is None:  # loading or the teacher's samples: the engine ends without a checkpoint
+            line = (f"Stopping before the first iteration: there is nothing to save yet; the engine ends at its next "
+                    f"check ({waited:.0f} s)." + ("" if kill_ready else f" Kill is offered after {KILL_AFTER_S:.0f} s."))
         else:
             line = (f"Stopping: the engine saves a checkpoint at the next iteration boundary ({waited:.0f} s)."
                     + ("" if kill_ready else f" Kill is offered after {KILL_AFTER_S:.0f} s."))

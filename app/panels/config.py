@@ -67,6 +67,7 @@ def _is_builtin(path: Path) -> bool:
 class ConfigPanel(QWidget):
     validity_changed = Signal(bool, str)  # valid?, the first problem as the engine words it ("" when valid)
     queue_requested = Signal()            # "Add to queue": the window queues runnable_copy()
+    folder_used = Signal(object)          # the folder a config was opened from or saved to (Path): remembered
     config_edited = Signal(dict)          # the raw config after any change (form, JSON, file, preset)
     modified_changed = Signal(bool)
 
@@ -83,6 +84,7 @@ class ConfigPanel(QWidget):
         self._path_check = Task(self)  # the paths checked off the GUI thread (app/models/path_check.py)
         self._path_check.done.connect(self._on_paths_checked)
         self._path_problems: dict = {}
+        self.last_folder: Optional[Path] = None  # where Open and Save as start (the window remembers it)
         self._build()
         self.doc.changed.connect(self._on_doc_changed)
         self.doc.json_failed.connect(lambda _message: self.ledger_view.config_changed(False, self.validity_message()))
@@ -260,6 +262,8 @@ class ConfigPanel(QWidget):
             self._show_status(str(e))
             return False
         builtin = _is_builtin(path)
+        if not builtin:
+            self._used(path.parent)
         self.doc.replace(raw, path.parent, None if builtin else path, f"built-in {path.name}")
         self._show_status(f"Opened {path}" + (" (built-in: Save asks for a new file)" if builtin else ""))
         return True
@@ -277,6 +281,7 @@ class ConfigPanel(QWidget):
             self._show_status(f"Cannot save {path}: {e.strerror or e}")
             return False
         rebased = raw != self.doc.raw
+        self._used(path.parent)
         self.doc.replace(raw, path.parent, path, "")
         self._show_status(f"Saved {path}" + (" (relative paths rewritten for its folder)" if rebased else "")
                           + ("" if self.is_valid() else f"; not valid yet: {self.validity_message()}"))
@@ -424,10 +429,19 @@ class ConfigPanel(QWidget):
                                       "Discard them?")
         return answer == QMessageBox.StandardButton.Yes
 
+    def _used(self, folder: Path) -> None:
+        self.last_folder = folder
+        self.folder_used.emit(folder)
+
+    def _start_folder(self) -> Path:
+        """Where Open and Save as start: the saved file's folder, else the last one used, else home
+        (never a preset's folder inside the installation)."""
+        return self.doc.base_dir if self.doc.path is not None else (self.last_folder or Path.home())
+
     def _on_open(self) -> None:
         if not self._ask_discard():
             return
-        path, _ = QFileDialog.getOpenFileName(self, "Open config", str(self.doc.base_dir), "Config (*.json)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open config", str(self._start_folder()), "Config (*.json)")
         if path:
             self.load_file(Path(path))
 
@@ -439,9 +453,9 @@ class ConfigPanel(QWidget):
 
     def _on_save_as(self) -> None:
         current = self.doc.path
-        start = self.doc.base_dir if current is not None else Path.home()
         name = current.name if current is not None else "config.json"
-        path, _ = QFileDialog.getSaveFileName(self, "Save config as", str(start / name), "Config (*.json)")
+        path, _ = QFileDialog.getSaveFileName(self, "Save config as", str(self._start_folder() / name),
+                                              "Config (*.json)")
         if path:
             self.save_to(Path(path))
 

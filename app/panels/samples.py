@@ -181,6 +181,7 @@ class SamplesPanel(QWidget):
         if run_dir == self._run:
             return
         self._run = Path(run_dir) if run_dir is not None else None
+        self.render_status.setText("")  # "Exported to ..." of another (renamed, deleted) run says nothing here
         self.thumbs.reset()
         self.model.set_listing(GridListing(SamplesIndex(None, (), ())))
         self.header.setText("No run open." if run_dir is None else "Reading samples ...")

@@ -239,8 +239,8 @@ class TrainingPanel(QWidget):
             self.source.follow(run_dir, live=True)
             self.health.read(run_dir)
         self._clock_timer.start()
-        self._refresh()
         self.engine.start_train(config, num_processes=self.processes.value(), machines=self.controls.machines, **where)
+        self._refresh()  # after the process starts: Stop reaches it at once (SIGTERM), not at its first event
 
     def stop_run(self) -> None:
         """Graceful stop: the engine saves a checkpoint at the next iteration boundary."""

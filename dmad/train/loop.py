@@ -144,7 +144,7 @@ def _finish(s: Session, tr: Trainer) -> int:
     it = s.progress.iter
     s.files.folder.write_status("finished", iter=it, **_cache_counts(s))
     s.files.events.emit("finished", it, elapsed_s=round(time.time() - s.progress.t_start, 3),
-                        network_passes=tr.passes.equivalents())
+                        start_iter=s.progress.start_iter, network_passes=tr.passes.equivalents())
     return 0
 
 

@@ -480,3 +480,20 @@ def test_a_relative_lora_path_is_relative_to_the_config_file_like_every_path(tmp
     moved = rebase_paths(raw, tmp_path / "configs", tmp_path)  # saved one folder up: still the same file
     assert moved["identity"]["teacher_loras"] == [{"path": "configs/loras/style.safetensors", "scale": 0.5}]
     assert raw["identity"]["teacher_loras"][0]["path"] == "loras/style.safetensors"  # the original is left alone
+
+
+def test_open_and_save_as_start_in_the_last_folder_used(panel, tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a: asked.append(a[2]) or ("", ""))
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a: asked.append(a[2]) or ("", ""))
+    panel._on_save_as()  # an untitled preset, nothing used yet: home, never the installation's preset folder
+    assert asked[-1] == str(Path.home() / "config.json")
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    assert panel.save_to(folder / "mine.json") and panel.last_folder == folder
+    panel.load_preset(presets()[0])  # untitled again
+    panel._on_save_as()
+    assert asked[-1] == str(folder / "config.json")
+    monkeypatch.setattr(panel, "_ask_discard", lambda: True)
+    panel._on_open()
+    assert asked[-1] == str(folder)

@@ -39,6 +39,8 @@ ENGINE = textwrap.dedent(r'''
     from dmad.contract.runs import RunFolder, atomic_write_json
 
     scenario, png, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if scenario == "quiet":  # torch and diffusers still importing: nothing said, no folder yet
+        time.sleep(600)
     key, _, value = argv[argv.index("--set") + 1].partition("=")
     run = RunFolder.create(Path(json.loads(value)) / "engine-run")
 
@@ -134,6 +136,17 @@ def _controls(run: Path) -> list[dict]:
 
 # ---------------------------------------------------------------- stopping
 
+def test_stop_is_offered_the_moment_the_engine_starts(qtbot, engine_panel, tmp_path):
+    # before its first word (imports take 8-10 s on a real start) Stop already reaches the engine: SIGTERM
+    panel = engine_panel("quiet")
+    assert panel.start(tmp_path / "config.json", tmp_path / "runs")
+    assert panel.run_state.state == "starting" and panel.engine.is_running()
+    assert panel.buttons["stop"].isEnabled()
+    qtbot.mouseClick(panel.buttons["stop"], Qt.LeftButton)
+    qtbot.waitUntil(lambda: not panel.engine.is_running(), timeout=WAIT_MS)
+    assert not (tmp_path / "runs" / "engine-run").exists()
+
+
 def test_a_slow_stop_offers_stop_now_which_stops_without_a_checkpoint(qtbot, engine_panel, tmp_path):
     panel = engine_panel("slow")
     panel.show()
@@ -187,6 +200,9 @@ def test_kill_is_offered_after_a_while_without_stop_now():
     nothing_yet = StopEscalation().offer(True, 0.0, has_run_dir=False, kill_problem="", checkpoint=None)
     assert nothing_yet.kill and not nothing_yet.stop_now  # before a run folder there is nothing to lose
     assert not StopEscalation().offer(False, 0.0, True, "", None).visible
+    loading = StopEscalation().offer(True, 0.0, has_run_dir=True, kill_problem="", checkpoint=None, iteration=None)
+    assert loading.line.startswith("Stopping before the first iteration: there is nothing to save yet")
+    assert "saves a checkpoint" in stopping.offer(True, 1005.0, True, "", 7, iteration=12).line
 
 
 REATTACHED = textwrap.dedent(r'''

@@ -90,7 +90,7 @@ def test_our_new_run_from_start_to_stopped(lc, run):
     for i in (1, 2):
         lc.engine_event(ev("metric", i, t=101.0 + i, loss_dm=1.0, step_time_s=0.5, max_train_steps=100))
     assert (lc.state, lc.iteration, lc.max_steps, lc.step_time_s) == ("running", 2, 100, 0.5)
-    assert lc.started_t == 100.0 and lc.elapsed(now=110.0) == 10.0  # from our start, until now while live
+    assert lc.started_t == 100.0 and lc.elapsed(now=110.0) == 9.0  # from its started event, until now while live
     assert not lc.wants_status()  # our engine says how the run ends
     lc.stop_requested()
     lc.engine_event(ev("stopped", 2, t=104.0, last_checkpoint=2))
@@ -99,7 +99,27 @@ def test_our_new_run_from_start_to_stopped(lc, run):
     lc.engine_finished(0, "stopped at iteration 2\n(checkpoint iter_2)", (), killed=False)
     assert (lc.state, lc.exit_code, lc.message) == ("stopped", 0, "stopped at iteration 2 (checkpoint iter_2)")
     assert seen.take_without_changed() == [("noted", "stopped at iteration 2\n(checkpoint iter_2)")]
-    assert lc.is_ended() and not lc.is_live() and lc.elapsed(now=999.0) == 4.0  # once over: to its last event
+    assert lc.is_ended() and not lc.is_live() and lc.elapsed(now=999.0) == 3.0  # once over: to its ending event
+    reopened = RunLifecycle()  # the same run opened from its folder says the same
+    opened(reopened, run, {"state": "stopped"}, [ev("started", None, t=101.0), ev("metric", 1, t=102.0),
+                                                 ev("stopped", 2, t=104.0)])
+    assert reopened.elapsed(now=999.0) == 3.0
+
+
+def test_elapsed_counts_each_session_never_the_hours_between_a_stop_and_a_continue(lc, run):
+    history = [ev("started", None, t=100.0), ev("metric", 1, t=150.0), ev("stopped", 1, t=200.0),  # 100 s
+               ev("started", None, t=5000.0), ev("metric", 2, t=5010.0),  # killed: no ending event (10 s)
+               ev("started", None, t=9000.0), ev("finished", 3, t=9040.0)]  # 40 s
+    opened(lc, run, {"state": "finished"}, history)
+    assert lc.elapsed(now=99999.0) == 150.0
+    lc2 = RunLifecycle()
+    lc2.continue_run(run, now=20000.0)  # our engine continues it: its history first, then its own session
+    for e in history[:5]:
+        lc2.file_event(e)
+    lc2.file_caught_up()
+    assert lc2.elapsed(now=20001.0) == 110.0  # before the new session's started event: the earlier ones
+    lc2.file_event(ev("started", None, t=20005.0))
+    assert lc2.elapsed(now=20030.0) == 135.0
 
 
 def test_a_failing_engine_keeps_the_error_events_reason_and_its_exit_code(lc, run):
@@ -322,3 +342,13 @@ def test_nothing_changed_signals_nothing_and_unwanted_reads_are_dropped(lc, run)
     ours.set_run_dir(run)
     ours.status_read(run, {"state": "failed"}, False)  # our engine is running: it says, not status.json
     assert ours.state == "starting"
+
+
+def test_how_a_run_ended_says_what_this_session_did():
+    from app.engine.process import final_summary
+
+    fresh = {"kind": "finished", "iter": 20, "data": {"elapsed_s": 30.2, "start_iter": 0}}
+    assert final_summary(fresh) == "finished 20 iterations in 30 s"
+    continued = {"kind": "finished", "iter": 20, "data": {"elapsed_s": 9.0, "start_iter": 14}}
+    assert final_summary(continued) == "finished at iteration 20: 6 iterations in 9 s after continuing from 14"
+    assert final_summary({"kind": "finished", "iter": 20, "data": {}}) == "finished 20 iterations"  # an older engine

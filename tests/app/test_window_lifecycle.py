@@ -268,3 +268,19 @@ def test_a_run_that_ends_shows_a_tray_message_where_there_is_a_tray(qtbot, make_
     _run_to(qtbot, window, tmp_path, "finished", "finished 120 iterations in 65 s")
     assert shown == [("Run finished", "r1 finished: finished 120 iterations in 65 s")]
     assert window.notifier._tray is not None and not window.notifier._tray.icon().isNull()
+
+
+# ---------------------------------------------------------------- a shown run deleted or renamed
+
+def test_deleting_the_shown_run_empties_every_run_tab(qtbot, make_window, tmp_path, open_and_wait):
+    window = make_window()
+    run = prepare_recorded_run(RECORDED_RUN, tmp_path / "runs")
+    open_and_wait(window, run)
+    qtbot.waitUntil(lambda: window.samples.run_dir() == run and window.config.is_read_only(), timeout=WAIT_MS)
+    window.samples.render_status.setText(f"Exported to {run / 'export'}")
+    spelled = Path(str(tmp_path / "runs" / ".." / "runs" / run.name))  # the Runs tab may spell it otherwise
+    window.runs.run_deleted.emit(spelled)
+    qtbot.waitUntil(lambda: window.training.run_state.state == "idle", timeout=WAIT_MS)
+    assert window.run_dir() is None and window.samples.run_dir() is None and window.playground._run is None
+    assert window.samples.render_status.text() == "" and not window.config.is_read_only()
+    assert window.windowTitle() == "DMAD Studio"
