@@ -225,7 +225,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from app.widgets.window_fit import show_fitted
     from app.window import MainWindow  # after QApplication: widgets need it
 
-    window = MainWindow(QSettings(), runs_root=args.runs_root)
+    from app.panels.queue import default_queue_dir
+
+    window = MainWindow(QSettings(), runs_root=args.runs_root, session_dir=default_queue_dir().parent / "session",
+                        config_path=None)
     _install_sigint(app, window.close)
     if args.run_dir is not None:
         window.open_run(args.run_dir)

@@ -16,6 +16,7 @@ Start and Continue as the buttons, one at a time, and goes on when the app opens
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,6 +38,8 @@ from app.panels.playground import PlaygroundPanel
 from app.panels.queue import QueuePanel, default_queue_dir
 from app.models.queue_runner import QueueRunner
 from app.models.run_queue import RunQueue
+from app.models.session import Draft, find_live_run, read_draft, remove_draft, write_draft
+from app.engine.background import Task
 from app.panels.runs import RunsPanel
 from app.panels.samples import SamplesPanel
 from app.panels.training import TrainingPanel, same_path
@@ -47,6 +50,7 @@ QUEUE_NEXT_MS = 1500    # between a queued run's end and the next start
 APP_NAME = "DMAD Studio"
 ROOT_KEY = "runs/root"
 CONFIG_FOLDER_KEY = "config/last_folder"  # where Open and Save as start
+SESSION_TAB_KEY, SESSION_CONFIG_KEY = "session/tab", "session/config"
 DEFAULT_RUNS_ROOT = Path.home() / "dmad-runs"
 
 
@@ -61,17 +65,21 @@ class MainWindow(QMainWindow):
     def __init__(self, settings: QSettings, runs_root: Optional[Path] = None,
                  load_nvml: Callable[[], Any] = import_pynvml, config_path: Optional[Path] = None,
                  unsaved_dir: Optional[Path] = None, parent: Optional[QWidget] = None,
-                 probes_dir: Optional[Path] = None, queue_dir: Optional[Path] = None):
+                 probes_dir: Optional[Path] = None, queue_dir: Optional[Path] = None,
+                 session_dir: Optional[Path] = None):
         """`config_path`: a config file to open instead of the CPU demo preset; `unsaved_dir`: where
         configs that are not saved as shown are written for the engine (default: per user);
         `probes_dir`: where the Memory tab's probes write their folders (default: per user);
-        `queue_dir`: the run queue's folder (default: per user)."""
+        `queue_dir`: the run queue's folder (default: per user); `session_dir`: where the session is
+        remembered (the config draft); None: nothing is remembered or restored (tests, --screenshots)."""
         super().__init__(parent)
         self._settings = settings
         self._run: Optional[Path] = None
         self._state = ""
         self._close_when_stopped = False
         self._config_answered = False  # the close question about unsaved config edits was answered
+        self._session_dir = session_dir
+        self._keep_draft = False  # "Keep as a draft" was the close answer
         if runs_root is not None:
             settings.setValue(ROOT_KEY, str(runs_root))
         self.config = ConfigPanel(unsaved_dir=unsaved_dir)  # opens on the CPU demo preset
@@ -111,6 +119,8 @@ class MainWindow(QMainWindow):
         self._update_title()
         self.resize(1280, 800)
         self.gpu.start()
+        if session_dir is not None:
+            self._restore_session(settings, config_path is None)
 
     # ------------------------------------------------------------ layout
 
@@ -364,7 +374,8 @@ class MainWindow(QMainWindow):
         Asked once: a close that waits for a run to stop does not ask again."""
         if self._config_answered or not self.config.has_unsaved_changes():
             return True
-        choice = close_dialog.ask_unsaved_config(self, self.config.document_name())
+        choice = close_dialog.ask_unsaved_config(self, self.config.document_name(), draft=self._session_dir is not None)
+        self._keep_draft = choice == close_dialog.DRAFT
         if choice == close_dialog.CANCEL or (choice == close_dialog.SAVE and not self.config.save_before_close()):
             return False
         self._config_answered = True
@@ -372,3 +383,72 @@ class MainWindow(QMainWindow):
 
     def _shutdown(self) -> None:
         self.gpu.stop()
+        self._remember_session()
+
+    # ------------------------------------------------------------ the session (app/models/session.py)
+
+    def _restore_session(self, settings: QSettings, restore_config: bool) -> None:
+        """The last session's tab and config (its draft, else its file), and a run left training."""
+        self._drafts = Task(self, pool=self._draft_pool())  # writes and removals, in order
+        self._draft_read = Task(self)
+        self._draft_read.done.connect(self._on_draft_read)
+        self._live = Task(self)
+        self._live.done.connect(self._on_live_run)
+        tab = settings.value(SESSION_TAB_KEY)
+        if tab in PANELS:
+            self.show_panel(str(tab))
+        last = settings.value(SESSION_CONFIG_KEY)
+        if restore_config:
+            folder = self._session_dir
+            self._draft_read.submit(lambda: (read_draft(folder), str(last) if last else ""))
+        root = self.runs.root()
+        self._live.submit(lambda: find_live_run(root))
+        self.config.config_edited.connect(lambda _raw: self._save_draft())
+
+    def _draft_pool(self):
+        from PySide6.QtCore import QThreadPool
+
+        self._draft_threads = QThreadPool(self)
+        self._draft_threads.setMaxThreadCount(1)  # drafts are written in the order they were made
+        return self._draft_threads
+
+    def _on_draft_read(self, answer) -> None:
+        draft, last = answer
+        if self.config.has_unsaved_changes() or self.config.is_read_only():
+            self._keep_draft = self._keep_draft or draft is not None  # not shown: kept for the next launch
+            return  # the user is already at work (or a run's config is shown): nothing replaces it
+        if draft is not None:
+            self.config.restore_draft(draft.raw, draft.base_dir, draft.path, draft.label)
+            self.statusBar().showMessage(f"Reopened {draft.label} as it was at the end of the last session "
+                                         "(not saved: Save or Save as keeps it)", 30000)
+        elif last and Path(last).is_file():
+            self.config.load_file(Path(last))
+
+    def _on_live_run(self, run_dir) -> None:
+        if (run_dir is None or self.run_state.run_dir is not None or self.run_state.is_live()
+                or self.training.opening() is not None):
+            return
+        self.open_run(run_dir)
+        self.statusBar().showMessage(f"Following {run_dir.name}: it is still training from the last session", 60000)
+
+    def _save_draft(self) -> None:
+        if self._session_dir is None or self.config.is_read_only():
+            return
+        folder, doc = self._session_dir, self.config.doc
+        if self.config.has_unsaved_changes():
+            draft = Draft(copy.deepcopy(doc.raw), doc.base_dir, doc.path, self.config.document_name())
+            self._drafts.submit(lambda: write_draft(folder, draft))
+        else:
+            self._drafts.submit(lambda: remove_draft(folder))
+
+    def _remember_session(self) -> None:
+        if self._session_dir is None:
+            return
+        settings = self._settings
+        settings.setValue(SESSION_TAB_KEY, PANELS[self.tabs.currentIndex()])
+        doc = self.config.doc
+        saved = doc.path is not None and not doc.is_modified()
+        settings.setValue(SESSION_CONFIG_KEY, str(doc.path) if saved else "")
+        if not self._keep_draft:  # saved or discarded at close: no draft to reopen
+            self._drafts.submit(lambda folder=self._session_dir: remove_draft(folder))
+        self._draft_threads.waitForDone(3000)  # the last draft write or removal lands before the app ends

@@ -9,7 +9,7 @@ from app.models.run_state import RunState
 
 STOP, LEAVE, CANCEL = "stop", "leave", "cancel"
 KEEP, PAUSE = "keep", "pause"
-SAVE, DISCARD = "save", "discard"
+SAVE, DISCARD, DRAFT = "save", "discard", "draft"
 
 
 def run_name(state: RunState) -> str:
@@ -59,15 +59,23 @@ def ask_close_with_queue(parent: Optional[QWidget], pending: int) -> str:
     return CANCEL
 
 
-def ask_unsaved_config(parent: Optional[QWidget], document: str) -> str:
-    """SAVE, DISCARD or CANCEL for the Config tab's unsaved edits of `document`."""
+def ask_unsaved_config(parent: Optional[QWidget], document: str, draft: bool = False) -> str:
+    """SAVE, DISCARD or CANCEL for the Config tab's unsaved edits of `document`; with `draft`, also
+    DRAFT (kept as they are and reopened at the next launch, nothing written to the file)."""
+    buttons = QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel | (QMessageBox.Ignore if draft else 0)
     box = QMessageBox(QMessageBox.Question, "Unsaved config",
                       f"The config \u201c{document}\u201d has unsaved changes. Save them before closing?",
-                      QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, parent)
+                      QMessageBox.StandardButtons(buttons), parent)
+    if draft:
+        box.button(QMessageBox.Ignore).setText("Keep as a draft")
+        box.button(QMessageBox.Ignore).setToolTip("Not saved to the file: the edits reopen as they are at the "
+                                                  "next launch")
     box.setDefaultButton(QMessageBox.Save)
     answer = box.exec()
     if answer == QMessageBox.Save:
         return SAVE
     if answer == QMessageBox.Discard:
         return DISCARD
+    if answer == QMessageBox.Ignore:
+        return DRAFT
     return CANCEL

@@ -429,6 +429,19 @@ class ConfigPanel(QWidget):
                                       "Discard them?")
         return answer == QMessageBox.StandardButton.Yes
 
+    def restore_draft(self, raw: dict, base_dir: Path, path: Optional[Path], label: str) -> None:
+        """The last session's unsaved edits, shown unsaved: of their file when it is still there (so
+        Save writes it and the document says "modified"), else as an untitled document."""
+        saved: dict = {}
+        if path is not None:
+            try:
+                found = read_json_file(path, "config")
+                saved = found if isinstance(found, dict) else {}
+            except UserInputError:
+                path = None
+        self.doc.replace(raw, base_dir, path, "last session's draft", saved_raw=saved)
+        self._show_status(f"Reopened the last session's unsaved edits of {label}")
+
     def _used(self, folder: Path) -> None:
         self.last_folder = folder
         self.folder_used.emit(folder)
