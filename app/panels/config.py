@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QStandardPaths, Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
+from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
                                QSplitter, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from app.models.config_doc import form_spec, materialized, read_run_config, rebase_paths, to_json_text
@@ -41,7 +41,8 @@ from app.engine.background import Task
 from app.models.path_check import path_problems
 from app.widgets.json_view import JsonView
 from app.widgets.ledger_view import LedgerView
-from app.models.presets import Preset, presets
+from app.models.presets import (Preset, check_preset_name, delete_user_preset, presets, save_user_preset,
+                                user_presets)
 from app.models.methods import method_of, unused_fields
 from dmad.errors import UserInputError
 from dmad.contract.jsonfile import read_json_file
@@ -72,9 +73,11 @@ class ConfigPanel(QWidget):
     modified_changed = Signal(bool)
 
     def __init__(self, parent: Optional[QWidget] = None, unsaved_dir: Optional[Path] = None,
-                 engine_command: Optional[list[str]] = None):
-        """`engine_command` replaces the `dmad` command line for the Memory estimate tab (tests)."""
+                 engine_command: Optional[list[str]] = None, presets_dir: Optional[Path] = None):
+        """`engine_command` replaces the `dmad` command line for the Memory estimate tab (tests);
+        `presets_dir`: the user's own presets (default: the app's data folder)."""
         super().__init__(parent)
+        self._presets_dir = presets_dir or default_unsaved_dir().parent / "presets"
         self._engine_command = engine_command
         self._unsaved_dir = unsaved_dir
         self.doc = Document(form_spec(), Path.cwd())
@@ -93,6 +96,8 @@ class ConfigPanel(QWidget):
         demo = next(iter(self.presets), None)
         if demo is not None:
             self.load_preset(demo)
+        if self._preset_problem:  # said after the demo's own line
+            self._show_status(self._preset_problem)
 
     # ------------------------------------------------------------ layout
 
@@ -139,13 +144,10 @@ class ConfigPanel(QWidget):
             self.presets = []
             self._show_status(f"Presets unavailable: {e}")
         self.preset_button = QToolButton(text="New from preset", popupMode=QToolButton.ToolButtonPopupMode.InstantPopup)
-        menu = QMenu(self.preset_button)
-        menu.setToolTipsVisible(True)
-        for preset in self.presets:
-            action = menu.addAction(preset.menu_text())
-            action.setToolTip(preset.tooltip())
-            action.triggered.connect(lambda _=False, p=preset: self._ask_discard() and self.load_preset(p))
-        self.preset_button.setMenu(menu)
+        self.preset_menu = QMenu(self.preset_button)
+        self.preset_menu.setToolTipsVisible(True)
+        self.preset_button.setMenu(self.preset_menu)
+        self._fill_preset_menu()
         self.file_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)  # a long path keeps both ends
         self.toolbar_buttons: dict[str, QPushButton] = {}
         row = QHBoxLayout()
@@ -441,6 +443,68 @@ class ConfigPanel(QWidget):
                 path = None
         self.doc.replace(raw, base_dir, path, "last session's draft", saved_raw=saved)
         self._show_status(f"Reopened the last session's unsaved edits of {label}")
+
+    # ------------------------------------------------------------ presets: shipped and the user's own
+
+    def _fill_preset_menu(self) -> None:
+        menu = self.preset_menu
+        menu.clear()
+        self.user_presets, self._preset_problem = user_presets(self._presets_dir)
+        if self._preset_problem:
+            self._show_status(self._preset_problem)
+        for preset in self.presets + self.user_presets:
+            if preset is (self.user_presets or [None])[0]:
+                menu.addSection("Your presets")
+            action = menu.addAction(preset.menu_text())
+            action.setToolTip(preset.tooltip_for_user() if preset.user else preset.tooltip())
+            action.triggered.connect(lambda _=False, p=preset: self._ask_discard() and self.load_preset(p))
+        menu.addSeparator()
+        menu.addAction("Save as preset…", self.ask_save_preset).setToolTip(
+            "Keep this config as a preset of your own (in your data folder), listed here")
+        delete = menu.addMenu("Delete a preset of yours")
+        delete.setEnabled(bool(self.user_presets))
+        for preset in self.user_presets:
+            delete.addAction(preset.name, lambda p=preset: self.delete_preset(p.name))
+
+    def ask_save_preset(self) -> bool:
+        from app.dialogs.save_preset import SavePresetDialog
+
+        mine = {p.name for p in self.user_presets}
+        dialog = SavePresetDialog(lambda name: check_preset_name(name, self.presets), lambda name: name in mine,
+                                  parent=self)
+        if dialog.exec() != QDialog.DialogCode.Accepted:
+            return False
+        return self.save_preset(*dialog.values())
+
+    def save_preset(self, name: str, description: str) -> bool:
+        """The config as shown, with absolute paths, as the user's preset `name`."""
+        problem = check_preset_name(name, self.presets)
+        if problem:
+            self._show_status(f"Not saved as a preset: {problem}")
+            return False
+        self._flush_json()
+        try:
+            raw = materialized(self.doc.raw, self.doc.base_dir, self.doc.source())
+            preset = save_user_preset(self._presets_dir, name, description, raw)
+        except (UserInputError, OSError) as e:
+            self._show_status(f"Not saved as a preset: {e}")
+            return False
+        self._fill_preset_menu()
+        self._show_status(f"Saved as your preset {preset.name!r} ({preset.path})")
+        return True
+
+    def delete_preset(self, name: str) -> bool:
+        if QMessageBox.question(self, "Delete preset", f"Delete your preset {name!r}? Its config file goes too.",
+                                QMessageBox.Yes | QMessageBox.No, QMessageBox.No) != QMessageBox.Yes:
+            return False
+        try:
+            gone = delete_user_preset(self._presets_dir, name)
+        except OSError as e:
+            self._show_status(f"Could not delete the preset {name!r}: {e}")
+            return False
+        self._fill_preset_menu()
+        self._show_status(f"Deleted your preset {name!r}" if gone else f"No preset of yours is named {name!r}")
+        return gone is not None
 
     def _used(self, folder: Path) -> None:
         self.last_folder = folder

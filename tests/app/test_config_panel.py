@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QCheckBox, QComboBox, QFileDialog, QLineEdit
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFileDialog, QLineEdit, QMessageBox
 
 from app.models.config_doc import PATH_FIELDS, get_field, rebase_paths
 from app.widgets.config_form import BoolEditor, EnumEditor, NullableEditor, TextEditor
@@ -497,3 +497,53 @@ def test_open_and_save_as_start_in_the_last_folder_used(panel, tmp_path, monkeyp
     monkeypatch.setattr(panel, "_ask_discard", lambda: True)
     panel._on_open()
     assert asked[-1] == str(folder)
+
+
+def test_the_users_own_presets_are_saved_listed_opened_and_deleted(qtbot, tmp_path, monkeypatch):
+    from app.models.presets import user_presets
+
+    mine = tmp_path / "my-presets"
+    panel = ConfigPanel(unsaved_dir=tmp_path / "unsaved", presets_dir=mine)
+    qtbot.addWidget(panel)
+    panel.apply_changes({"resources.train_batch_size": 3})
+    assert not panel.save_preset("CPU demo", "x")  # a shipped name
+    assert "is a shipped preset" in panel.status.text()
+    assert panel.save_preset("My demo, batch 3", "for the laptop")
+    (preset,) = user_presets(mine)[0]
+    assert (preset.name, preset.description, preset.method, preset.user) == ("My demo, batch 3", "for the laptop",
+                                                                            "dmad", True)
+    raw = json.loads(preset.path.read_text())
+    assert raw["resources"]["train_batch_size"] == 3
+    assert Path(raw["identity"]["train_data_dir"]).is_absolute()  # means the same wherever it is opened
+    texts = [a.text() for a in panel.preset_menu.actions()]
+    assert "Your presets" in texts and texts.index("Your presets") == len(presets())
+    assert any(t.startswith("My demo, batch 3") for t in texts)
+    assert panel.save_preset("My demo, batch 3", "replaced") and len(user_presets(mine)[0]) == 1  # same name: replaced
+    other = ConfigPanel(unsaved_dir=tmp_path / "unsaved", presets_dir=mine)  # the next launch lists it
+    qtbot.addWidget(other)
+    assert other.load_preset(user_presets(mine)[0][0]) and other.config()["resources"]["train_batch_size"] == 3
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    assert panel.delete_preset("My demo, batch 3")
+    assert user_presets(mine) == ([], "") and list(mine.glob("*.json")) == [mine / "index.json"]
+    (mine / "index.json").write_text("{", encoding="utf-8")  # a damaged index: said, the shipped ones still load
+    third = ConfigPanel(unsaved_dir=tmp_path / "unsaved", presets_dir=mine)
+    qtbot.addWidget(third)
+    assert "your presets could not be read" in third.status.text() and len(third.presets) == len(presets())
+
+
+def test_save_as_preset_dialog_says_what_a_name_does(qtbot):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.dialogs.save_preset import SavePresetDialog
+    from app.models.presets import check_preset_name
+
+    dialog = SavePresetDialog(lambda n: check_preset_name(n, presets()), lambda n: n == "mine")
+    qtbot.addWidget(dialog)
+    save = dialog.buttons.button(QDialogButtonBox.Save)
+    assert not save.isEnabled() and dialog.note.text() == "a preset needs a name"
+    dialog.name.setText("CPU demo")
+    assert not save.isEnabled() and "is a shipped preset" in dialog.note.text()
+    dialog.name.setText(" mine ")
+    assert save.isEnabled() and dialog.note.text() == "Replaces your preset 'mine'."
+    dialog.description.setPlainText("for the laptop ")
+    assert dialog.values() == ("mine", "for the laptop")
