@@ -51,6 +51,7 @@ APP_NAME = "DMAD Studio"
 ROOT_KEY = "runs/root"
 CONFIG_FOLDER_KEY = "config/last_folder"  # where Open and Save as start
 SESSION_TAB_KEY, SESSION_CONFIG_KEY = "session/tab", "session/config"
+CONFIG_VIEW_KEY = "config/view"  # the form's Basic or Advanced view
 DEFAULT_RUNS_ROOT = Path.home() / "dmad-runs"
 
 
@@ -86,6 +87,9 @@ class MainWindow(QMainWindow):
         last = settings.value(CONFIG_FOLDER_KEY)
         self.config.last_folder = Path(str(last)) if last else None
         self.config.folder_used.connect(lambda folder: settings.setValue(CONFIG_FOLDER_KEY, str(folder)))
+        self.config.set_basic(str(settings.value(CONFIG_VIEW_KEY, "basic")) != "advanced")  # the view last chosen
+        self.config.view_choice.currentIndexChanged.connect(lambda _i: settings.setValue(
+            CONFIG_VIEW_KEY, "basic" if self.config.view_choice.currentData() else "advanced"))
         self.data = DataPanel()
         self.training = TrainingPanel()
         self.samples = SamplesPanel()

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QStandardPaths, Qt, Signal
-from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
+from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QHBoxLayout, QLabel, QMenu, QMessageBox, QPushButton, QScrollArea,
                                QSplitter, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
+from app.models.field_labels import BASIC
 from app.models.config_doc import form_spec, materialized, read_run_config, rebase_paths, to_json_text
 from app.models.document import DOCUMENT, FORM, JSON, Document
 from app.widgets.config_form import ERROR_LABEL_STYLE, ConfigForm
@@ -118,8 +119,20 @@ class ConfigPanel(QWidget):
         self.side.addTab(self.dry_run_view, "Dry run")
         self.ledger_view = LedgerView(lambda target: self.materialize(target), self._engine_command)
         self.side.addTab(self.ledger_view, "Memory estimate")
+        self.view_choice = QComboBox()
+        self.view_choice.addItem(f"Basic: the {len(BASIC)} fields changed most", True)
+        self.view_choice.addItem(f"Advanced: all {len(self.form.rows)} fields", False)
+        self.view_choice.setToolTip("Basic shows the fields users change most, and any field with a problem; "
+                                    "Advanced shows every field. The JSON beside it always has everything.")
+        self.view_choice.currentIndexChanged.connect(lambda _i: self.set_basic(self.view_choice.currentData()))
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.view_choice)
+        left_layout.addWidget(scroll, 1)
+        self.form.set_basic(True)
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(scroll)
+        split.addWidget(left)
         split.addWidget(self.side)
         split.setSizes([600, 400])
         self.banner = QLabel()  # problems that name no single field (cross-field rules, unknown keys)
@@ -430,6 +443,13 @@ class ConfigPanel(QWidget):
                                       f"The config \u201c{self.document_name()}\u201d has unsaved changes. "
                                       "Discard them?")
         return answer == QMessageBox.StandardButton.Yes
+
+    def set_basic(self, basic: bool) -> None:
+        """The form's Basic or Advanced view (the switch above it shows which)."""
+        self.form.set_basic(bool(basic))
+        i = self.view_choice.findData(bool(basic))
+        if i != self.view_choice.currentIndex():
+            self.view_choice.setCurrentIndex(i)
 
     def restore_draft(self, raw: dict, base_dir: Path, path: Optional[Path], label: str) -> None:
         """The last session's unsaved edits, shown unsaved: of their file when it is still there (so

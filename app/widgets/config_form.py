@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 
 from app.models.config_doc import UNSET, FieldSpec, GroupSpec, Key, get_field
 from app.models import methods
+from app.models.field_labels import BASIC, label_of
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.config import PATH_FIELDS
@@ -340,13 +341,13 @@ class FieldRow(QWidget):
         self.note.setStyleSheet(NOTE_LABEL_STYLE)
         self.note.hide()
         layout.addWidget(self.note)
-        self.label = QLabel(spec.name + (" *" if spec.required else ""))
+        self.label = QLabel(label_of(spec.key) + (" *" if spec.required else ""))
         self.unused = ""  # "unused with method <name>": the row is greyed out
         self.set_error("")
 
     def base_tooltip(self) -> str:
         s = self.spec
-        parts = [f"Greyed out: {self.unused} (the value is kept, not read)" if self.unused else "",
+        parts = [".".join(s.key) + ":", f"Greyed out: {self.unused} (the value is kept, not read)" if self.unused else "",
                  s.description, s.range_text, "required" if s.required else f"default: {json.dumps(s.default)}"]
         return "\n".join(p for p in parts if p)
 
@@ -385,6 +386,8 @@ class ConfigForm(QWidget):
     def __init__(self, spec: tuple[GroupSpec, ...], parent: Optional[QWidget] = None):
         super().__init__(parent)
         self.rows: dict[Key, FieldRow] = {}
+        self._groups: list[tuple[QGroupBox, QFormLayout, list[Key]]] = []
+        self.basic = False  # the Basic view: the fields users change most, and any field with a problem
         layout = QVBoxLayout(self)
         for group in spec:
             layout.addWidget(self._group_box(group))
@@ -404,7 +407,27 @@ class ConfigForm(QWidget):
             row.editor.edited.connect(lambda value, key=spec.key: self.field_edited.emit(key, value))
             form.addRow(row.label, row)
             self.rows[spec.key] = row
+        self._groups.append((box, form, [f.key for f in group.fields]))
         return box
+
+    def set_basic(self, basic: bool) -> None:
+        """Basic: the fields users change most (field_labels.BASIC) and every field with a problem;
+        Advanced: all. A group with no field shown is hidden."""
+        self.basic = basic
+        self._show_rows()
+
+    def shown_fields(self) -> list[Key]:
+        return [key for _box, form, keys in self._groups for key in keys if form.isRowVisible(self.rows[key])]
+
+    def _show_rows(self) -> None:
+        for box, form, keys in self._groups:
+            any_shown = False
+            for key in keys:
+                row = self.rows[key]
+                shown = not self.basic or key in BASIC or bool(row.error.text())
+                form.setRowVisible(row, shown)
+                any_shown |= shown
+            box.setVisible(any_shown)
 
     def set_values(self, raw: dict) -> None:
         """Show `raw`; absent keys show their default (required ones stay empty)."""
@@ -423,6 +446,8 @@ class ConfigForm(QWidget):
     def mark_errors(self, errors: dict[Key, str]) -> None:
         for key, row in self.rows.items():
             row.set_error(errors.get(key, ""))
+        if self.basic:
+            self._show_rows()  # a field with a problem shows in the Basic view too
 
     def set_fixed(self, key: Key, note: str) -> None:
         """The field `key` is shown read-only with `note` under it ("" makes it editable again)."""

@@ -547,3 +547,22 @@ def test_save_as_preset_dialog_says_what_a_name_does(qtbot):
     assert save.isEnabled() and dialog.note.text() == "Replaces your preset 'mine'."
     dialog.description.setPlainText("for the laptop ")
     assert dialog.values() == ("mine", "for the laptop")
+
+
+def test_fields_are_labelled_in_words_with_the_key_in_the_tooltip_and_a_basic_view(qtbot, panel):
+    from app.models.field_labels import BASIC, LABELS
+
+    assert set(panel.form.rows) <= set(LABELS), sorted(set(panel.form.rows) - set(LABELS))  # words for every field
+    row = panel.form.rows[("identity", "train_data_dir")]
+    assert row.label.text() == "Training images *"
+    assert row.editor.toolTip().startswith("identity.train_data_dir:")
+    assert len(BASIC) <= 15 and set(BASIC) <= set(panel.form.rows)
+    assert panel.view_choice.currentData() is True and set(panel.form.shown_fields()) == set(BASIC)
+    health = next(box for box, _f, keys in panel.form._groups if keys[0][:2] == ("observation", "health"))
+    assert health.isHidden()  # no field of it is basic
+    line(panel, "identity", "lora_rank").setText("-3")  # a problem shows in the Basic view too
+    assert ("identity", "lora_rank") in panel.form.shown_fields()
+    line(panel, "identity", "lora_rank").setText("16")
+    assert ("identity", "lora_rank") not in panel.form.shown_fields()
+    panel.view_choice.setCurrentIndex(1)  # Advanced: every field
+    assert set(panel.form.shown_fields()) == set(panel.form.rows) and not health.isHidden()
