@@ -180,6 +180,13 @@ class Observation(Group):
     resume_from_checkpoint: Optional[PathStr] = Field(
         None, description="'latest' or a checkpoint folder to resume from; empty: start fresh.")
     gpu_mem_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="Seconds between device-wide memory samples (gpu_mem.csv).")
+    report_to: Literal["none", "tensorboard", "wandb"] = Field(
+        "none", description="Also send every metrics.csv row and the health signals to an experiment tracker (through "
+                            "accelerate, as diffusers' training scripts do); the run folder's own files stay the "
+                            "record. tensorboard: event files in <run>/logs/tensorboard. wandb: under <run>/logs/wandb, "
+                            "offline (nothing sent) unless wandb is set up on this machine (WANDB_MODE, WANDB_API_KEY "
+                            "or `wandb login`). Needs that package installed (pip install tensorboard / wandb). none: "
+                            "only the run folder's files.")
     health: Health = Field(default_factory=Health, description="Health signals' alerts (the prompt set's health_seeds "
                                                                "turns the signals on).")
 

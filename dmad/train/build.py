@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -27,11 +28,14 @@ from dmad.train.session import DataStream, Progress, RunFiles, Session
 from dmad.train.trainer import Trainer
 
 
-def make_accelerator(mixed_precision: str):
+def make_accelerator(mixed_precision: str, report_to: str = "none", run_dir: Optional[Path] = None):
+    """`report_to` (observation.report_to) and the run folder: the trackers accelerate logs to
+    (dmad.train.trackers), started by the loop."""
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
     from dmad.train.preflight import check_precision_here
+    from dmad.train.trackers import accelerator_args
 
     check_precision_here(mixed_precision)
     cuda = torch.cuda.is_available()
@@ -40,7 +44,7 @@ def make_accelerator(mixed_precision: str):
     # Rank 0 renders samples and writes checkpoints while the others wait in a collective: allow hours.
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(hours=6))
     return Accelerator(mixed_precision=mixed_precision, cpu=not cuda, gradient_accumulation_steps=1,
-                       kwargs_handlers=[timeout])
+                       kwargs_handlers=[timeout], **accelerator_args(report_to, run_dir))
 
 
 def _encode_uncond(teacher, device):
@@ -142,7 +146,7 @@ def build(cfg: TrainConfig, folder: RunFolder, prompt_set: PromptSet, events: Ev
     from dmad.models.teacher import load_identity_teacher
 
     ident, res = cfg.identity, cfg.resources
-    acc = acc or make_accelerator(res.mixed_precision)
+    acc = acc or make_accelerator(res.mixed_precision, cfg.observation.report_to, folder.path)
     set_seed(res.seed + acc.process_index)  # seeds differ per rank for data and noise
     monitor.device = acc.device
     # the data first: too few usable images must stop the run before any model loads

@@ -15,6 +15,7 @@ from dmad.contract.prompts import PromptSet
 from dmad.contract.runlog import CsvAppender, HEALTH_COLUMNS, health_row, read_health
 from dmad.contract.runs import SAMPLES_META
 from dmad.sample import health
+from dmad.train.trackers import log_values
 
 
 @dataclass
@@ -94,6 +95,7 @@ def record_health(s, tr, out: Path, checkpoint: Optional[str]) -> None:
     files.events.emit("health", it, checkpoint=checkpoint, folder=str(out.resolve()), seeds=prompt_set.health_seeds,
                       prompts=len(prompt_set.items), signals=signals,
                       teacher=health.absolute_levels(state.teacher_levels), alerts=[a.to_event() for a in alerts])
+    log_values(tr.accelerator, signals, it, prefix="health/")  # observation.report_to
     for a in alerts:
         files.events.emit("warning", it, message=a.warning())
     state.healthy_checkpoint = healthy if alerts or checkpoint is None else int(checkpoint[5:])

@@ -30,6 +30,7 @@ from dmad.train.run_files import StopFlag
 from dmad.train.run_open import open_run
 from dmad.train.saving import save_checkpoint
 from dmad.train.session import Session
+from dmad.train.trackers import log_values, tracking
 from dmad.train.trainer import Trainer
 from dmad.train.validation import render_samples, render_teacher
 
@@ -46,10 +47,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: l
         try:
             with open_run(cfg, run_dir, resume, argv, restart=restart, skipped=skipped) as run:
                 s, tr = run.build()
-                run.phase.set("sampling")
-                render_teacher(s, tr, run.between_phases)  # before iteration 1; a no-op on resume
-                run.between_phases()
-                run.exit_code = train_loop(s, tr, run.stop, run.phase, run.control)
+                with tracking(tr.accelerator, cfg, s.files.folder.path, s.progress.iter):  # observation.report_to
+                    run.phase.set("sampling")
+                    render_teacher(s, tr, run.between_phases)  # before iteration 1; a no-op on resume
+                    run.between_phases()
+                    run.exit_code = train_loop(s, tr, run.stop, run.phase, run.control)
             return run.exit_code
         except CheckpointUnusable as e:
             if isinstance(e, CheckpointMismatch) or (not fallbacks and not skipped):
@@ -262,7 +264,9 @@ def _log_row(s: Session, tr: Trainer, w: _Window) -> None:
     row.update(iter=it, step_time_s=training / w.iters, data_time_s=w.data_time / w.iters)
     opts = tr.optimizers
     row.update({c: opts[c[3:]].lr() if c[3:] in opts else None for c in LR_COLUMNS})  # lr_<optimizer>
-    s.files.metrics.append({k: row.get(k) for k in s.files.metrics.columns})  # an older run's header may lack new columns
+    csv_row = {k: row.get(k) for k in s.files.metrics.columns}  # an older run's header may lack new columns
+    s.files.metrics.append(csv_row)
+    log_values(tr.accelerator, {k: v for k, v in csv_row.items() if k != "iter"}, it)  # observation.report_to
     remaining = max_steps - it
     s.files.events.emit("metric", it, **{k: v for k, v in row.items() if k != "iter"}, max_train_steps=max_steps,
                         network_passes=tr.passes.equivalents()["total"], eta_s=round(remaining * max(elapsed - w.asked, 0.0) / w.iters, 1))

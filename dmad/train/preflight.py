@@ -102,7 +102,11 @@ def preflight(cfg: TrainConfig, run_dir: Optional[Path] = None, resume: Optional
     of a multi-process run (dmad.train.launch): the launcher checked the run folder, which rank 0 may
     have created already."""
     from dmad.contract.prompts import default_prompt_set_path, load_prompt_set
+    from dmad.train.trackers import tracker_problem
 
+    problem = tracker_problem(cfg.observation.report_to)  # a missing package, found before anything is read
+    if problem:
+        raise UserInputError(problem)
     prompt_set = load_prompt_set(cfg.observation.prompt_set or default_prompt_set_path())
     data = check_usable(summarize_data(Path(cfg.identity.train_data_dir)), cfg)
     if run_dir is None and resume not in (None, "latest"):

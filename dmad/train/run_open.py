@@ -109,7 +109,8 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: Optional[str], argv: list[
     was (dmad.train.folder_undo): the history of a run is cut back only once a checkpoint has loaded."""
     phase = Phase()  # a bad DMAD_FAULT is refused before the run folder is touched
     rank, world = world_rank()
-    acc = make_accelerator(cfg.resources.mixed_precision) if world > 1 else None  # joins the process group
+    # joins the process group
+    acc = make_accelerator(cfg.resources.mixed_precision, cfg.observation.report_to, run_dir) if world > 1 else None
     main = rank == 0
     refused = False  # a start refused before it committed (exit 2): the folder goes back as it was
     folder, before, lock = _open_folder(run_dir, resume, restart, main, acc)
