@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 from PySide6.QtCore import QRect, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QGuiApplication, QImage, QPixmap
+from PySide6.QtGui import QColor, QGuiApplication, QImage, QKeyEvent, QPixmap
 from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene, QGraphicsView, QHBoxLayout,
                                QRadioButton, QToolButton, QVBoxLayout, QWidget)
 
@@ -232,6 +232,7 @@ class ABView(QWidget):
         self.right_label.setText(self._labels[1])
         self.stats.setText("Loading ...")
         self.difference = None
+        self.set_zoom(None)  # a new pair starts fitted, as the first one did (the old zoom suited the old pair)
         self._task.submit(lambda: load_and_compare(Path(path_a), Path(path_b)))
 
     def labels(self) -> tuple[str, str]:
@@ -268,6 +269,22 @@ class ABView(QWidget):
 
     def blinking(self) -> bool:
         return self._blink.isActive()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Escape closes the window, as it closes a dialog (a plain QWidget window ignores it)."""
+        if event.key() == Qt.Key.Key_Escape and event.modifiers() == Qt.KeyboardModifier.NoModifier:
+            self.close()
+            return
+        super().keyPressEvent(event)
+
+    def hideEvent(self, event) -> None:
+        super().hideEvent(event)
+        self._blink.stop()  # a closed window does not blink on; showing it again resumes
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self.mode == "blink":
+            self._blink.start()
 
     # ------------------------------------------------------------ internals
 

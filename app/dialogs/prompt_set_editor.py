@@ -6,6 +6,9 @@ from: an edited set whose name + version already exists in the save folder, or i
 is saved as the next version (v2 after v1) in a new file; the existing files keep their bytes. The
 engine owns the rule (dmad.contract.prompts.save_new_version); this dialog only adds the run's copy to
 the versions that count as taken.
+
+A run whose family samples with its own sampler whatever the set names (SD3, Flux: flow matching,
+family_sampler) shows that sampler, disabled, in place of the set's, which the file keeps.
 """
 from __future__ import annotations
 
@@ -24,7 +27,26 @@ from dmad.contract.jsonfile import read_json_or_problem
 from dmad.contract.prompts import SAMPLERS, find_versions, save_new_version, save_prompt_set, validate_prompt_set
 
 ITEM_COLUMNS = ("id", "topic", "prompt", "negative_prompt", "seed")
+FORM_KEYS = ("prompt_set", "version", "resolution", "seed", "sampler", "steps", "cfg", "items")  # what the form edits
 SOURCE = "prompt set"  # the name the engine's messages start with
+# A flow-matching family (SD3, Flux) samples with its own sampler whatever the set names: the engine's
+# dmad/sample/render.py FLOW_SAMPLER and sampler_name (no torch-free copy in dmad.contract yet).
+FLOW_FAMILIES = ("sd3", "flux")
+FLOW_SAMPLER = "flow_match_euler"
+
+
+def family_sampler(model_family: Optional[str], teacher_meta: Optional[dict] = None) -> Optional[str]:
+    """The sampler a run's teacher renders its references with whatever the prompt set names, or None
+    when it uses the set's: a flow-matching family's own. `model_family`: the run's config.json
+    identity.model_family (samples_grid.GridListing.model_family); with "auto" (found from the
+    teacher's files at run time) the teacher samples' meta.json says what it rendered with
+    (GridListing.teacher_meta()). Neither known: None (the set's sampler is shown)."""
+    if model_family in FLOW_FAMILIES:
+        return FLOW_SAMPLER
+    if model_family not in (None, "auto"):
+        return None  # SD 1.x / 2.x / XL: the set's sampler
+    used = teacher_meta.get("sampler") if isinstance(teacher_meta, dict) else None
+    return FLOW_SAMPLER if used == FLOW_SAMPLER else None
 
 
 def save_edited(raw: dict, folder: Path, used: Iterable[dict] = ()) -> Path:
@@ -58,12 +80,17 @@ def _int_or_text(text: str):
 class PromptSetEditor(QDialog):
     saved = Signal(object)  # Path of the file written (or of the identical version found)
 
-    def __init__(self, save_dir: Path, used: Iterable[dict] = (), parent: Optional[QWidget] = None):
+    def __init__(self, save_dir: Path, used: Iterable[dict] = (), parent: Optional[QWidget] = None,
+                 own_sampler: Optional[str] = None):
+        """`own_sampler`: the sampler the run's family renders with whatever the set names (see
+        family_sampler), shown instead of the set's, which the file keeps; None: the set's is used."""
         super().__init__(parent)
         self.setWindowTitle("Prompt set")
         self.save_dir = Path(save_dir)
         self.used = list(used)
+        self.own_sampler = own_sampler
         self._loaded: dict = {}
+        self._extra: dict = {}  # the loaded set's keys the form does not show (health_seeds): kept as they are
         self._filling = False
         self._build()
         self.set_raw({"prompt_set": "my_prompts", "version": "v1", "resolution": [512, 512], "seed": 0,
@@ -80,6 +107,11 @@ class PromptSetEditor(QDialog):
         self.seed = QLineEdit()
         self.sampler = QComboBox()
         self.sampler.addItems(SAMPLERS)
+        self.own_sampler_box = QLineEdit()  # the run family's own sampler, in place of the set's (kept in the file)
+        self.own_sampler_box.setEnabled(False)
+        sampler_row = QHBoxLayout()
+        sampler_row.addWidget(self.sampler, 1)
+        sampler_row.addWidget(self.own_sampler_box, 1)
         self.steps = QSpinBox()
         self.steps.setRange(0, 100000)
         self.cfg = QDoubleSpinBox()
@@ -95,7 +127,7 @@ class PromptSetEditor(QDialog):
         form.addRow("Version", self.version)
         form.addRow("Resolution (w x h)", res)
         form.addRow("Base seed", self.seed)
-        form.addRow("Teacher sampler", self.sampler)
+        form.addRow("Teacher sampler", sampler_row)
         form.addRow("Teacher steps", self.steps)
         form.addRow("Teacher CFG", self.cfg)
         self.items = QTableWidget(0, len(ITEM_COLUMNS))
@@ -158,6 +190,7 @@ class PromptSetEditor(QDialog):
 
     def set_raw(self, raw: dict) -> None:
         self._filling = True
+        self._extra = {k: v for k, v in raw.items() if k not in FORM_KEYS}  # health_seeds and the like: kept
         self.name.setText(str(raw.get("prompt_set", "")))
         self.version.setText(str(raw.get("version", "")))
         res = raw.get("resolution") if isinstance(raw.get("resolution"), list) else [0, 0]
@@ -168,6 +201,7 @@ class PromptSetEditor(QDialog):
         if self.sampler.findText(sampler) < 0:
             self.sampler.addItem(sampler)  # shown as it is; validation names the problem
         self.sampler.setCurrentText(sampler)
+        self._show_sampler(sampler)
         self.steps.setValue(int(raw.get("steps", 50)) if isinstance(raw.get("steps"), int) else 0)
         self.cfg.setValue(float(raw.get("cfg", 7.5)) if isinstance(raw.get("cfg"), (int, float)) else 0.0)
         self.items.setRowCount(0)
@@ -176,6 +210,19 @@ class PromptSetEditor(QDialog):
         self._filling = False
         self._loaded = self.raw()
         self._changed()
+
+    def _show_sampler(self, sampler: str) -> None:
+        """The set's sampler, or, for a family that never uses it, that family's own (disabled): the
+        editor said "ddim" for a run whose teacher rendered with flow_match_euler."""
+        own = self.own_sampler
+        self.sampler.setHidden(own is not None)
+        self.own_sampler_box.setHidden(own is None)
+        if own is not None:
+            self.own_sampler_box.setText(f"{own} (the family's own)")
+            self.own_sampler_box.setToolTip(
+                f"This run's teacher is a flow-matching model (SD3 / Flux): it always samples with its own "
+                f"{own} sampler, whatever a prompt set names. The set keeps sampler \"{sampler}\" for runs of "
+                "other families.")
 
     def add_item(self, item: Optional[dict] = None) -> None:
         item = item if isinstance(item, dict) else {}
@@ -195,7 +242,8 @@ class PromptSetEditor(QDialog):
                 self.items.removeRow(r)
 
     def raw(self) -> dict:
-        """The set as the form shows it, in the file's form (empty optional cells left out)."""
+        """The set as the form shows it, in the file's form (empty optional cells left out), with the
+        loaded set's keys the form does not show (health_seeds) as they were."""
         items = []
         for r in range(self.items.rowCount()):
             cell = {key: (self.items.item(r, c).text() if self.items.item(r, c) else "")
@@ -208,7 +256,8 @@ class PromptSetEditor(QDialog):
                 item["seed"] = seed
             items.append(item)
         seed = _int_or_text(self.seed.text())
-        return {"prompt_set": self.name.text().strip(), "version": self.version.text().strip(),
+        return {**self._extra, "prompt_set": self.name.text().strip(),
+                "version": self.version.text().strip(),
                 "resolution": [self.width_box.value(), self.height_box.value()],
                 "seed": 0 if seed is None else seed, "sampler": self.sampler.currentText(),
                 "steps": self.steps.value(), "cfg": round(self.cfg.value(), 4), "items": items}

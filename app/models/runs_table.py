@@ -136,14 +136,21 @@ class RunsTableModel(QAbstractTableModel):
     def rows(self) -> list[RunRow]:
         return list(self._rows)
 
-    def set_rows(self, rows: list[RunRow]) -> None:
+    def set_rows(self, rows: list[RunRow]) -> bool:
+        """Replace the rows; True when the model was reset (other folders), False when the same folders'
+        cells were updated in place (the view then fits only columns that no longer fit: no jitter)."""
         if [r.path for r in rows] == [r.path for r in self._rows] and rows:
             self._rows = rows
             self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
-            return
+            return False
         self.beginResetModel()
         self._rows = rows
         self.endResetModel()
+        return True
+
+    def column_texts(self) -> list[tuple[str, ...]]:
+        """Each column's display texts, top to bottom: what the view compares to know which columns changed."""
+        return [tuple(_cell(row, column)[0] for row in self._rows) for column in COLUMNS]
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self._rows)

@@ -350,7 +350,7 @@ class DataPanel(QWidget):
         self.datasets.setText("<br>".join(lines))
         self.datasets.setVisible(bool(lines))
         self.datasets.setToolTip("\n".join(f"{d.get('id', '?')}: {d.get('root', '')}" for d in r.datasets))
-        self.buckets.set_buckets(r.buckets)
+        self.buckets.set_buckets(r.buckets, r.images, r.counts)
         self._show_usable()
         self._visible.start()
 

@@ -175,8 +175,10 @@ class MemoryTab(QWidget):
         self._estimating = False
         self.estimate_button.setEnabled(True)
         if code == 0:
+            cpu = "(CPU run)" in text
             self.estimate_status.setText("Estimate from the engine's dry run (framework peak per device; "
-                                         "the device also holds the CUDA context and other processes).")
+                                         + ("a CPU run: process memory, no CUDA context)." if cpu else
+                                            "the device also holds the CUDA context and other processes)."))
             self.ledger.setPlainText(ledger_part(text))
         else:
             self.estimate_status.setText(f"Dry run failed (exit {code}): {text.strip().splitlines()[-1] if text.strip() else 'no message'}")

@@ -57,7 +57,7 @@ class RunsPanel(QWidget):
         super().__init__(parent)
         self._root = Path(root).expanduser()
         self._watched: Optional[RunState] = None  # the Training panel's run: its state is the freshest
-        self._sized = False  # the columns were fitted to the first rows (the user may resize them after)
+        self._texts: Optional[list[tuple[str, ...]]] = None  # each column's texts when last fitted
         self._notice = ("", 0.0)  # what the last action did, kept ahead of the summary for NOTICE_S
         self._reselect: Optional[Path] = None  # a renamed run: selected again under its new name
         self.actions = RunFileActions(self, engine_command)
@@ -216,12 +216,12 @@ class RunsPanel(QWidget):
         self._scanning = False
         if root == self._root:
             selected = [r.path for r in self.selected_rows()]
-            self.model.set_rows(rows)
+            reset = self.model.set_rows(rows)
             if self._reselect is not None:
                 selected, self._reselect = [self._reselect], None
             if selected and [r.path for r in self.selected_rows()] != selected:
                 self.select_paths(selected)  # a reset model lost the selection
-            self._fit_columns()
+            self._fit_columns(reset)
             self._update_buttons()  # the selected run's state or checkpoints may have changed
             self._show_summary(rows)
             self.runs_scanned.emit(len(rows))
@@ -236,18 +236,25 @@ class RunsPanel(QWidget):
             return dataclasses.replace(row, state="stopping")
         return row
 
-    def _fit_columns(self) -> None:
-        """Every column as wide as its header and cells once, when rows first arrive (then the user's);
-        the Name column whenever the names change, so runs that differ late in the name never look alike."""
-        header = self.table.horizontalHeader()
-        if not self._sized and self.model.rowCount():
-            self.table.resizeColumnsToContents()
-            note = COLUMNS.index("Note")
-            header.resizeSection(note, min(max(header.sectionSize(note), header.sectionSizeHint(note)), NOTE_WIDTH))
-            self._sized = True
-        name = COLUMNS.index("Name")
-        if self.model.rowCount() and header.sectionSize(name) < self.table.sizeHintForColumn(name):
-            self.table.resizeColumnToContents(name)
+    def _fit_columns(self, reset: bool) -> None:
+        """Fit each column whose texts changed since the last scan to its header and cells, so a state
+        that becomes "finished" or "stopping", a later iteration or a longer name is never elided (the
+        columns were once fitted to the first rows only). After a reset (runs came or went, another
+        root) the changed columns fit exactly; an in-place update only widens a column that no longer
+        fits, so a live run's losses and ages do not make the columns jitter every scan. A column whose
+        texts did not change keeps the user's width. Note stops at NOTE_WIDTH (its tooltip has the
+        rest); the last column stays stretched, its fitted width its minimum when the table is narrow."""
+        texts = self.model.column_texts()
+        before, self._texts = self._texts, texts
+        header, note = self.table.horizontalHeader(), COLUMNS.index("Note")
+        for column, cells in enumerate(texts):
+            if before is not None and before[column] == cells:
+                continue
+            wanted = max(self.table.sizeHintForColumn(column), header.sectionSizeHint(column))
+            if column == note:
+                wanted = min(wanted, NOTE_WIDTH)
+            if reset or before is None or header.sectionSize(column) < wanted:
+                header.resizeSection(column, wanted)
 
     def _on_scan_failed(self, root: Path, message: str) -> None:
         self._scanning = False

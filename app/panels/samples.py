@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSli
                                QWidget)
 
 from app.dialogs.ab_view import ABView
-from app.dialogs.prompt_set_editor import PromptSetEditor
+from app.dialogs.prompt_set_editor import PromptSetEditor, family_sampler
 from app.engine.background import Task
 from app.engine.command import DmadCommand
 from app.models.health import LABELS, SIGNALS, figure
@@ -411,7 +411,9 @@ class SamplesPanel(QWidget):
             return None
         index = self.model.listing.index
         raw, problem = index.prompt_set, index.prompt_note
-        editor = PromptSetEditor(self._prompt_set_dir, [] if problem else [raw], self)
+        listing = self.model.listing
+        editor = PromptSetEditor(self._prompt_set_dir, [] if problem else [raw], self,
+                                 own_sampler=family_sampler(listing.model_family, listing.teacher_meta()))
         if not problem:
             editor.show_raw(raw, RunFolder(self._run).prompt_set_json.name)
         elif problem != NO_PROMPT_SET:  # the run's copy is broken (or planted): an empty editor that says so

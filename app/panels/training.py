@@ -50,6 +50,7 @@ from app.widgets.log_tail import LogTail
 from app.widgets.plot_board import PlotBoard
 from app.widgets.plot_feed import PlotFeed
 from app.widgets.run_controls import RunControls
+from app.widgets.plots import StepMarks
 from app.widgets.run_numbers import RunNumbers
 from app.widgets.stop_bar import StopBar
 from dmad.contract.runs import LIVE_STATES, RunFolder
@@ -102,7 +103,6 @@ class TrainingPanel(QWidget):
         self.stopping = self.commands.stopping
         self._target = ("", "")  # (folder, Start's tooltip) of a new run: said before Start (set_new_run_target)
         self._clock_timer = QTimer(self, interval=1000, timeout=self._update_numbers)
-        self._paused_at = 0.0  # the unix time of the last paused event (a pause's mark on the step-time plot)
         self._build()
         self._refresh()
 
@@ -130,6 +130,7 @@ class TrainingPanel(QWidget):
         # loss_plot: every metric plot and its controls (app/widgets/plot_board.py)
         self.loss_plot = PlotBoard(run_dir=lambda: self.lifecycle.run_dir)
         self.memory_plot, self.step_plot = self.loss_plot.memory_plot, self.loss_plot.step_plot
+        self.step_marks = StepMarks(self.step_plot)
         self.feed = PlotFeed(self.store, (self.loss_plot,), self)
         self.feed.refreshed.connect(lambda: self.plots_refreshed.emit(
             -1 if self.lifecycle.iteration is None else self.lifecycle.iteration))
@@ -293,25 +294,11 @@ class TrainingPanel(QWidget):
             return
         if kind == "health":
             self.health.show_event(it, data)
-        self._mark_boundary(kind, it, data, ev["t"])
+        self.step_marks.note_event(kind, it, data, ev["t"])
         if kind == "started" and data.get("effective_batch"):
             self.note_label.setText(f"effective batch {data['effective_batch']} "
                                     f"({data.get('num_processes', 1)} process(es))")
         self._log(describe_event(kind, it, data))
-
-    def _mark_boundary(self, kind: str, it, data: dict, t: float) -> None:
-        """What took time between training steps, as a mark on the step-time plot: a span the engine
-        timed (a phase event "training" after a checkpoint / validation / sample-now), or a pause."""
-        if not isinstance(it, int):
-            return
-        took = data.get("took_s")
-        if kind == "phase" and data.get("after") and isinstance(took, (int, float)):
-            self.step_plot.add_mark(it, f"{data['after']} {took:.1f} s")
-        elif kind == "paused":
-            self._paused_at = t
-        elif kind == "resumed" and self._paused_at:
-            self.step_plot.add_mark(it, f"pause {max(t - self._paused_at, 0):.0f} s")
-            self._paused_at = 0.0
 
     def _show_failure(self, failure: Failure) -> None:
         lines = failure.log_lines if failure.log_lines is not None else self.log_view.last_lines(LOG_LINES)

@@ -8,7 +8,10 @@ overwrite a newer one. The numbers are the engine's framework-scope estimate (to
 the GPU's total, when NVML knows it, is device-wide, and the two are labelled as such. The status
 names the teacher family the engine sized. With teacher_cpu_offload the ledger has a host-RAM line
 (scope "cpu"): it is listed under its own heading below the GPU lines and stated apart from the GPU
-total, which is the engine's own sum of the GPU lines and never includes it.
+total, which is the engine's own sum of the GPU lines and never includes it. The engine says which
+device it sized (inputs.device): a CPU run (no CUDA device where the engine runs) has no CUDA context,
+so neither its margin line nor the words around the table mention one, and a GPU's NVML total is not
+set against it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,10 @@ DEBOUNCE_MS = 800
 RED = "#c0392b"
 GRAY = "#7f8c8d"
 CPU_HEADING = "CPU RAM (host memory, not in the GPU total)"
+GPU_NOTE = ("Framework scope: what torch's allocator will hold on one device at peak. The device also holds the "
+            "CUDA context and whatever other processes use; a probe (Memory tab) measures both.")
+CPU_NOTE = ("Framework scope: what the run's process will hold in RAM at peak. A CPU run has no CUDA context; "
+            "other processes' memory is not in it; a probe (Memory tab) measures the process.")
 # how the status names the engine's model_family values
 FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "sd3": "SD3", "flux": "Flux"}
 
@@ -41,6 +48,11 @@ def family_text(family: Optional[str]) -> str:
         return ""
     name = FAMILY_NAMES.get(family)
     return f"{name} ({family})" if name else family
+
+
+def _on_cpu(ledger: LedgerReport) -> bool:
+    """The engine sized a CPU run (an engine from before inputs.device sized a GPU run)."""
+    return ledger.inputs.get("device") == "cpu"
 
 
 class LedgerView(QWidget):
@@ -82,9 +94,7 @@ class LedgerView(QWidget):
         self.total = QLabel("")
         self.total.setWordWrap(True)
         self.total.setTextFormat(Qt.RichText)
-        self.note = QLabel("Framework scope: what torch's allocator will hold on one device at peak. The device "
-                           "also holds the CUDA context and whatever other processes use; a probe (Memory tab) "
-                           "measures both.")
+        self.note = QLabel(GPU_NOTE)
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color: gray")
         lay = QVBoxLayout(self)
@@ -205,9 +215,12 @@ class LedgerView(QWidget):
             for i, line in enumerate(cpu, start=len(gpu) + 1):
                 self._set_row(i, line.name, line.gib, line.assumption, color=GRAY)
         family = family_text(ledger.family)
+        on_cpu = _on_cpu(ledger)
         self._set_status(f"Estimate by the engine ({ledger.scope}) for the config as shown"
-                         + (f", teacher family {family}." if family else ".")
+                         + (f", teacher family {family}" if family else "")
+                         + (", a CPU run (no CUDA device where the engine runs)." if on_cpu else ".")
                          + (" What stays in host RAM is listed apart, under the GPU lines." if cpu else ""))
+        self.note.setText(CPU_NOTE if on_cpu else GPU_NOTE)
         self._show_total()
         self.ledger_shown.emit(ledger)
 
@@ -227,9 +240,10 @@ class LedgerView(QWidget):
         if self._ledger is None:
             return
         n = self._ledger.inputs.get("processes", 1)
+        on_cpu = _on_cpu(self._ledger)
         text = f"<b>{self._ledger.total_gib:.2f} GiB estimated</b> (framework scope" + \
             (f", one GPU of {n} processes, {html.escape(str(self._ledger.inputs.get('distributed')))})" if n > 1 else ")")
-        if self._device is not None:
+        if self._device is not None and not on_cpu:  # a GPU torch cannot use is not where this run's memory is
             name, total = self._device
             text += (f" of <b>{total:.1f} GiB on {html.escape(name)}</b> (device-wide total, NVML)")
         if self._ledger.cpu_lines:

@@ -31,7 +31,7 @@ from app.widgets.plot_view import PlotViewBox
 # the curve names and the smoothing, for whoever checks what the plots show
 MARK_COLOR = (120, 120, 140)  # the marks of checkpoints, renders and pauses on the step-time plot
 
-__all__ = ["MetricPlot", "step_time_plot", "ema", "DEVICE_USED", "FRAMEWORK_PEAK"]
+__all__ = ["MetricPlot", "StepMarks", "step_time_plot", "ema", "DEVICE_USED", "FRAMEWORK_PEAK"]
 _EMPTY = (np.empty(0), np.empty(0), np.empty(0))
 _X_LABELS = {X_ITERATION: "iteration", X_ELAPSED: "elapsed wall-clock time"}
 
@@ -388,3 +388,25 @@ def _set_data(curve: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
 
 def step_time_plot(parent: Optional[QWidget] = None) -> MetricPlot:
     return MetricPlot(STEP_TIME, parent)
+
+
+class StepMarks:
+    """What took time between training steps, as marks on the step-time plot: a span the engine timed
+    (a phase event "training" after a checkpoint, validation or sample-now, with took_s), or a pause
+    (paused -> resumed events)."""
+
+    def __init__(self, plot: MetricPlot):
+        self._plot = plot
+        self._paused_at = 0.0  # the unix time of the last paused event
+
+    def note_event(self, kind: str, it, data: dict, t: float) -> None:
+        if not isinstance(it, int):
+            return
+        took = data.get("took_s")
+        if kind == "phase" and data.get("after") and isinstance(took, (int, float)):
+            self._plot.add_mark(it, f"{data['after']} {took:.1f} s")
+        elif kind == "paused":
+            self._paused_at = t
+        elif kind == "resumed" and self._paused_at:
+            self._plot.add_mark(it, f"pause {max(t - self._paused_at, 0):.0f} s")
+            self._paused_at = 0.0

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRect, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QImage, QKeyEvent, QPainter, QPixmap
+from PySide6.QtCore import QAbstractTableModel, QEvent, QModelIndex, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QFontMetrics, QImage, QKeyEvent, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QStyleOptionViewItem, QTableView, QWidget
 
 from app.models.health import (SIGNALS, HealthRow, all_figures, badness, header_figures, read_health_csv)
@@ -55,14 +55,21 @@ class GridListing:
     student: str = "full"               # identity.student of the run's config: "full" | "lora"
     health: tuple[tuple[str, HealthRow], ...] = ()  # (checkpoint "iter_<N>", its last health.csv row)
     health_note: str = ""               # why health.csv (or part of it) was not used, one line
+    model_family: str = "auto"          # identity.model_family of the run's config ("auto": found at run time)
+
+    def teacher_meta(self) -> dict:
+        """The teacher samples' meta.json (what the teacher rendered with: its own folder's, else a
+        re-render's); {} before any is written."""
+        return next((c.meta for c in self.index.columns if checkpoint_of(c.name) == TEACHER and c.meta), {})
 
 
-def _student_kind(run: RunFolder) -> str:
+def _identity(run: RunFolder) -> dict:
+    """identity of the run's config.json; {} when it is missing or unreadable."""
     try:
         ident = run.read_json(run.config_json.name).get("identity") or {}
     except (OSError, ValueError, AttributeError):
-        return "full"
-    return "lora" if isinstance(ident, dict) and ident.get("student") == "lora" else "full"
+        return {}
+    return ident if isinstance(ident, dict) else {}
 
 
 def scan_grid(run_dir: Optional[Path]) -> GridListing:
@@ -79,8 +86,11 @@ def scan_grid(run_dir: Optional[Path]) -> GridListing:
     index = replace(index, columns=columns)
     live = effective_state(run.read_status()) in LIVE_STATES
     health = read_health_csv(run_dir)
-    return GridListing(index, iters, live, _student_kind(run), tuple(sorted(health.by_checkpoint().items())),
-                       health.problem)
+    ident = _identity(run)
+    family = ident.get("model_family")
+    return GridListing(index, iters, live, "lora" if ident.get("student") == "lora" else "full",
+                       tuple(sorted(health.by_checkpoint().items())), health.problem,
+                       family if isinstance(family, str) else "auto")
 
 
 # ---------------------------------------------------------------- A/B marks
@@ -420,22 +430,54 @@ class SamplesGridView(QTableView):
         self.setHorizontalScrollMode(QAbstractItemView.ScrollPerPixel)
         for header in (self.horizontalHeader(), self.verticalHeader()):
             header.setMinimumSectionSize(24)
+        # Qt draws the current column's header bold, ~10% wider than the widths measured here: a name or
+        # a figure line that fits would be clipped in that one column (the cell's frame marks it).
+        self.horizontalHeader().setHighlightSections(False)
+        self._px = CELL_PX
+        # New columns (a live run's checkpoint, another run) and new names start at px: widen them too.
+        for signal in (model.modelReset, model.columnsInserted, model.headerDataChanged):
+            signal.connect(self._fit_column_widths)
         self.set_cell_px(CELL_PX)
         self.setShowGrid(False)
         self.setWordWrap(False)
 
     def set_cell_px(self, px: int) -> None:
-        """Every cell px x px: the thumbnail size control. The header's health figures take as many a
-        line as the column's width holds (two, one, or none: then its tooltip)."""
+        """Every cell px x px: the thumbnail size control. A column whose name is wider than px is as
+        wide as its name (at 48 px "teacher" and "iter_1000" were clipped); the header's health
+        figures take as many a line as px holds (two, one, or none: then its tooltip)."""
         px = max(CELL_RANGE[0], min(CELL_RANGE[1], int(px)))
+        self._px = px
         for header in (self.horizontalHeader(), self.verticalHeader()):
             header.setDefaultSectionSize(px)
-            for i in range(header.count()):
-                header.resizeSection(i, px)
+        rows = self.verticalHeader()
+        for i in range(rows.count()):
+            rows.resizeSection(i, px)
         model = self.model()
-        if isinstance(model, SamplesModel):
-            fm, room = self.horizontalHeader().fontMetrics(), px - 2  # what a section draws unclipped (checked in a real window)
-            model.set_header_fits(lambda text: fm.horizontalAdvance(text) <= room)
+        if isinstance(model, SamplesModel):  # asked for every header line at every paint: measured once
+            metrics, margin = self._header_measure()
+            model.set_header_fits(lambda text: metrics.horizontalAdvance(text) + 2 * margin <= px)
+        self._fit_column_widths()
+
+    def _header_measure(self) -> tuple[QFontMetrics, int]:
+        """The header's font metrics and the style's header margin (each side): a line of width w draws
+        unclipped in a section of w + 2 margins, as QHeaderView sizes a section to its contents."""
+        header = self.horizontalHeader()
+        return QFontMetrics(header.font()), header.style().pixelMetric(QStyle.PixelMetric.PM_HeaderMargin, None, header)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange) and hasattr(self, "_px"):
+            self.set_cell_px(self._px)  # the header's text measures changed
+
+    def _fit_column_widths(self, *_args) -> None:
+        """Each column px wide, or its name's width (the header's first line) when that is wider."""
+        model, header = self.model(), self.horizontalHeader()
+        metrics, margin = self._header_measure()
+        for i in range(min(header.count(), model.columnCount())):
+            name = str(model.headerData(i, Qt.Orientation.Horizontal) or "").split("\n")[0]
+            width = max(self._px, metrics.horizontalAdvance(name) + 2 * margin)
+            if header.sectionSize(i) != width:
+                header.resizeSection(i, width)
 
     def set_column_order(self, order: list[int]) -> None:
         """Show the columns (model indices) in this order, left to right."""

@@ -175,7 +175,7 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                     gradient_checkpointing: bool, train_batch_size: int, resolution: int, optimizer: str,
                     teacher_precision: str = "auto", teacher_cpu_offload: bool = False, share_frozen_base: bool = True,
                     method: str = "dmad", processes: int = 1, distributed: str = "ddp",
-                    fsdp_shard_teacher: bool = False, fsdp_cpu_offload: bool = False) -> Ledger:
+                    fsdp_shard_teacher: bool = False, fsdp_cpu_offload: bool = False, device: str = "cuda") -> Ledger:
     """Framework-scope estimate of the training peak on one device, line by line with the
     assumption behind each: a rule of thumb for planning, not a measurement (`dmad probe`
     measures). Shapes come from the configs alone (inspect_teacher), so no weights are needed;
@@ -199,7 +199,8 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
     The method (dmad.methods: its unit) adds its own lines beside the student's (DMAD: the fake
     score and the GAN head; latent consistency distillation: its EMA target), says how many graphs
     with gradients are alive at the peak and whether its LoRA networks may share the frozen base.
-    One GPU of `processes` with ddp or fsdp: _sharding_lines."""
+    One GPU of `processes` with ddp or fsdp: _sharding_lines. `device`: "cuda", or "cpu" for a run
+    on the CPU (no CUDA device: training_device), whose margin has no CUDA context (margin_line)."""
     from dmad.methods import method_unit
     from dmad.methods.unit import LedgerInputs
     from dmad.models.networks import shares_base
@@ -241,15 +242,32 @@ def estimate_ledger(info: "TeacherInfo", *, student: str, fake_score: str, lora_
                                 + (trained[fake_score] if "fake_score" in unit.networks else 0), teacher_line=frozen_name,
                                 shard_teacher=fsdp_shard_teacher and not teacher_cpu_offload and not shared,
                                 cpu_offload=fsdp_cpu_offload, mixed_precision=mixed_precision)
-    subtotal = ledger_total(lines)
-    lines.append(LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
-                            f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation"))
+    lines.append(margin_line(ledger_total(lines), device))
     if teacher_cpu_offload:
         lines.append(LedgerLine(f"{next(iter(offloaded))} + text encoders (CPU RAM)", (n_den * tb + n_text * wb) / GIB,
                                 f"teacher_cpu_offload: {teacher_how}; "
                                 + " + ".join(f"{c} {n / 1e6:.0f} M" for c, n in encoders.items())
                                 + f" in {dt}; host memory, not in the total", scope="cpu"))
-    return Ledger(lines, info.family)
+    ledger = Ledger(lines, info.family)
+    ledger.device = device  # ledger_json's inputs and format_ledger's header say it
+    return ledger
+
+
+def training_device() -> str:
+    """Where a run started on this machine trains: "cuda", or "cpu" when torch sees no CUDA device
+    (dmad.train.build puts the accelerator on the CPU then). torch is imported here, only when asked."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def margin_line(subtotal: float, device: str) -> LedgerLine:
+    """The CUDA context (CONTEXT_GIB, a GPU run only: a CPU run creates none) + allocator fragmentation."""
+    if device == "cpu":
+        return LedgerLine("margin", FRAGMENTATION * subtotal,
+                          f"{FRAGMENTATION:.0%} allocator fragmentation (a CPU run)")
+    return LedgerLine("margin", CONTEXT_GIB + FRAGMENTATION * subtotal,
+                      f"CUDA context {CONTEXT_GIB} GiB + {FRAGMENTATION:.0%} allocator fragmentation")
 
 
 def _offload_transient(offloaded: dict[str, float], shared: bool) -> LedgerLine:
@@ -351,7 +369,7 @@ def format_ledger(lines: list[LedgerLine]) -> str:
     not added). A Ledger names its teacher family in the header."""
     width = max([len(line.name) for line in lines] + [len("total")])
     family = getattr(lines, "family", None)
-    head = f"family {family}" if family else ""
+    head = (f"family {family}" if family else "") + (" (CPU run)" if getattr(lines, "device", None) == "cpu" else "")
     rows = [f"{head:<{width}}  {'GiB':>7}  assumption"]
     rows += [f"{line.name:<{width}}  {line.gib:>7.2f}  {line.assumption}" for line in lines]
     rows.append(f"{'total':<{width}}  {ledger_total(lines):>7.2f}")
@@ -359,10 +377,12 @@ def format_ledger(lines: list[LedgerLine]) -> str:
 
 
 def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None, processes: int = 1,
-                  distributed: Optional[str] = None) -> Ledger:
+                  distributed: Optional[str] = None, device: Optional[str] = None) -> Ledger:
     """The ledger of a run config (dmad.contract.config.TrainConfig) on one GPU of `processes`, with
     its resources.distributed (or `distributed`: the side-by-side comparison); the teacher is
-    inspected (configs and file headers only) unless `info` is given."""
+    inspected (configs and file headers only) unless `info` is given. `device`: "cuda" or "cpu";
+    None: where a run started here would train (training_device), so a CPU machine's estimate
+    has no CUDA context in its margin."""
     if info is None:
         from dmad.models.teacher import inspect_teacher
 
@@ -376,7 +396,7 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None, processes: int
                              teacher_cpu_offload=r.teacher_cpu_offload, share_frozen_base=r.share_frozen_base,
                              method=cfg.distillation.method, processes=processes,
                              distributed=distributed or r.distributed, fsdp_shard_teacher=r.fsdp_shard_teacher,
-                             fsdp_cpu_offload=r.fsdp_cpu_offload)
+                             fsdp_cpu_offload=r.fsdp_cpu_offload, device=device or training_device())
     if ident.teacher_loras:
         ledger.append(teacher_loras_line(ident.teacher_loras))
     return ledger
@@ -446,6 +466,7 @@ def ledger_json(cfg: Any, lines: list[LedgerLine], processes: int = 1, compare: 
 def _ledger_document(cfg: Any, lines: list[LedgerLine], processes: int, distributed: Optional[str] = None) -> dict:
     r, ident = cfg.resources, cfg.identity
     return ledger_document(lines, {
+        "device": getattr(lines, "device", "cuda"),  # "cpu": a CPU run (no CUDA context in the margin)
         "processes": processes, "distributed": distributed or getattr(r, "distributed", "ddp"),
         "fsdp_shard_teacher": getattr(r, "fsdp_shard_teacher", False),
         "fsdp_cpu_offload": getattr(r, "fsdp_cpu_offload", False),

@@ -124,3 +124,16 @@ def test_an_edit_of_a_runs_later_version_comes_after_every_known_version(folder)
     # the run's v3 saved unedited keeps its own version
     assert save_edited(run_v3, folder, [run_v3]) == folder / "demo_v3.json"
     assert json.loads((folder / "demo_v1.json").read_text()) == json.loads(DEMO.read_text())
+
+
+def test_keys_the_form_does_not_show_are_kept(qtbot, tmp_path):
+    # demo_v4's health_seeds has no field in the editor: an edited and saved set must still carry it
+    source = REPO / "resources" / "prompt_sets" / "demo_v4.json"
+    raw = json.loads(source.read_text())
+    assert raw.get("health_seeds")
+    editor = PromptSetEditor(tmp_path, [])
+    qtbot.addWidget(editor)
+    editor.load_file(source)
+    assert not editor.is_edited() and editor.raw()["health_seeds"] == raw["health_seeds"]
+    editor.steps.setValue(editor.steps.value() + 1)
+    assert editor.is_edited() and editor.raw()["health_seeds"] == raw["health_seeds"]

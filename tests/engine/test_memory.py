@@ -91,6 +91,37 @@ def test_format_ledger_has_total(tiny_info):
     assert last[0] == "total" and float(last[1]) == pytest.approx(sum(line.gib for line in lines), abs=0.006)
 
 
+def test_a_cpu_run_has_no_cuda_context_in_its_margin(sd15_info):
+    """Issue 42 polish: the ledger of a CPU run showed "CUDA context 0.5 GiB"; a CPU run creates none."""
+    gpu, cpu = estimate_ledger(sd15_info, **BASE), estimate_ledger(sd15_info, **BASE, device="cpu")
+    assert [x.name for x in gpu] == [x.name for x in cpu] and gpu[-1].name == cpu[-1].name == "margin"
+    subtotal = sum(x.gib for x in gpu[:-1])
+    assert sum(x.gib for x in cpu[:-1]) == pytest.approx(subtotal)
+    assert gpu[-1].gib == pytest.approx(0.5 + 0.1 * subtotal) and "CUDA context 0.5 GiB" in gpu[-1].assumption
+    assert cpu[-1].gib == pytest.approx(0.1 * subtotal) and "CUDA" not in format_ledger(cpu)
+    assert cpu[-1].assumption == "10% allocator fragmentation (a CPU run)"
+    assert format_ledger(cpu).splitlines()[0].startswith("family sd1 (CPU run)")
+    assert "CPU run" not in format_ledger(gpu)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_dmad_ledger_sizes_the_device_a_run_here_trains_on(cuda, write_config, capsys, monkeypatch):
+    """`dmad ledger` (the app's Memory estimate) asks torch, as training does (dmad.train.build): no CUDA
+    device, a CPU run, no CUDA context; a GPU keeps it. The JSON says which (inputs.device)."""
+    import torch
+
+    from tests.conftest import dmad_captured
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    code, stdout, stderr = dmad_captured(capsys, "ledger", "--config", str(write_config()), "--json")
+    assert code == 0, stderr[-2000:]
+    out = json.loads(stdout)
+    margin = next(x for x in out["lines"] if x["name"] == "margin")
+    assert out["inputs"]["device"] == ("cuda" if cuda else "cpu")
+    assert ("CUDA context 0.5 GiB" in margin["assumption"]) is cuda
+    assert any("CUDA context" in x["assumption"] for x in out["lines"]) is cuda
+
+
 def test_readings_on_cpu_do_not_raise():
     assert memory.framework_peak_gb("cpu") is None
     memory.reset_framework_peak("cpu")
