@@ -35,7 +35,11 @@ def status_text(runner: QueueRunner) -> str:
         head = f"Running: {under.label}" if under is not None else "Running"
         return f"{head} · {q.waiting()} waiting"
     note = f" ({q.data.note})" if q.data.note else ""
-    return f"Queue paused{note} · {q.waiting()} waiting" if q.pending() else f"Queue idle{note}"
+    if not q.pending():
+        return f"Queue idle{note}"
+    if not q.data.note:
+        return f"Not started: Start queue runs them · {q.waiting()} waiting"
+    return f"Queue paused{note} · {q.waiting()} waiting"
 
 
 class QueuePanel(QWidget):

@@ -147,6 +147,7 @@ def test_a_queue_of_three_finishes_through_a_restart_and_skips_an_invalid_config
     runner = w.queue_runner
     first, second, third = runner.queue.entries
     assert w.queue.table.rowCount() == 3 and w.queue.table.item(1, 1).text() == "waiting"
+    assert w.queue.status.full_text() == "Not started: Start queue runs them · 3 waiting"
     # the second becomes invalid after it was queued: its data folder is gone
     raw = json.loads(Path(second.config).read_text())
     raw["identity"]["train_data_dir"] = str(tmp_path / "moved-away")
