@@ -17,46 +17,38 @@ def run_name(state: RunState) -> str:
     return state.run_dir.name if state.run_dir is not None else "The run"
 
 
+def _two_ways(parent: Optional[QWidget], title: str, text: str, yes: tuple[str, str], no: tuple[str, str],
+              info: str) -> str:
+    """A question with two answers and Cancel: `yes` / `no` are (button label, answer); CANCEL is the
+    default. Standard buttons (relabelled) rather than custom ones: exec() returns which was chosen."""
+    box = QMessageBox(QMessageBox.Question, title, text, QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel,
+                      parent)
+    box.button(QMessageBox.Yes).setText(yes[0])
+    box.button(QMessageBox.No).setText(no[0])
+    box.setInformativeText(info)
+    box.setDefaultButton(QMessageBox.Cancel)
+    answer = box.exec()
+    return yes[1] if answer == QMessageBox.Yes else no[1] if answer == QMessageBox.No else CANCEL
+
+
 def ask_close_during_run(parent: Optional[QWidget], state: RunState, queued: int = 0) -> str:
     """STOP (graceful: the engine saves a checkpoint, then the window closes), LEAVE (the engine
     keeps training; reopening the app with the run folder reattaches) or CANCEL. `queued`: runs
     waiting in the active queue, said (they go on when the app opens again)."""
-    box = QMessageBox(QMessageBox.Question, "A run is training",
-                      f"{run_name(state)} is still training. What should happen to it?",
-                      QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
-    # Standard buttons (relabelled) rather than custom ones: exec() then returns which was chosen.
-    box.button(QMessageBox.Yes).setText("Stop the run (save a checkpoint)")
-    box.button(QMessageBox.No).setText("Leave it running")
-    box.setInformativeText("A run left running keeps writing its run folder; open it again with "
-                           "dmad-studio RUN_DIR or from the Runs panel to follow it."
-                           + (f"\n\nThe queue keeps its {queued} waiting run{'s' if queued != 1 else ''}: it goes on "
-                              "when DMAD Studio opens again (a stopped queued run is continued from its "
-                              "checkpoint first)." if queued else ""))
-    box.setDefaultButton(QMessageBox.Cancel)
-    answer = box.exec()
-    if answer == QMessageBox.Yes:
-        return STOP
-    if answer == QMessageBox.No:
-        return LEAVE
-    return CANCEL
+    info = ("A run left running keeps writing its run folder; open it again with dmad-studio RUN_DIR or from the "
+            "Runs panel to follow it."
+            + (f"\n\nThe queue keeps its {queued} waiting run{'s' if queued != 1 else ''}: it goes on when DMAD "
+               "Studio opens again (a stopped queued run is continued from its checkpoint first)." if queued else ""))
+    return _two_ways(parent, "A run is training", f"{run_name(state)} is still training. What should happen to it?",
+                     ("Stop the run (save a checkpoint)", STOP), ("Leave it running", LEAVE), info)
 
 
 def ask_close_with_queue(parent: Optional[QWidget], pending: int) -> str:
     """KEEP (the queue goes on when the app opens again), PAUSE (it waits for Start queue) or CANCEL."""
     runs = f"{pending} queued run{'s' if pending != 1 else ''}"
-    box = QMessageBox(QMessageBox.Question, "The run queue is running",
-                      f"The queue has {runs} to do. What should happen to it?",
-                      QMessageBox.Yes | QMessageBox.No | QMessageBox.Cancel, parent)
-    box.button(QMessageBox.Yes).setText("Go on when the app opens again")
-    box.button(QMessageBox.No).setText("Pause the queue")
-    box.setInformativeText("The queue is kept either way (the Queue tab); nothing runs while the app is closed.")
-    box.setDefaultButton(QMessageBox.Cancel)
-    answer = box.exec()
-    if answer == QMessageBox.Yes:
-        return KEEP
-    if answer == QMessageBox.No:
-        return PAUSE
-    return CANCEL
+    return _two_ways(parent, "The run queue is running", f"The queue has {runs} to do. What should happen to it?",
+                     ("Go on when the app opens again", KEEP), ("Pause the queue", PAUSE),
+                     "The queue is kept either way (the Queue tab); nothing runs while the app is closed.")
 
 
 def ask_unsaved_config(parent: Optional[QWidget], document: str, draft: bool = False) -> str:
