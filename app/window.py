@@ -171,7 +171,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ the run queue
 
     def _make_queue(self, folder: Path) -> QueueRunner:
-        busy = lambda: self.run_state.is_live() or self.training.opening() is not None  # noqa: E731
+        busy = lambda: (self.run_state.is_live() or self.training.opening() is not None  # noqa: E731
+                        or self.training.engine.is_running())  # an engine that said "finished" and has not exited
         return QueueRunner(RunQueue(folder).load(), self.run_state, self._start_queued, self.continue_run,
                            self.open_run, busy, self, next_ms=QUEUE_NEXT_MS)
 

@@ -69,6 +69,7 @@ class QueueRunner(QObject):
         self._next_ms = next_ms
         self._launched: Optional[str] = None  # the entry whose run the app started or follows
         self._seen_live = False               # its run has been live since (an opened run first replays its end)
+        self._last_ended: Optional[str] = None  # the entry whose run ended last: its engine's last word comes after
         self._waiting_for = ""                # a worker is judging / reading for this entry
         self._closing = False
         self._ran = 0                         # runs ended in this pass (for the summary)
@@ -77,6 +78,7 @@ class QueueRunner(QObject):
         self._recover = Task(self)
         self._recover.done.connect(self._on_recovered)
         run_state.state_changed.connect(self._on_run_state)
+        run_state.changed.connect(self._on_run_change)
 
     # ------------------------------------------------------------ the user's commands
 
@@ -115,7 +117,8 @@ class QueueRunner(QObject):
     def resume_after_launch(self) -> None:
         """The app has opened: an active queue goes on (a run under way first)."""
         if self.queue.active and self.queue.pending():
-            self.notify.emit("Queue", f"the queue goes on: {self.queue.pending()} runs to do")
+            n = self.queue.pending()
+            self.notify.emit("Queue", f"going on with the {n} run{'s' if n != 1 else ''} left from the last session")
             self.advance()
 
     def closing(self) -> None:
@@ -131,8 +134,12 @@ class QueueRunner(QObject):
     # ------------------------------------------------------------ going on
 
     def advance(self) -> None:
-        """Start what comes next, when the queue runs and nothing else does."""
-        if not self.queue.active or self._launched or self._waiting_for or self._closing or self._busy():
+        """Start what comes next, when the queue runs and nothing else does (an engine that has said
+        "finished" but not exited yet, or a run of the user's, is waited for: asked again later)."""
+        if not self.queue.active or self._launched or self._waiting_for or self._closing:
+            return
+        if self._busy():
+            self._later()
             return
         under = self.queue.under_way()
         if under is not None:
@@ -192,7 +199,7 @@ class QueueRunner(QObject):
             self._ended(entry, FAILED, f"its run folder {run_dir} cannot be read")
 
     def _launch(self, entry_id: str, run_dir: Optional[Path] = None) -> None:
-        self._launched, self._seen_live = entry_id, False
+        self._launched, self._seen_live, self._last_ended = entry_id, False, None
         self.queue.mark(entry_id, RUNNING, run_dir=run_dir)
         self.changed.emit()
 
@@ -222,7 +229,17 @@ class QueueRunner(QObject):
         else:
             self._ended(entry, FINISHED if state == "finished" else FAILED, message)
 
+    def _on_run_change(self) -> None:
+        """How the run ended, in the engine's words ("finished 40 iterations in 95 s"), arrives when its
+        process exits, after the state: the entry's reason follows it."""
+        entry = self.queue.get(self._last_ended) if self._last_ended else None
+        message = self._state.message
+        if entry is not None and message and not entry.reason and self._launched is None:
+            self.queue.mark(entry.id, entry.state, message, now=entry.ended)
+            self.changed.emit()
+
     def _ended(self, entry: QueueEntry, state: str, reason: str) -> None:
+        self._last_ended = entry.id
         self.queue.mark(entry.id, state, reason)
         self._ran += 1
         self.changed.emit()

@@ -102,7 +102,8 @@ ENGINE = textwrap.dedent(r'''
         emit("stopped", first + 2, last_checkpoint=first + 2)
         sys.exit(0)
     atomic_write_json(run.status_json, {"state": "finished"})
-    emit("finished", first + 2)
+    emit("finished", first + 2, elapsed_s=1.0, start_iter=first - 1)
+    time.sleep(1.0)  # as the real engine: the finished event, then a while until the process exits
 ''')
 
 
@@ -172,7 +173,8 @@ def test_a_queue_of_three_finishes_through_a_restart_and_skips_an_invalid_config
     runner2 = w2.queue_runner
     qtbot.waitUntil(lambda: not runner2.queue.active and runner2.queue.pending() == 0, timeout=WAIT_MS)
     states = {e.id: (e.state, e.reason) for e in runner2.queue.entries}
-    assert states[first.id][0] == FINISHED and states[third.id][0] == FINISHED
+    assert states[first.id] == (FINISHED, "finished at iteration 6: 3 iterations in 1 s after continuing from 3")
+    assert states[third.id] == (FINISHED, "finished 3 iterations in 1 s")  # its own run's words, not the first's
     assert states[second.id] == (SKIPPED, f"identity.train_data_dir: not found: {tmp_path / 'moved-away'}")
     argv = [json.loads(line) for line in (tmp_path / "argv").read_text().splitlines()]
     assert len(argv) == 3 and "--resume" in argv[1] and argv[1][argv[1].index("--run-dir") + 1].endswith("first")
