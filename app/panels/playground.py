@@ -91,6 +91,8 @@ class PlaygroundPanel(QWidget):
         self.negative = QLineEdit()
         self.negative.setPlaceholderText("none")
         self.checkpoint = QComboBox()
+        self._picked = False  # the user chose a checkpoint: a refresh keeps it (else the latest is shown)
+        self.checkpoint.activated.connect(lambda _i: setattr(self, "_picked", True))
         self.seed = QSpinBox(minimum=0, maximum=MAX_SEED)
         self.steps = QSpinBox(minimum=0, maximum=1000)
         self.steps.setSpecialValueText("as trained")
@@ -156,7 +158,7 @@ class PlaygroundPanel(QWidget):
         if run_dir is not None and run_dir == self._run:
             return
         self._run = Path(run_dir) if run_dir is not None else None
-        self._offer, self._pairs, self._shown = None, [], None
+        self._offer, self._pairs, self._shown, self._picked = None, [], None, False
         self.history.clear()
         self.checkpoint.clear()
         self.student_box.show_image(None, "")
@@ -181,7 +183,7 @@ class PlaygroundPanel(QWidget):
             return
         first = self._offer is None
         self._offer = offer
-        chosen = self.checkpoint.currentData()
+        chosen = self.checkpoint.currentData() if self._picked else None  # else the latest (it may be new)
         self.checkpoint.clear()
         for it in reversed(offer.iterations):
             self.checkpoint.addItem(f"iteration {it:,}" + (" (latest)" if it == offer.iterations[-1] else ""), str(it))

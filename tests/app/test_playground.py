@@ -103,6 +103,13 @@ def test_one_click_renders_the_checkpoint_and_the_teacher_side_by_side(qtbot, pa
     assert [panel.checkpoint.itemText(i) for i in range(panel.checkpoint.count())] == [
         "iteration 800 (latest)", "iteration 400", "the teacher alone"]
     assert (panel.width_box.value(), panel.height_box.value(), panel.seed.value()) == (64, 64, 5)  # the prompt set's
+    run.checkpoint_path(1200).mkdir()  # a new checkpoint (the run went on): the latest is offered first
+    panel.refresh()
+    qtbot.waitUntil(lambda: panel.checkpoint.count() == 4, timeout=WAIT_MS)
+    assert panel.checkpoint.currentText() == "iteration 1,200 (latest)"
+    (run.checkpoints_dir / "iter_1200").rmdir()
+    panel.refresh()
+    qtbot.waitUntil(lambda: panel.checkpoint.count() == 3, timeout=WAIT_MS)
     assert not panel.render()  # no prompt yet: said, nothing started
     assert panel.status.full_text() == "Type a prompt first."
     panel.prompt.setPlainText("a large red circle")
