@@ -7,6 +7,11 @@ folder that is read once the command ends and then removed (a cancelled check le
 Thumbnails are decoded in pool workers (app/models/thumbs.py) for the rows that are on screen only, so a
 report of 100k problems costs nothing until scrolled to. The window asks `start_warning()` before
 Start: the last check of the config's own data found errors.
+
+Beside the findings, the image browser (app/widgets/data_browser.py) shows every image of the checked
+source with its caption: selecting a finding selects its image there. A caption saved in the browser
+is checked again on its own (data_browse.Rechecker: `dmad check-data` on that one image) and the
+report's findings and counts follow, without checking the whole dataset again.
 """
 from __future__ import annotations
 
@@ -21,12 +26,14 @@ from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QIcon, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter, QTableView,
-                               QVBoxLayout, QWidget)
+                               QTabWidget, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
 from app.widgets.bucket_plot import BucketPlot
+from app.widgets.data_browser import DataBrowser
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
+from app.models.data_browse import Recheck, Rechecker, merge_recheck
 from app.models.data_report import DataReport, ProblemsFilter, ProblemsModel, load_report
 from app.engine.command import DmadCommand
 from app.models.sample_index import ImageFile
@@ -64,6 +71,150 @@ def _middle(text: str, chars: int) -> str:
     return text[:head] + "…" + text[len(text) - (chars - 1 - head):]
 
 
+def _regular_files(paths: list[str]) -> tuple[list[ImageFile], list[str]]:
+    """Worker side: (the regular files among `paths` with their size and mtime, the other paths)."""
+    files, gone = [], []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            gone.append(path)
+        else:
+            files.append(ImageFile(Path(path), st.st_size, st.st_mtime_ns))
+    return files, gone
+
+
+class FindingsTable(QWidget):
+    """The report's findings: one row per problem with its thumbnail (decoded in pool workers for the
+    rows on screen only), filtered by category and severity; Show in folder opens a row's folder."""
+
+    def __init__(self, cache: ThumbCache, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self._asked: set[str] = set()
+        self.model = ProblemsModel(THUMB_PX, self)
+        self.proxy = ProblemsFilter(self)
+        self.proxy.setSourceModel(self.model)
+        self.thumbs = ThumbLoader(cache, self)
+        self.thumbs.loaded.connect(self._on_thumbs)
+        self._stats = Task(self, every_answer=True)  # the rows' files are stat()ed in a worker too
+        self._stats.done.connect(self._on_stats)
+        self._visible = QTimer(self)
+        self._visible.setSingleShot(True)
+        self._visible.setInterval(VISIBLE_DELAY_MS)
+        self._visible.timeout.connect(self.request_visible_thumbs)
+        self.category = QComboBox()
+        self.category.currentIndexChanged.connect(
+            lambda _i: self._filter(self.proxy.set_category, self.category.currentData() or ""))
+        self.severity = QComboBox()
+        for text, value in (("errors and warnings", ""), ("errors", "error"), ("warnings", "warning")):
+            self.severity.addItem(text, value)
+        self.severity.currentIndexChanged.connect(
+            lambda _i: self._filter(self.proxy.set_severity, self.severity.currentData() or ""))
+        guard_wheel(self.category, self.severity)
+        self.reveal = QPushButton("Show in folder")
+        self.reveal.clicked.connect(self.show_in_folder)
+        self._build_table()
+        bar = QHBoxLayout()
+        bar.addWidget(QLabel("Show"))
+        bar.addWidget(self.category, 1)
+        bar.addWidget(self.severity)
+        bar.addWidget(self.reveal)
+        col = QVBoxLayout(self)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addLayout(bar)
+        col.addWidget(self.table, 1)
+        self.reveal.setEnabled(False)
+
+    def _build_table(self) -> None:
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setIconSize(QPixmap(THUMB_PX, THUMB_PX).size())
+        self.table.verticalHeader().setDefaultSectionSize(THUMB_PX + 4)
+        self.table.verticalHeader().hide()
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(1, Qt.AscendingOrder)  # errors first; the proxy's sort is stable
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.ElideMiddle)  # a long path keeps its file name visible
+        for col, width in enumerate((170, 70, 300)):
+            self.table.setColumnWidth(col, width)
+        self.table.verticalScrollBar().valueChanged.connect(lambda _v: self._visible.start())
+        self.table.selectionModel().currentRowChanged.connect(
+            lambda *_: self.reveal.setEnabled(self.table.currentIndex().isValid()))
+        self.table.doubleClicked.connect(lambda _i: self.show_in_folder())
+
+    def set_report(self, r: DataReport, keep: bool = False) -> None:
+        """A new report's findings, or (`keep`) the same report's after a recheck: the category stays."""
+        self.thumbs.reset()
+        self._stats.reset()
+        self._asked.clear()
+        shown = (self.category.currentData() or "") if keep else ""
+        scrolled = self.table.verticalScrollBar().value() if keep else 0
+        self.model.set_problems(r.problems)
+        self.category.blockSignals(True)
+        self.category.clear()
+        self.category.addItem(f"all categories ({len(r.problems)})", "")
+        for name, n in r.counts.items():
+            self.category.addItem(f"{name} ({n})", name)
+        self.category.setCurrentIndex(max(self.category.findData(shown), 0))
+        self.category.blockSignals(False)
+        self.proxy.set_category(self.category.currentData() or "")
+        self.table.verticalScrollBar().setValue(scrolled)  # a recheck leaves the reader where they were
+        self._visible.start()
+
+    def _filter(self, setter, value: str) -> None:
+        setter(value)
+        self._visible.start()
+
+    def current_problem(self):
+        i = self.table.currentIndex()
+        return self.model.problem(self.proxy.mapToSource(i).row()) if i.isValid() else None
+
+    def show_in_folder(self) -> bool:
+        p = self.current_problem()
+        if p is None:
+            return False
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(str(Path(p.path).parent)))
+
+    def request_visible_thumbs(self) -> None:
+        """Decode the thumbnails of the rows on screen that do not have one yet."""
+        rows = self.proxy.rowCount()
+        if rows == 0:
+            return
+        first = max(self.table.rowAt(0), 0)
+        last = self.table.rowAt(self.table.viewport().height() - 1)
+        last = rows - 1 if last < 0 else last
+        todo = []
+        for view_row in range(first, last + 1):
+            row = self.proxy.mapToSource(self.proxy.index(view_row, 0)).row()
+            path = self.model.problem(row).path
+            if self.model.wants_thumb(row) and path not in self._asked:
+                self._asked.add(path)
+                todo.append(path)
+        if todo:
+            self._stats.submit(lambda: _regular_files(todo))
+
+    def _on_stats(self, result: tuple) -> None:
+        files, gone = result
+        for path in gone:  # gone since the check, or a FIFO a decoder would block on: the placeholder
+            self.model.set_thumb(path, None)
+        if files:
+            self.thumbs.request(files)
+
+    def busy(self) -> bool:
+        return self.thumbs.busy() or self._stats.busy()
+
+    def _on_thumbs(self, result: list) -> None:
+        for image, qimage in result:
+            icon = None if qimage.isNull() else QIcon(QPixmap.fromImage(qimage))
+            self.model.set_thumb(str(image.path), icon)
+
+
 class DataPanel(QWidget):
     check_finished = Signal(int, str)  # exit code (-1 cancelled / crashed / not started), one line
 
@@ -88,19 +239,21 @@ class DataPanel(QWidget):
         self._report: Optional[DataReport] = None
         self._report_source: Optional[Path] = None  # the resolved source the report is of
         self._checked_source: Optional[Path] = None  # the resolved source of the running check
-        self._asked: set[str] = set()
-        self.model = ProblemsModel(THUMB_PX, self)
-        self.proxy = ProblemsFilter(self)
-        self.proxy.setSourceModel(self.model)
-        self.thumbs = ThumbLoader(cache or ThumbCache(px=THUMB_PX), self)
-        self.thumbs.loaded.connect(self._on_thumbs)
-        self._visible = QTimer(self)
-        self._visible.setSingleShot(True)
-        self._visible.setInterval(VISIBLE_DELAY_MS)
-        self._visible.timeout.connect(self.request_visible_thumbs)
+        self.findings = FindingsTable(cache or ThumbCache(px=THUMB_PX))
+        self.findings.table.selectionModel().currentRowChanged.connect(lambda *_: self._on_problem())
+        f = self.findings  # what tests and the window reach through the panel
+        self.model, self.proxy, self.table, self.thumbs = f.model, f.proxy, f.table, f.thumbs
+        self.category, self.severity = f.category, f.severity
         self._load = Task(self)  # a report of 100k problems is megabytes of JSON: parsed in a worker
         self._load.done.connect(self._on_loaded)
         self._load.failed.connect(lambda msg: self._end(self._code, msg.removeprefix("ValueError: "), error=True))
+        self._flags: list[str] = []  # the last check's options, for the recheck of one image
+        self.browser = DataBrowser(self.thumbs.cache.folder)
+        self.rechecker = Rechecker(self, program=command)
+        self.browser.caption_saved.connect(lambda item: self.rechecker.recheck(
+            item, self.browser.options(item.dataset), self._flags))
+        self.rechecker.done.connect(self._on_rechecked)
+        self.rechecker.failed.connect(self.browser.rechecked)
         self._build()
         self._update_buttons()
 
@@ -113,12 +266,12 @@ class DataPanel(QWidget):
         self.min_size.setSpecialValueText("default")
         self.min_size.setSuffix(" px")
         self.min_size.setToolTip("Images with a side below this are errors (default: the engine's)")
-        self.buttons = {}
+        self.buttons = {"reveal": self.findings.reveal}
         top = QHBoxLayout()
         top.addWidget(QLabel("Data:"))
         top.addWidget(self.source_edit, 1)
-        for key, text, slot in (("folder", "Folder...", self._pick_folder), ("json", "Dataset list...", self._pick_json)):
-            top.addWidget(self._button(key, text, slot))
+        for key, text, listing in (("folder", "Folder...", False), ("json", "Dataset list...", True)):
+            top.addWidget(self._button(key, text, lambda _c=False, listing=listing: self._pick(listing)))
         top.addWidget(QLabel("min size"))
         top.addWidget(self.min_size)
         self.fast = QCheckBox("Fast")
@@ -151,11 +304,15 @@ class DataPanel(QWidget):
         lay.addWidget(self.summary)
         lay.addWidget(self.batch_note)
         lay.addWidget(self.datasets)
-        split = QSplitter()
-        split.addWidget(self._build_table())
         self.buckets = BucketPlot()
-        split.addWidget(self.buckets)
-        split.setSizes([800, 400])
+        self.pages = QTabWidget()
+        self.pages.addTab(self.findings, "Findings")
+        self.pages.addTab(self.buckets, "Buckets")
+        split = QSplitter()
+        split.addWidget(self.pages)
+        split.addWidget(self.browser)
+        split.setSizes([500, 600])
+        split.setChildrenCollapsible(False)
         lay.addWidget(split, 1)
 
     def _button(self, key: str, text: str, slot) -> QPushButton:
@@ -163,46 +320,6 @@ class DataPanel(QWidget):
         b.clicked.connect(slot)
         self.buttons[key] = b
         return b
-
-    def _build_table(self) -> QWidget:
-        self.category = QComboBox()
-        self.category.currentIndexChanged.connect(
-            lambda _i: self._filter(self.proxy.set_category, self.category.currentData() or ""))
-        self.severity = QComboBox()
-        for text, value in (("errors and warnings", ""), ("errors", "error"), ("warnings", "warning")):
-            self.severity.addItem(text, value)
-        self.severity.currentIndexChanged.connect(
-            lambda _i: self._filter(self.proxy.set_severity, self.severity.currentData() or ""))
-        guard_wheel(self.category, self.severity)
-        self.table = QTableView()
-        self.table.setModel(self.proxy)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.table.setIconSize(QPixmap(THUMB_PX, THUMB_PX).size())
-        self.table.verticalHeader().setDefaultSectionSize(THUMB_PX + 4)
-        self.table.verticalHeader().hide()
-        self.table.setSortingEnabled(True)
-        self.table.sortByColumn(1, Qt.AscendingOrder)  # errors first; the proxy's sort is stable
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.setWordWrap(False)
-        self.table.setTextElideMode(Qt.ElideMiddle)  # a long path keeps its file name visible
-        for col, width in enumerate((170, 70, 300)):
-            self.table.setColumnWidth(col, width)
-        self.table.verticalScrollBar().valueChanged.connect(lambda _v: self._visible.start())
-        self.table.selectionModel().currentRowChanged.connect(lambda *_: self._update_buttons())
-        self.table.doubleClicked.connect(lambda _i: self.show_in_folder())
-        bar = QHBoxLayout()
-        bar.addWidget(QLabel("Show"))
-        bar.addWidget(self.category, 1)
-        bar.addWidget(self.severity)
-        bar.addWidget(self._button("reveal", "Show in folder", self.show_in_folder))
-        box = QWidget()
-        col = QVBoxLayout(box)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.addLayout(bar)
-        col.addWidget(self.table, 1)
-        return box
 
     # ------------------------------------------------------------ the window's contract
 
@@ -235,7 +352,7 @@ class DataPanel(QWidget):
                 "images usable; training skips the others).\n\nStart anyway?")
 
     def busy(self) -> bool:
-        return self.is_checking() or self.thumbs.busy()
+        return self.is_checking() or self.findings.busy() or self.browser.busy() or self.rechecker.busy()
 
     # ------------------------------------------------------------ the check
 
@@ -273,6 +390,7 @@ class DataPanel(QWidget):
             return
         self._tmp = tempfile.TemporaryDirectory(prefix="dmad-check-")
         args = self._check_args(Path(self._tmp.name) / "report.json")
+        self._flags = ["--resolution", str(self._resolution)] + args[args.index("--batch") + 2:]  # min size, fast
         self._checking, self._cancelled = True, False
         self._checked_source = self.source().resolve()
         self.progress.setRange(0, 0)  # busy until the first progress line says how many
@@ -305,7 +423,19 @@ class DataPanel(QWidget):
     def _on_loaded(self, report: DataReport) -> None:
         self._report, self._report_source = report, self._checked_source
         self._show_report(report)
+        self.rechecker.reset()
+        self.browser.set_source(report.source, report.problems, list(report.counts))
         self._end(self._code, self._outcome(report), error=False)
+
+    def _on_rechecked(self, found: Recheck) -> None:
+        """One image checked again after its caption was saved: its findings and the counts follow."""
+        if self._report is None or self.browser.item_of(found.image) is None:
+            return
+        self._report = merge_recheck(self._report, found)
+        self._show_report(self._report, keep=True)
+        self.browser.set_findings(self._report.problems, list(self._report.counts))
+        self.browser.rechecked(found.image)
+        self._set_status(self._outcome(self._report))
 
     def _end(self, code: int, text: str, error: bool) -> None:
         self._checking = False
@@ -331,17 +461,9 @@ class DataPanel(QWidget):
 
     # ------------------------------------------------------------ results
 
-    def _show_report(self, r: DataReport) -> None:
-        self.thumbs.reset()
-        self._asked.clear()
-        self.model.set_problems(r.problems)
-        self.category.blockSignals(True)
-        self.category.clear()
-        self.category.addItem(f"all categories ({len(r.problems)})", "")
-        for name, n in r.counts.items():
-            self.category.addItem(f"{name} ({n})", name)
-        self.category.blockSignals(False)
-        self.proxy.set_category("")
+    def _show_report(self, r: DataReport, keep: bool = False) -> None:
+        """A new report, or (`keep`) the same one after a recheck: the category shown stays."""
+        self.findings.set_report(r, keep)
         # A word-wrapped label cannot break a path: a long root would set the window's minimum width
         lines = [f"<b>{html.escape(d.get('id', '?'))}</b>: {d.get('images', 0)} images, {d.get('usable', 0)} usable, "
                  f"{d.get('captions', 0)} captions &nbsp; "
@@ -352,7 +474,6 @@ class DataPanel(QWidget):
         self.datasets.setToolTip("\n".join(f"{d.get('id', '?')}: {d.get('root', '')}" for d in r.datasets))
         self.buckets.set_buckets(r.buckets, r.images, r.counts)
         self._show_usable()
-        self._visible.start()
 
     def _show_usable(self) -> None:
         r = self._report
@@ -370,50 +491,11 @@ class DataPanel(QWidget):
                                 "training cannot fill one batch. Fix the errors or lower the batch." if short else "")
         self.batch_note.setVisible(short)
 
-    def _filter(self, setter, value: str) -> None:
-        setter(value)
-        self._visible.start()
-
-    def current_problem(self):
-        i = self.table.currentIndex()
-        return self.model.problem(self.proxy.mapToSource(i).row()) if i.isValid() else None
-
-    def show_in_folder(self) -> bool:
-        p = self.current_problem()
-        if p is None:
-            return False
-        return QDesktopServices.openUrl(QUrl.fromLocalFile(str(Path(p.path).parent)))
-
-    def request_visible_thumbs(self) -> None:
-        """Decode the thumbnails of the rows on screen that do not have one yet."""
-        rows = self.proxy.rowCount()
-        if rows == 0:
-            return
-        first = max(self.table.rowAt(0), 0)
-        last = self.table.rowAt(self.table.viewport().height() - 1)
-        last = rows - 1 if last < 0 else last
-        todo = []
-        for view_row in range(first, last + 1):
-            row = self.proxy.mapToSource(self.proxy.index(view_row, 0)).row()
-            path = self.model.problem(row).path
-            if not self.model.wants_thumb(row) or path in self._asked:
-                continue
-            self._asked.add(path)
-            try:
-                st = os.stat(path)
-            except OSError:
-                st = None
-            if st is None or not stat.S_ISREG(st.st_mode):  # gone since the check, or a FIFO a decoder would block on
-                self.model.set_thumb(path, None)
-                continue
-            todo.append(ImageFile(Path(path), st.st_size, st.st_mtime_ns))
-        if todo:
-            self.thumbs.request(todo)
-
-    def _on_thumbs(self, result: list) -> None:
-        for image, qimage in result:
-            icon = None if qimage.isNull() else QIcon(QPixmap.fromImage(qimage))
-            self.model.set_thumb(str(image.path), icon)
+    def _on_problem(self) -> None:
+        """A finding selected: its image in the browser."""
+        p = self.findings.current_problem()
+        if p is not None:
+            self.browser.show_path(p.path)
 
     def _update_buttons(self) -> None:
         running = self._checking
@@ -421,14 +503,13 @@ class DataPanel(QWidget):
         self.buttons["cancel"].setEnabled(running)
         for key in ("folder", "json"):
             self.buttons[key].setEnabled(not running)
-        self.buttons["reveal"].setEnabled(self.table.currentIndex().isValid())
 
-    def _pick_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Dataset folder", self.source_edit.text())
-        if folder:
-            self.source_edit.setText(folder)
+    def show_in_folder(self) -> bool:
+        return self.findings.show_in_folder()
 
-    def _pick_json(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Dataset list", self.source_edit.text(), "Dataset list (*.json)")
+    def _pick(self, listing: bool) -> None:
+        text = self.source_edit.text()
+        path = (QFileDialog.getOpenFileName(self, "Dataset list", text, "Dataset list (*.json)")[0] if listing
+                else QFileDialog.getExistingDirectory(self, "Dataset folder", text))
         if path:
             self.source_edit.setText(path)

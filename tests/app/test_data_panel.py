@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QThreadPool
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QMessageBox
 
@@ -92,6 +92,14 @@ class StandIn:
 
     def argv(self) -> dict:
         return json.loads((self.dir / "argv.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _workers_done(qtbot):
+    """The pool's jobs (the panel's and its image browser's thumbnails, the browser's listing) end
+    before the test's widgets are deleted: a worker answering an object being deleted is a race."""
+    yield
+    QThreadPool.globalInstance().waitForDone(30_000)
 
 
 @pytest.fixture
