@@ -43,7 +43,9 @@ class ImageBox(QWidget):
         self.image = QLabel("—")
         self.image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.image.setMinimumSize(VIEW_SIDE, VIEW_SIDE)
-        self.caption = ElidedLabel()
+        self.caption = QLabel()  # what made the image, wrapped under it (never widens the box)
+        self.caption.setWordWrap(True)
+        self.caption.setMaximumWidth(VIEW_SIDE)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         for w in (self.title, self.image, self.caption):
