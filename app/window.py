@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self._state = ""
         self._close_when_stopped = False
         self._config_answered = False  # the close question about unsaved config edits was answered
+        self._captions_answered = False  # ... about unsaved caption edits
         self._session_dir = session_dir
         self._keep_draft = False  # "Keep as a draft" was the close answer
         if runs_root is not None:
@@ -331,7 +332,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ closing
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if not self._config_settled():
+        if not self._config_settled() or not self._captions_settled():
             event.ignore()
             return
         if not self.run_state.is_live():
@@ -361,6 +362,16 @@ class MainWindow(QMainWindow):
             self._close_when_stopped = False
             self._config_answered = False  # a later close asks again: the edits may go on
             event.ignore()
+
+    def _captions_settled(self) -> bool:
+        """Caption edits in the Data tab not saved yet: close without them, or cancel the close."""
+        n = self.data.browser.unsaved()
+        if not n or self._captions_answered:
+            return True
+        self._captions_answered = QMessageBox.question(
+            self, "Unsaved captions", f"{n} caption edit{'s are' if n != 1 else ' is'} not saved (Data tab). Close "
+            "without saving them?", QMessageBox.Discard | QMessageBox.Cancel, QMessageBox.Cancel) == QMessageBox.Discard
+        return self._captions_answered  # asked once: a close that waits for a run to stop does not ask again
 
     def _queue_settled(self) -> bool:
         """Runs waiting in an active queue: keep it for the next launch, pause it, or cancel the close."""

@@ -284,3 +284,15 @@ def test_deleting_the_shown_run_empties_every_run_tab(qtbot, make_window, tmp_pa
     assert window.run_dir() is None and window.samples.run_dir() is None and window.playground._run is None
     assert window.samples.render_status.text() == "" and not window.config.is_read_only()
     assert window.windowTitle() == "DMAD Studio"
+
+
+def test_close_asks_about_unsaved_caption_edits(qtbot, make_window, monkeypatch):
+    window = make_window()
+    window.show()
+    monkeypatch.setattr(window.data.browser, "unsaved", lambda: 2)
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a[2]) or QMessageBox.Cancel)
+    assert not window.close() and window.isVisible()
+    assert asked == ["2 caption edits are not saved (Data tab). Close without saving them?"]
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Discard)
+    assert window.close()
