@@ -360,7 +360,7 @@ class MainWindow(QMainWindow):
             event.accept()
         else:
             self._close_when_stopped = False
-            self._config_answered = False  # a later close asks again: the edits may go on
+            self._config_answered = self._captions_answered = False  # a later close asks again: the edits may go on
             event.ignore()
 
     def _captions_settled(self) -> bool:
