@@ -1,4 +1,5 @@
-"""DMAD Studio in a real X server with a window manager, on a 1280x800 screen: does every panel fit?
+"""DMAD Studio in a real X server with a window manager, on a 1280x800 (or --size 1024x700) screen:
+does every panel fit?
 
     python bench/real_window.py [--display :94] [--size 1280x800] [--out DIR] [--screenshots DIR]
 
@@ -12,7 +13,7 @@ then, with the recorded demo run (tests/app/fixtures/demo_run, copied):
    extends past the window or clips its text, and a window frame not inside the screen.
 2  `dmad-studio RUN` as a user starts it: xdotool finds the window, its frame geometry must lie
    inside the screen, then a click on the first tab and the wheel over the tab bar walk through
-   the six tabs, a screen capture of each goes to --out (LOOK at them), and the captures must all
+   every tab, a screen capture of each goes to --out (LOOK at them), and the captures must all
    differ (the tab really changed).
 3  with --screenshots DIR: `dmad-studio --screenshots DIR`, grabbed from the real window (the
    README's pictures: docs/screenshots).
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TABS = ("config", "data", "training", "samples", "runs", "memory")
+TABS = ("config", "data", "training", "samples", "playground", "runs", "queue", "memory")  # app.window.PANELS
 TOOLS = ("Xvfb", "openbox", "xdotool", "xwininfo", "xprop", "import")
 TAB_AT = (20, 13)  # px inside the window: on the first tab
 
