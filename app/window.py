@@ -163,6 +163,8 @@ class MainWindow(QMainWindow):
         self.config.queue_requested.connect(self.queue_config)
         self.queue.open_requested.connect(self.open_run)
         self.playground.ab_requested.connect(self._show_ab)
+        self.playground.live_sender = self.training.commands.send_one_off  # current weights of a live run
+        self.training.commands.one_off_rendered.connect(lambda _data: self.playground.live_rendered())
 
     def _show_ab(self, label_a: str, path_a: Path, label_b: str, path_b: Path) -> None:
         """The Playground's pair in the Samples tab's A/B window (one A/B window for the app)."""
@@ -306,6 +308,7 @@ class MainWindow(QMainWindow):
         # "starting": a new engine whose run folder is not known yet; the old run's tabs go blank
         self._set_run(self.run_state.run_dir)
         self.samples.refresh()  # a checkpoint or the end of a run usually brings new samples
+        self.playground.set_live(self.run_state.is_live() and self.training.engine.is_running())
         self.playground.refresh()
         if self._close_when_stopped and not self.run_state.is_live():
             self.close()

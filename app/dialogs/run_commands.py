@@ -30,6 +30,7 @@ class RunCommands(QObject):
     sent = Signal(str)     # a command written to control.jsonl
     refused = Signal(str)  # one line: why a command was not sent or a kill did not happen
     escalated = Signal()   # Stop now sent or the engine killed: what the stop bar offers changed
+    one_off_rendered = Signal(object)  # the engine rendered a one-off prompt (its samples event's data)
 
     def __init__(self, panel: QWidget, engine: EngineProcess, run_state: RunState, status: Callable[[], dict]):
         super().__init__(panel)
@@ -38,6 +39,7 @@ class RunCommands(QObject):
         self._last_prompt = ""
         self._checkpoint: Optional[int] = None  # the newest checkpoint event of the shown run
         self.viewer: Optional[OneOffViewer] = None
+        self.quiet_one_offs = False  # the next one-off was the Playground's: it shows it
 
     def reset(self) -> None:
         """Another run is shown."""
@@ -50,11 +52,20 @@ class RunCommands(QObject):
         if kind == "checkpoint" and iteration is not None:
             self._checkpoint = iteration
         elif kind == "samples" and data.get("one_off") and data.get("paths") and not replayed:
-            self.show_one_off(data, iteration)
+            self.one_off_rendered.emit(data)
+            if not self.quiet_one_offs:  # the Playground's own request shows in the Playground
+                self.show_one_off(data, iteration)
+            self.quiet_one_offs = False
 
     def newest_checkpoint(self) -> Optional[int]:
         known = [c for c in (self._checkpoint, self._status().get("last_checkpoint")) if isinstance(c, int)]
         return max(known) if known else None
+
+    def send_one_off(self, prompt: str, seed: Optional[int]) -> bool:
+        """The Playground's request to the live engine: sample_now with a prompt and seed, its image
+        shown there (not in the one-off window)."""
+        self.quiet_one_offs = self.send("sample_now", prompt=prompt, seed=seed)
+        return self.quiet_one_offs
 
     def send(self, cmd: str, **fields) -> bool:
         """Append a control command (sample_now with a prompt and seed); False when not sent."""

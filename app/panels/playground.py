@@ -6,12 +6,15 @@ steps and CFG, and the resolution; Render (Ctrl+Enter) runs `dmad sample --promp
 playground.py) in its own process: the student's image at those settings and the teacher's with its
 own sampler, steps and CFG, from the same noise. The pair lands in <run>/samples/oneoff/ with its
 provenance and shows here; the history lists every one-off of the run (the live run's "Sample
-prompt…" images too), and A/B compares a pair in the A/B window. Files are read in workers.
+prompt…" images too), and A/B compares a pair in the A/B window. Files are read in workers. On a run
+whose engine is live here, "current weights" asks that engine (sample_now with the prompt and seed,
+as "Sample prompt…" does): the student as it is now, without a teacher image (the teacher's copy on
+the device is training's); saved checkpoints render through `dmad sample` meanwhile.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QImage, QKeySequence, QPixmap, QShortcut
@@ -26,6 +29,7 @@ from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
 from dmad.contract.regular import read_regular
 
+LIVE = "live"  # the checkpoint box's item for the live run's current weights
 VIEW_SIDE = 256  # px: a 64 px demo image is shown enlarged (nearest neighbour)
 MAX_SEED = 2**31 - 1  # a QSpinBox holds an int32; the engine takes up to 2**32 - 1
 
@@ -68,6 +72,9 @@ class PlaygroundPanel(QWidget):
     def __init__(self, parent: Optional[QWidget] = None, program: Optional[list[str]] = None):
         super().__init__(parent)
         self._run: Optional[Path] = None
+        # the open run's live engine, when there is one: (prompt, seed) -> sent (the window sets it)
+        self.live_sender: Optional[Callable[[str, int], bool]] = None
+        self._live = False
         self._offer: Optional[RunOffer] = None
         self._pairs: list[OneOffPair] = []
         self._shown: Optional[OneOffPair] = None
@@ -173,6 +180,19 @@ class PlaygroundPanel(QWidget):
             self._offers.submit(lambda: read_offer(run))
             self._history.submit(lambda: scan_one_offs(run))
 
+    def set_live(self, live: bool) -> None:
+        """Whether the open run's engine is live here (its current weights can be asked for)."""
+        if live != self._live:
+            self._live = live
+            self._picked = False
+            self.refresh()
+
+    def live_rendered(self) -> None:
+        """The live engine rendered a one-off: show the history's newest."""
+        self._want_newest = True
+        self.status.setText("Rendered by the live run's engine.")
+        self.refresh()
+
     def refresh(self) -> None:
         """Read the run's checkpoints and one-offs again (a checkpoint or a live one-off may be new)."""
         if self._run is not None and not self.command.is_running():
@@ -187,6 +207,8 @@ class PlaygroundPanel(QWidget):
         self._offer = offer
         chosen = self.checkpoint.currentData() if self._picked else None  # else the latest (it may be new)
         self.checkpoint.clear()
+        if self._live:
+            self.checkpoint.addItem("current weights (the live run's engine renders them)", LIVE)
         for it in reversed(offer.iterations):
             self.checkpoint.addItem(f"iteration {it:,}" + (" (latest)" if it == offer.iterations[-1] else ""), str(it))
         self.checkpoint.addItem("the teacher alone", "teacher")
@@ -222,6 +244,13 @@ class PlaygroundPanel(QWidget):
             self.status.setText("The resolution must be a multiple of 8 on each side.")
             return False
         self._want_newest = True
+        if req.checkpoint == LIVE:  # the engine renders the student as it is now (no teacher: it trains)
+            if self.live_sender is None or not self.live_sender(req.prompt, req.seed):
+                self._want_newest = False
+                self.status.setText("The live run's engine did not take the request (see the Training tab).")
+                return False
+            self.status.setText("Asked the live run's engine: it renders at its next iteration boundary ...")
+            return True
         self.command.start(sample_args(self._run, req))
         self.status.setText(f"Rendering with {self.checkpoint.currentText()} ... (the models load first)")
         self._enable()

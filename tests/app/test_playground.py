@@ -143,3 +143,27 @@ def test_a_family_without_negative_prompt_and_no_run(qtbot, panel, tmp_path):
     assert not panel.negative.isEnabled() and "flux has no negative prompt" in panel.negative.toolTip()
     panel.set_run(None)
     assert not panel.render_button.isEnabled() and panel.history.count() == 0
+
+
+def test_a_live_run_offers_its_current_weights_rendered_by_its_engine(qtbot, panel, tmp_path):
+    run = make_run(tmp_path)
+    sent = []
+    panel.live_sender = lambda prompt, seed: sent.append((prompt, seed)) or True
+    panel.set_run(run.path)
+    panel.set_live(True)
+    qtbot.waitUntil(lambda: panel.checkpoint.count() == 4, timeout=WAIT_MS)
+    assert panel.checkpoint.currentData() == "live" and panel.checkpoint.currentText().startswith("current weights")
+    panel.prompt.setPlainText("a small blue circle")
+    panel.seed.setValue(9)
+    assert panel.render() and sent == [("a small blue circle", 9)]
+    assert not (tmp_path / "engine.argv").exists()  # no dmad sample: the live engine renders it
+    folder = run.samples_dir / "oneoff"  # what the engine writes (validation.render_one_off)
+    write_png(folder / "iter_812-1.png", "green", (64, 64))
+    atomic_write_json(folder / "iter_812-1.json", {"one_off": True, "iter": 812, "items": {
+        "oneoff": {"prompt": "a small blue circle", "seed": 9, "file": "iter_812-1.png"}}})
+    panel.live_rendered()  # its samples event
+    qtbot.waitUntil(lambda: panel.history.count() == 1 and panel.student_box.image.pixmap() is not None
+                    and not panel.student_box.image.pixmap().isNull(), timeout=WAIT_MS)
+    assert panel.student_box.image.pixmap().toImage().pixelColor(10, 10).name() == "#008000"
+    panel.live_sender = lambda prompt, seed: False  # the engine went away meanwhile: said
+    assert not panel.render() and "did not take the request" in panel.status.full_text()
