@@ -143,4 +143,29 @@ def scan_one_offs(run_dir: Path) -> list[OneOffPair]:
                                                 meta.get("seed")))
         setattr(pair, model, image)
         setattr(pair, f"{model}_meta", meta)
-    return sorted(pairs.values(), key=lambda p: p.created, reverse=True)[:MAX_HISTORY]
+    return sorted(_beside_live(pairs), key=lambda p: p.created, reverse=True)[:MAX_HISTORY]
+
+
+BESIDE_S = 3600.0  # a teacher render this close in time to a live one-off of the same request goes beside it
+
+
+def _same_request(a: dict, b: dict) -> bool:
+    return (a.get("prompt") == b.get("prompt") and a.get("seed") == b.get("seed")
+            and list(a.get("resolution") or ()) == list(b.get("resolution") or ()))
+
+
+def _beside_live(pairs: dict[str, OneOffPair]) -> list[OneOffPair]:
+    """A live engine's one-off (the student only) and the teacher's image of the same prompt, seed and
+    size that the Playground rendered for it on the side (`dmad sample --checkpoint teacher`) are one
+    pair: the teacher's goes beside the live image of the nearest time."""
+    live = [p for p in pairs.values() if p.student is not None and p.teacher is None]
+    alone = [p for p in pairs.values() if p.teacher is not None and p.student is None]
+    for t in alone:
+        match = min((p for p in live if _same_request(p.student_meta, t.teacher_meta)
+                     and abs(p.created - t.created) <= BESIDE_S),
+                    key=lambda p: abs(p.created - t.created), default=None)
+        if match is not None:
+            match.teacher, match.teacher_meta = t.teacher, t.teacher_meta
+            live.remove(match)
+            del pairs[t.key]
+    return list(pairs.values())

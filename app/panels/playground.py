@@ -8,8 +8,9 @@ own sampler, steps and CFG, from the same noise. The pair lands in <run>/samples
 provenance and shows here; the history lists every one-off of the run (the live run's "Sample
 prompt…" images too), and A/B compares a pair in the A/B window. Files are read in workers. On a run
 whose engine is live here, "current weights" asks that engine (sample_now with the prompt and seed,
-as "Sample prompt…" does): the student as it is now, without a teacher image (the teacher's copy on
-the device is training's); saved checkpoints render through `dmad sample` meanwhile.
+as "Sample prompt…" does): the student as it is now; the teacher's image of the same request renders
+on the CPU meanwhile (`dmad sample --checkpoint teacher --device cpu`: the device is training's) and
+goes beside it (app/models/playground.py pairs them); saved checkpoints render through `dmad sample`.
 """
 from __future__ import annotations
 
@@ -244,12 +245,18 @@ class PlaygroundPanel(QWidget):
             self.status.setText("The resolution must be a multiple of 8 on each side.")
             return False
         self._want_newest = True
-        if req.checkpoint == LIVE:  # the engine renders the student as it is now (no teacher: it trains)
+        if req.checkpoint == LIVE:  # the engine renders the student as it is now
             if self.live_sender is None or not self.live_sender(req.prompt, req.seed):
                 self._want_newest = False
                 self.status.setText("The live run's engine did not take the request (see the Training tab).")
                 return False
-            self.status.setText("Asked the live run's engine: it renders at its next iteration boundary ...")
+            said = "Asked the live run's engine: it renders at its next iteration boundary"
+            if req.teacher:  # the teacher on the CPU: the device is training's (shown beside it when both are in)
+                self.command.start(sample_args(self._run, Request(
+                    req.prompt, "teacher", req.negative_prompt, req.seed, size=req.size)) + ["--device", "cpu"])
+                said += "; the teacher renders on the CPU meanwhile"
+            self.status.setText(said + " ...")
+            self._enable()
             return True
         self.command.start(sample_args(self._run, req))
         self.status.setText(f"Rendering with {self.checkpoint.currentText()} ... (the models load first)")

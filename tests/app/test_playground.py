@@ -78,10 +78,12 @@ ENGINE = textwrap.dedent(r'''
         sys.exit(2)
     w, h = (int(v) for v in get("--size").split("x"))
     pair = f"iter_{get('--checkpoint')}-now"
-    for model, colour in (("student", "red"), ("teacher", "blue")):
+    models = (("teacher", "blue"),) if get("--checkpoint") == "teacher" else (("student", "red"), ("teacher", "blue"))
+    for model, colour in models:
         Image.new("RGB", (w, h), colour).save(out / f"{pair}-{model}.png")
         atomic_write_json(out / f"{pair}-{model}.json", {"pair": pair, "model": model, "prompt": get("--prompt"),
                           "seed": int(get("--seed")), "file": f"{pair}-{model}.png", "steps": 4, "cfg": None,
+                          "resolution": [w, h],
                           "checkpoint": f"iter_{get('--checkpoint')}" if model == "student" else None,
                           "sampler": "ddim"})
 ''')
@@ -156,14 +158,20 @@ def test_a_live_run_offers_its_current_weights_rendered_by_its_engine(qtbot, pan
     panel.prompt.setPlainText("a small blue circle")
     panel.seed.setValue(9)
     assert panel.render() and sent == [("a small blue circle", 9)]
-    assert not (tmp_path / "engine.argv").exists()  # no dmad sample: the live engine renders it
+    # the student by the live engine; the teacher (its own sampler) by dmad sample on the CPU meanwhile
+    qtbot.waitUntil(lambda: (tmp_path / "engine.argv").exists() and not panel.command.is_running(), timeout=WAIT_MS)
+    argv = json.loads((tmp_path / "engine.argv").read_text())
+    assert argv[argv.index("--checkpoint") + 1] == "teacher" and argv[-2:] == ["--device", "cpu"]
     folder = run.samples_dir / "oneoff"  # what the engine writes (validation.render_one_off)
     write_png(folder / "iter_812-1.png", "green", (64, 64))
-    atomic_write_json(folder / "iter_812-1.json", {"one_off": True, "iter": 812, "items": {
+    atomic_write_json(folder / "iter_812-1.json", {"one_off": True, "iter": 812, "resolution": [64, 64], "items": {
         "oneoff": {"prompt": "a small blue circle", "seed": 9, "file": "iter_812-1.png"}}})
     panel.live_rendered()  # its samples event
     qtbot.waitUntil(lambda: panel.history.count() == 1 and panel.student_box.image.pixmap() is not None
-                    and not panel.student_box.image.pixmap().isNull(), timeout=WAIT_MS)
+                    and not panel.student_box.image.pixmap().isNull()
+                    and not panel.teacher_box.image.pixmap().isNull(), timeout=WAIT_MS)
     assert panel.student_box.image.pixmap().toImage().pixelColor(10, 10).name() == "#008000"
+    assert panel.teacher_box.image.pixmap().toImage().pixelColor(10, 10).name() == "#0000ff"  # one pair
+    assert panel.ab_button.isEnabled()
     panel.live_sender = lambda prompt, seed: False  # the engine went away meanwhile: said
     assert not panel.render() and "did not take the request" in panel.status.full_text()
