@@ -8,6 +8,7 @@ key without words here is shown humanised ("lora rank"). BASIC are the fields a 
 from __future__ import annotations
 
 from app.models.config_doc import Key
+from dmad.contract.methods import METHODS
 
 LABELS: dict[Key, str] = {
     ("config_version",): "Config version",
@@ -64,10 +65,6 @@ LABELS: dict[Key, str] = {
     ("distillation", "regression_weight"): "Regression weight (DMD1)",
     ("distillation", "regression_images"): "Regression images per batch",
     ("distillation", "regression_teacher_steps"): "Regression teacher steps",
-    ("distillation", "lcm_ddim_timesteps"): "LCM solver timesteps",
-    ("distillation", "lcm_loss_type"): "LCM loss",
-    ("distillation", "lcm_huber_c"): "LCM Huber c",
-    ("distillation", "lcm_target_ema_decay"): "LCM target EMA decay",
     ("observation", "log_every_steps"): "Log every (iterations)",
     ("observation", "checkpointing_steps"): "Checkpoint every (iterations)",
     ("observation", "checkpoints_total_limit"): "Checkpoints kept",
@@ -89,6 +86,17 @@ BASIC: tuple[Key, ...] = (
 )
 
 
+def _method_words(key: Key) -> str:
+    """A setting one method alone reads (its MethodInfo.settings) and that has no words here: the
+    method's short name, then the rest of the key in words ("<method>: ddim timesteps"). The app never
+    names a method itself (tests/engine/test_method_units.py)."""
+    for info in METHODS.values():
+        if key in info.settings:
+            rest = key[-1].removeprefix(info.name + "_")
+            return f"{info.short}: {rest.replace('_', ' ')}"
+    return ""
+
+
 def label_of(key: Key) -> str:
-    """The words for `key` (humanised when it has none here)."""
-    return LABELS.get(key) or key[-1].replace("_", " ").capitalize()
+    """The words for `key` (a method's own setting by its method; humanised when it has none)."""
+    return LABELS.get(key) or _method_words(key) or key[-1].replace("_", " ").capitalize()

@@ -550,9 +550,13 @@ def test_save_as_preset_dialog_says_what_a_name_does(qtbot):
 
 
 def test_fields_are_labelled_in_words_with_the_key_in_the_tooltip_and_a_basic_view(qtbot, panel):
-    from app.models.field_labels import BASIC, LABELS
+    from app.models.field_labels import BASIC, LABELS, _method_words
+    from dmad.contract.methods import METHODS
 
-    assert set(panel.form.rows) <= set(LABELS), sorted(set(panel.form.rows) - set(LABELS))  # words for every field
+    worded = set(LABELS) | {k for info in METHODS.values() for k in info.settings if _method_words(k)}
+    assert set(panel.form.rows) <= worded, sorted(set(panel.form.rows) - worded)  # words for every field
+    own = next(k for k in panel.form.rows if k not in LABELS)  # a method's own setting: named by its method
+    assert panel.form.rows[own].label.text() == _method_words(own) and ": " in _method_words(own)
     row = panel.form.rows[("identity", "train_data_dir")]
     assert row.label.text() == "Training images *"
     assert row.editor.toolTip().startswith("identity.train_data_dir:")

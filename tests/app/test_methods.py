@@ -149,8 +149,10 @@ def test_the_demo_descriptions_quote_their_configs():
 
 
 def test_the_chooser_shows_the_method(panel):
-    actions = panel.preset_button.menu().actions()
+    every = panel.preset_button.menu().actions()
+    actions = every[:len(presets())]  # then the user's own, Save as preset… and Delete
     assert [a.text() for a in actions] == [p.menu_text() for p in presets()]
+    assert [a.text() for a in every[-2:]] == ["Save as preset…", "Delete a preset of yours"]
     assert actions[0].text() == "CPU demo \u00b7 DMAD"
     lcm = next(a for a in actions if a.text().endswith("\u00b7 LCM"))
     assert lcm.text().startswith("CPU demo \u2014 LCM") and lcm.toolTip().startswith("Method: LCM (lcm), latent")

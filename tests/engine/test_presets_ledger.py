@@ -60,7 +60,7 @@ def test_every_family_has_presets():
 def test_preset_fits_its_gpu_and_quotes_the_ledger(entry, infos):
     cfg = load_config(INDEX.parent / entry["file"])
     family = cfg.identity.model_family
-    lines = config_ledger(cfg, infos[family])
+    lines = config_ledger(cfg, infos[family], device="cuda")  # a GPU preset: its GPU's figures
     total = ledger_total(lines)
     cpu = sum(line.gib for line in lines if line.scope == "cpu")
 
@@ -95,13 +95,13 @@ def test_lora_presets_share_one_frozen_base_and_quote_the_separate_copies(entry,
     """A LoRA/LoRA preset puts both adapters on the teacher's own frozen denoiser (the ledger's one
     shared line), says so, and quotes what the same run would need with separate frozen copies."""
     cfg = load_config(INDEX.parent / entry["file"])
-    lines = config_ledger(cfg, infos[cfg.identity.model_family])
+    lines = config_ledger(cfg, infos[cfg.identity.model_family], device="cuda")
     shared = [x for x in lines if x.name.startswith("frozen base")]
     if cfg.identity.student == "lora" and cfg.identity.fake_score == "lora":
         assert cfg.resources.share_frozen_base and len(shared) == 1
         assert "share_frozen_base" in entry["description"] and "shared" in entry["name"]
         separate = config_ledger(cfg.model_copy(update={"resources": cfg.resources.model_copy(
-            update={"share_frozen_base": False})}), infos[cfg.identity.model_family])
+            update={"share_frozen_base": False})}), infos[cfg.identity.model_family], device="cuda")
         assert QUOTED_SEPARATE.findall(entry["description"]) == [f"{ledger_total(separate):.1f}"], entry["file"]
         assert ledger_total(separate) > ledger_total(lines)
     else:
