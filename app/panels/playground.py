@@ -288,6 +288,10 @@ class PlaygroundPanel(QWidget):
             item = QListWidgetItem(pair.title())
             item.setToolTip(pair.title())
             self.history.addItem(item)
+        if not pairs:  # said, not a blank pane
+            hint = QListWidgetItem("No one-off image in this run yet: type a prompt and Render.")
+            hint.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.history.addItem(hint)
         self.history.blockSignals(False)
         index = 0 if self._want_newest or keep is None else next(
             (i for i, p in enumerate(pairs) if p.key == keep), 0)

@@ -109,6 +109,7 @@ def test_one_click_renders_the_checkpoint_and_the_teacher_side_by_side(qtbot, pa
     panel.refresh()
     qtbot.waitUntil(lambda: panel.checkpoint.count() == 4, timeout=WAIT_MS)
     assert panel.checkpoint.currentText() == "iteration 1,200 (latest)"
+    assert panel.history.count() == 1 and panel.history.item(0).text().startswith("No one-off image in this run yet")
     (run.checkpoints_dir / "iter_1200").rmdir()
     panel.refresh()
     qtbot.waitUntil(lambda: panel.checkpoint.count() == 3, timeout=WAIT_MS)
