@@ -329,6 +329,8 @@ class DataPanel(QWidget):
         old_text = str(self._config_source) if self._config_source is not None else ""
         if self.source_edit.text() in ("", old_text):
             self.source_edit.setText(str(new) if new is not None else "")
+            if new is not None and new != self._config_source and self._report is None:
+                self.browser.set_source(str(new), [], [])  # browse before any check (findings come with one)
         self._config_source = new
         self._resolution = _resource(raw, "resolution")
         self._per_process = _resource(raw, "train_batch_size") * _resource(raw, "gradient_accumulation_steps")
@@ -429,7 +431,10 @@ class DataPanel(QWidget):
 
     def _on_rechecked(self, found: Recheck) -> None:
         """One image checked again after its caption was saved: its findings and the counts follow."""
-        if self._report is None or self.browser.item_of(found.image) is None:
+        if self.browser.item_of(found.image) is None:
+            return
+        if self._report is None:  # browsing before any check: the caption is saved, findings come with a check
+            self.browser.rechecked(found.image)
             return
         self._report = merge_recheck(self._report, found)
         self._show_report(self._report, keep=True)

@@ -503,3 +503,20 @@ def test_the_data_tab_with_the_browser_fits_both_window_sizes(qtbot, tmp_path, m
         assert widget_problems(w, "Data / Buckets") == [], size
         w.data.pages.setCurrentIndex(0)
     w.training._clear()
+
+
+def test_the_dataset_is_browsed_and_a_caption_saved_before_any_check(qtbot, tmp_path):
+    data = _dataset(tmp_path / "data")
+    panel = DataPanel(cache=ThumbCache(tmp_path / "thumbs", px=48))
+    qtbot.addWidget(panel)
+    panel.set_config({"identity": {"train_data_dir": "data"}, "resources": {"resolution": 64}}, tmp_path)
+    panel.resize(1100, 760)
+    panel.show()
+    qtbot.waitUntil(lambda: panel.browser.model.rowCount() == 6, timeout=30_000)  # no check has run
+    assert "f_fine.png" in names(panel) and panel._report is None
+    b = panel.browser
+    b.view.setCurrentIndex(b.proxy.index(names(panel).index("b_empty.png"), 0))
+    b.detail.editor.setPlainText("a grey square")
+    save_and_recheck(qtbot, panel)
+    assert (data / "b_empty.txt").read_text(encoding="utf-8") == "a grey square" and leftovers(data) == []
+    assert "rechecking" not in b.detail.note.text().lower()  # the save ends; findings come with a check
