@@ -204,6 +204,7 @@ class DataBrowser(QWidget):
         """List the images of `source` (a worker) and put the report's findings on them."""
         self._problems, self._order = problems, order
         self.thumbs.reset()
+        self._steady(lambda: self.model.set_items([]))  # a new listing (a check): no image shown without its findings
         self.detail.set_note(f"Listing the images of {source} ...")
         self._scan.submit(lambda: scan_source(source))
 
