@@ -20,7 +20,7 @@ MIN_SIDE = 256  # px on screen: a 64 px demo image is shown enlarged (nearest ne
 MIN_WIDTH = 460  # px: the caption (prompt, seed, iteration) and the path have room
 
 
-def _load(path: Path) -> tuple[Path, QImage]:
+def load_image(path: Path) -> tuple[Path, QImage]:
     """Worker side; a null QImage when the bytes are not an image (read_regular: a FIFO there is
     refused at once, never waited on)."""
     return path, QImage.fromData(read_regular(path))
@@ -56,7 +56,7 @@ class OneOffViewer(QDialog):
         self.caption.setText(f"\u201c{prompt}\u201d - {seed_text}, {at}")
         self.path_label.setText(str(self._path))
         self.image.setText("loading…")
-        self._task.submit(lambda p=self._path: _load(p))
+        self._task.submit(lambda p=self._path: load_image(p))
         self.show()
         self.raise_()
 

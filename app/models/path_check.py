@@ -37,20 +37,23 @@ def _pipeline_folder(p: Path) -> str:
     return "" if (p / "model_index.json").is_file() else "not a diffusers pipeline folder (no model_index.json)"
 
 
+def _safetensors_file(p: Path, otherwise: str) -> str:
+    """A .safetensors file: "", a pickle: why it is refused, anything else: `otherwise`."""
+    if p.suffix.lower() in PICKLE_SUFFIXES:
+        return f"a pickle file ({p.suffix}): convert it to .safetensors (pickles are never loaded)"
+    return "" if p.suffix.lower() == ".safetensors" else otherwise
+
+
 def _teacher(p: Path) -> str:
     if p.is_dir():
         return _pipeline_folder(p)
-    if p.suffix.lower() in PICKLE_SUFFIXES:
-        return f"a pickle file ({p.suffix}): convert it to .safetensors (pickles are never loaded)"
-    return "" if p.suffix.lower() == ".safetensors" else "neither a pipeline folder nor a .safetensors file"
+    return _safetensors_file(p, "neither a pipeline folder nor a .safetensors file")
 
 
 def _lora(p: Path) -> str:
     if p.is_dir():  # a diffusers LoRA folder, as the engine reads it (dmad.models.teacher_loras.lora_path)
         return "" if (p / LORA_WEIGHT_NAME).is_file() else f"a folder without {LORA_WEIGHT_NAME}"
-    if p.suffix.lower() in PICKLE_SUFFIXES:
-        return f"a pickle file ({p.suffix}): convert it to .safetensors (pickles are never loaded)"
-    return "" if p.suffix.lower() == ".safetensors" else "not a .safetensors file"
+    return _safetensors_file(p, "not a .safetensors file")
 
 
 def _data(p: Path) -> str:

@@ -128,10 +128,10 @@ def scan_one_offs(run_dir: Path) -> list[OneOffPair]:
     folder = RunFolder(run_dir).samples_dir / ONE_OFF
     pairs: dict[str, OneOffPair] = {}
     try:
-        files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        files = sorted((p.stat().st_mtime, p) for p in folder.glob("*.json"))  # one stat a file
     except OSError:
         return []
-    for path in files:
+    for mtime, path in files:
         found = _entry(path)
         if found is None:
             continue
@@ -139,7 +139,7 @@ def scan_one_offs(run_dir: Path) -> list[OneOffPair]:
         image = folder / str(meta.get("file", ""))
         if not image.is_file():
             continue
-        pair = pairs.setdefault(key, OneOffPair(key, path.stat().st_mtime, str(meta.get("prompt", "")),
+        pair = pairs.setdefault(key, OneOffPair(key, mtime, str(meta.get("prompt", "")),
                                                 meta.get("seed")))
         setattr(pair, model, image)
         setattr(pair, f"{model}_meta", meta)

@@ -66,7 +66,8 @@ class QueueRunner(QObject):
         self.queue = queue
         self._state = run_state
         self._start, self._continue, self._follow, self._busy = start, continue_run, follow, busy
-        self._next_ms = next_ms
+        # one pending "go on" at a time: a busy queue asks again later without stacking timers
+        self._next = QTimer(self, singleShot=True, interval=next_ms, timeout=self.advance)
         self._launched: Optional[str] = None  # the entry whose run the app started or follows
         self._seen_live = False               # its run has been live since (an opened run first replays its end)
         self._last_ended: Optional[str] = None  # the entry whose run ended last: its engine's last word comes after
@@ -247,7 +248,7 @@ class QueueRunner(QObject):
 
     def _later(self) -> None:
         if self.queue.active:
-            QTimer.singleShot(self._next_ms, self.advance)
+            self._next.start()  # restarts a pending one
 
     def _done(self) -> None:
         if self._ran:

@@ -138,13 +138,16 @@ class RunQueue:
         entry = self.get(entry_id)
         if entry is None or entry.state in UNDER_WAY:
             return False
+        self._drop(entry)
+        self.save()
+        return True
+
+    def _drop(self, entry: QueueEntry) -> None:
         self.data.entries.remove(entry)
         try:
             Path(entry.config).unlink()
         except OSError:
             pass
-        self.save()
-        return True
 
     def move(self, entry_id: str, delta: int) -> bool:
         """Move a waiting entry up (-1) or down (+1) among the waiting ones."""
@@ -162,9 +165,12 @@ class RunQueue:
         return True
 
     def clear_ended(self) -> int:
-        ended = [e.id for e in self.entries if e.state in ENDED]
-        for entry_id in ended:
-            self.remove(entry_id)
+        """Remove every ended entry and its config copy; the queue file is written once."""
+        ended = [e for e in self.entries if e.state in ENDED]
+        for entry in ended:
+            self._drop(entry)
+        if ended:
+            self.save()
         return len(ended)
 
     def set_active(self, active: bool, note: str = "") -> None:

@@ -23,20 +23,16 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
                                QSplitter, QVBoxLayout, QWidget)
 
+from app.dialogs.one_off_view import load_image
 from app.engine.background import Task
 from app.engine.command import DmadCommand
 from app.models.playground import OneOffPair, Request, RunOffer, read_offer, sample_args, scan_one_offs
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.wheel_guard import guard_wheel
-from dmad.contract.regular import read_regular
 
 LIVE = "live"  # the checkpoint box's item for the live run's current weights
 VIEW_SIDE = 256  # px: a 64 px demo image is shown enlarged (nearest neighbour)
 MAX_SEED = 2**31 - 1  # a QSpinBox holds an int32; the engine takes up to 2**32 - 1
-
-
-def _decode(path: Path) -> tuple[Path, QImage]:
-    return path, QImage.fromData(read_regular(path))
 
 
 class ImageBox(QWidget):
@@ -307,7 +303,7 @@ class PlaygroundPanel(QWidget):
         pair = self._shown = self._pairs[row]
         for path in (pair.student, pair.teacher):
             if path is not None:
-                self._images.submit(lambda p=path: _decode(p))
+                self._images.submit(lambda p=path: load_image(p))
         if pair.student is None:
             self.student_box.show_image(None, "")
         if pair.teacher is None:
