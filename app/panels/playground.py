@@ -173,9 +173,7 @@ class PlaygroundPanel(QWidget):
                             if run_dir is None else f"Reading {self._run.name} ...")
         self._enable()
         if self._run is not None:
-            run = self._run
-            self._offers.submit(lambda: read_offer(run))
-            self._history.submit(lambda: scan_one_offs(run))
+            self._read()
 
     def set_live(self, live: bool) -> None:
         """Whether the open run's engine is live here (its current weights can be asked for)."""
@@ -193,9 +191,13 @@ class PlaygroundPanel(QWidget):
     def refresh(self) -> None:
         """Read the run's checkpoints and one-offs again (a checkpoint or a live one-off may be new)."""
         if self._run is not None and not self.command.is_running():
-            run = self._run
-            self._offers.submit(lambda: read_offer(run))
-            self._history.submit(lambda: scan_one_offs(run))
+            self._read()
+
+    def _read(self) -> None:
+        """The open run's offer and one-off history, read in workers."""
+        run = self._run
+        self._offers.submit(lambda: read_offer(run))
+        self._history.submit(lambda: scan_one_offs(run))
 
     def _on_offer(self, offer: RunOffer) -> None:
         if self._run is None or offer.run_dir != self._run:

@@ -379,16 +379,18 @@ def append_control(run_dir: PathLike, cmd: str, prompt: Optional[str] = None, se
     return command
 
 
-def one_off_problem(prompt: Any, seed: Any) -> Optional[str]:
-    """Why a sample_now prompt / seed cannot be rendered, or None (the app and the engine check alike)."""
+def one_off_problem(prompt: Any, seed: Any, prompt_name: str = "sample_now: the prompt",
+                    seed_name: str = "sample_now: the seed") -> Optional[str]:
+    """Why a sample_now prompt / seed cannot be rendered, or None (the app and the engine check alike).
+    `prompt_name` / `seed_name` start the line (`dmad sample --prompt` says "--prompt", "--seed")."""
     if not isinstance(prompt, str) or not prompt.strip():
-        return "sample_now: the prompt must be non-empty text"
+        return f"{prompt_name} must be non-empty text"
     if len(prompt) > MAX_PROMPT_CHARS:
-        return f"sample_now: the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}"
+        return f"{prompt_name} has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}"
     try:  # a lone surrogate (JSON's "\ud800") is text no file, tokenizer or event line can hold
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
-        return f"sample_now: the prompt is not valid Unicode text (a lone surrogate at character {e.start + 1})"
+        return f"{prompt_name} is not valid Unicode text (a lone surrogate at character {e.start + 1})"
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
-        return "sample_now: the seed must be a whole number from 0 to 4294967295"
+        return f"{seed_name} must be a whole number from 0 to 4294967295"
     return None

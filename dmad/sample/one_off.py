@@ -49,14 +49,10 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def check_one_off(req: OneOff) -> None:
     """One line for what cannot be rendered, before any model loads."""
-    problem = one_off_problem(req.prompt, req.seed)
+    problem = one_off_problem(req.prompt, req.seed, "--prompt", "--seed") or (
+        one_off_problem(req.negative_prompt, None, "--negative-prompt") if req.negative_prompt else None)
     if problem:
-        raise UserInputError(problem.replace("sample_now: the prompt", "--prompt").replace("sample_now: the seed",
-                                                                                           "--seed"))
-    if req.negative_prompt:
-        problem = one_off_problem(req.negative_prompt, None)
-        if problem:
-            raise UserInputError(problem.replace("sample_now: the prompt", "--negative-prompt"))
+        raise UserInputError(problem)
     if req.steps is not None and not 1 <= req.steps <= MAX_STEPS:
         raise UserInputError(f"--steps {req.steps}: from 1 to {MAX_STEPS}")
     if req.cfg is not None and (not math.isfinite(req.cfg) or not 0 <= req.cfg <= 100):
