@@ -228,9 +228,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="also train the preset with these overrides (repeatable; a tuning sweep: use --set tuning)")
     p.add_argument("--no-stacked", action="store_true",
                    help="skip the base-distilled student and its stacked row (a sweep of the preset alone)")
+    p.add_argument("--no-preset", action="store_true",
+                   help="train only the --variant runs, not the preset itself (a sweep whose variant holds the "
+                        "preset's run as its first part, e.g. more iterations at a constant learning rate; "
+                        "needs --no-stacked and --no-lab)")
     p.add_argument("--curve", action="store_true",
                    help="also read every Personal Lightning run's earlier checkpoints (a learning curve; never chosen)")
     args = p.parse_args(argv)
+    if args.no_preset and not (args.no_stacked and args.no_lab and args.variant):
+        p.error("--no-preset needs --variant, --no-stacked and --no-lab (the stacked row and the lab read the preset's run)")
     variants = {}
     for v in args.variant:
         name, _, overrides = v.partition("=")
@@ -262,10 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             main_make_lora(out=second, teacher=None, training=LoraTraining(style=SECOND_STYLE))
     curves = {}
     for seed in seeds:
-        pl = train(args.out, Method("personal_lightning", "Personal Lightning", PRESET), seed, b.config, log)
-        runs[seed] = {"personal_lightning": pl}
-        pl_dir = Path(pl["run_dir"])
-        rows[f"Personal Lightning student, seed {seed}"] = b.student_row(f"pl-student-s{seed}", pl_dir, style)
+        runs[seed] = {}
+        if not args.no_preset:
+            pl = train(args.out, Method("personal_lightning", "Personal Lightning", PRESET), seed, b.config, log)
+            runs[seed]["personal_lightning"] = pl
+            pl_dir = Path(pl["run_dir"])
+            rows[f"Personal Lightning student, seed {seed}"] = b.student_row(f"pl-student-s{seed}", pl_dir, style)
         for name, overrides in variants.items():
             run = train(args.out, Method(f"pl_{name}", f"Personal Lightning + {name}", PRESET, overrides),
                         seed, b.config, log)

@@ -168,6 +168,22 @@ def test_bench_intervals_resample_captions_and_pair_rows():
     assert bench.paired(b, b, "x", groups) == {"difference": 0.0, "ci": [0.0, 0.0]}
 
 
+def test_the_bench_trains_variants_alone_only_where_nothing_reads_the_presets_run(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("pl_bench", Path(__file__).parents[2] / "bench" / "personal_lightning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for argv in (["--no-preset", "--no-stacked", "--no-lab"],                      # no variant: nothing to train
+                 ["--no-preset", "--no-lab", "--variant", "a=resources.seed=1"],   # the stacked row reads the preset
+                 ["--no-preset", "--no-stacked", "--variant", "a=resources.seed=1"]):  # so does the lab
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--out", str(tmp_path / "b"), *argv])
+        assert e.value.code == 2 and "--no-preset needs" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_exported_user_lora_is_named_by_its_folder_when_it_is_a_diffusers_folder():
     from dmad.sample.export import lora_name
 
