@@ -2,7 +2,7 @@
 guidance scale: a diagnostic on the *tuning* set (dmad.demo.bench_sets), never the held-out one.
 
     python bench/teacher_coverage.py [--teacher DIR] [--cfg 1,2,3,4] [--steps 50] [--captions 16] [--seeds 64]
-                                     [--edges 1000,900,800] [--full 64]
+                                     [--edges 1000,900,800] [--sde 0,1] [--full 64]
 
 For each CFG scale (and each guidance-interval edge): the teacher's own pipeline (flow-matching
 Euler) samples every under-specified caption at `seeds` noise seeds; the shipped evaluator reads
@@ -17,6 +17,13 @@ predicts the plain conditional. Implemented through the pipeline's callback_on_s
 its guidance scale for the next step to 1 + 1e-6 above the edge (both passes still run, so the
 batch layout never changes; the output is the conditional prediction to 1e-6). The distribution
 matching counterpart is `distillation.real_guidance_max_timestep`.
+--sde ETA,...: sample with a stochastic sampler of the same model (the reverse SDE that has
+the probability-flow ODE's marginals, Euler-Maruyama on the pipeline's own sigmas): with
+x_t = (1 - t) x0 + t eps, velocity v = eps - x0, eps_hat = x + (1 - t) v and the score -eps_hat / t,
+diffusion g(t)^2 = 2 ETA t gives x_{t-h} = x_t - h (v + ETA eps_hat) + sqrt(2 ETA t h) z, the last
+step to the x0 prediction; ETA 0 (the default) is the ODE, the pipeline's Euler. Asks whether a distance to the
+data's conditional is the model's or its deterministic sampler's. Every SDE row draws its noise
+from one generator seeded 0, in the rows' order.
 --full N: also the full-caption adherence on N full captions x 8 seeds (the bench's layout).
 """
 from __future__ import annotations
@@ -35,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--captions", type=int, default=16)
     ap.add_argument("--seeds", type=int, default=64)
     ap.add_argument("--edges", default="1000", help="guidance-interval edges (timestep x 1000 of sigma), comma-separated")
+    ap.add_argument("--sde", default="0", help="sampler ETAs, comma-separated: 0 the ODE (the pipeline's Euler), > 0 the SDE")
     ap.add_argument("--full", type=int, default=0, help="full captions for adherence (x 8 seeds; 0: skip)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -68,15 +76,16 @@ def main(argv=None) -> int:
 
     real, _ = real_images(list(dict.fromkeys(caps)), a.seeds, sset.real, first=20_000)
     rows = {"real renders (floor)": summary(real)}
-    for scale in (float(x) for x in a.cfg.split(",")):
-        for edge in (int(x) for x in a.edges.split(",")):
-            name = f"teacher {a.steps} steps, CFG {scale:g}" + (f", guided at t <= {edge}" if edge < 1000 else "")
-            with torch.no_grad(), guidance_interval(edge):
-                rows[name] = summary(sample_teacher(teacher, caps, noise, a.steps, scale, 64))
-                if full:
-                    preds = clf.predict(sample_teacher(teacher, [c for c, _, _ in full], full_noise, a.steps, scale, 64))
-                    rows[name]["adherence"] = adherence(preds, [parse_caption(c) for c, _, _ in full])["all"]
-            print(f"{time.time() - t0:6.0f} s  {name}: {json.dumps(rows[name])}", flush=True)
+    etas = [float(x) for x in a.sde.split(",")]
+    for scale, edge, eta in ((float(c), int(e), eta) for c in a.cfg.split(",") for e in a.edges.split(",") for eta in etas):
+        name = (f"teacher {a.steps} steps, CFG {scale:g}" + (f", guided at t <= {edge}" if edge < 1000 else "")
+                + (f", SDE eta {eta:g}" if eta else ""))
+        with torch.no_grad(), guidance_interval(edge), flow_sde(eta):
+            rows[name] = summary(sample_teacher(teacher, caps, noise, a.steps, scale, 64))
+            if full:
+                preds = clf.predict(sample_teacher(teacher, [c for c, _, _ in full], full_noise, a.steps, scale, 64))
+                rows[name]["adherence"] = adherence(preds, [parse_caption(c) for c, _, _ in full])["all"]
+        print(f"{time.time() - t0:6.0f} s  {name}: {json.dumps(rows[name])}", flush=True)
     print("| model | stated | TV | TV shape / colour / size / position / background | covered | full-caption adherence |")
     print("|---|---:|---:|---|---:|---:|")
     for name, r in rows.items():
@@ -114,6 +123,42 @@ def guidance_interval(edge: int):
         yield
     finally:
         sd3.StableDiffusion3Pipeline.__call__ = plain
+
+
+@contextlib.contextmanager
+def flow_sde(eta: float, seed: int = 0):
+    """While open (eta > 0), FlowMatchEulerDiscreteScheduler.step is the Euler-Maruyama step of the
+    reverse SDE with diffusion g(t)^2 = 2 eta t that shares the flow's marginals (see --sde); noise
+    from one torch generator seeded `seed`. eta 0: unchanged (the ODE)."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler as F
+    from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteSchedulerOutput
+
+    if not eta:
+        yield
+        return
+    plain, gen = F.step, torch.Generator().manual_seed(seed)
+
+    def step(self, model_output, timestep, sample, *args, return_dict: bool = True, **kw):
+        if self.step_index is None:
+            self._init_step_index(timestep)
+        t, t_next = float(self.sigmas[self.step_index]), float(self.sigmas[self.step_index + 1])
+        v, x = model_output.float(), sample.float()
+        if t_next <= 0:
+            prev = x - t * v  # the x0 prediction
+        else:
+            h, eps_hat = t - t_next, x + (1 - t) * v
+            z = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+            prev = x - h * (v + eta * eps_hat) + (2 * eta * t * h) ** 0.5 * z
+        self._step_index += 1
+        prev = prev.to(model_output.dtype)
+        return FlowMatchEulerDiscreteSchedulerOutput(prev_sample=prev) if return_dict else (prev,)
+
+    F.step = step
+    try:
+        yield
+    finally:
+        F.step = plain
 
 
 OFF = 1.0 + 1e-6  # "no guidance" that keeps the pipeline's two-pass layout

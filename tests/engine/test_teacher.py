@@ -279,3 +279,34 @@ def test_single_file_corrupt(eps_teacher, tmp_path):
     f.write_bytes(b"\xff" * 64)
     msg = expect_error("not a readable .safetensors file", load_teacher, str(f), teacher_config_dir=str(eps_teacher))
     assert str(f) in msg
+
+
+def test_the_coverage_benchs_sde_sampler_keeps_the_flows_marginals_and_restores_the_ode():
+    """bench/teacher_coverage.py --sde: Euler-Maruyama of the reverse SDE with the flow's marginals.
+    On Gaussian data N(0, 0.25) with the exact velocity, it ends at the data's variance (closer
+    than the 50-step ODE, whose Euler error shrinks it), and leaving the context restores the
+    scheduler's own step."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler as F
+
+    spec = importlib.util.spec_from_file_location("coverage_bench", Path(__file__).parents[2] / "bench" / "teacher_coverage.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    var0, plain = 0.25, F.step
+
+    def final_variance(eta: float) -> float:
+        with bench.flow_sde(eta):
+            sched = F()
+            sched.set_timesteps(50)
+            x = torch.randn(100_000, generator=torch.Generator().manual_seed(1))
+            for i, t in enumerate(sched.timesteps):
+                s = float(sched.sigmas[i])
+                x = sched.step((s - (1 - s) * var0) / ((1 - s) ** 2 * var0 + s ** 2) * x, t, x).prev_sample
+        return float(x.var())
+
+    ode, sde = final_variance(0.0), final_variance(1.0)
+    assert abs(sde - var0) < 0.01 and abs(sde - var0) < abs(ode - var0)
+    assert F.step is plain
