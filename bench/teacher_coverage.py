@@ -22,8 +22,8 @@ the probability-flow ODE's marginals, Euler-Maruyama on the pipeline's own sigma
 x_t = (1 - t) x0 + t eps, velocity v = eps - x0, eps_hat = x + (1 - t) v and the score -eps_hat / t,
 diffusion g(t)^2 = 2 ETA t gives x_{t-h} = x_t - h (v + ETA eps_hat) + sqrt(2 ETA t h) z, the last
 step to the x0 prediction; ETA 0 (the default) is the ODE, the pipeline's Euler. Asks whether a distance to the
-data's conditional is the model's or its deterministic sampler's. Every SDE row draws its noise
-from one generator seeded 0, in the rows' order.
+data's conditional is the model's or its deterministic sampler's. Each SDE row draws its noise
+from its own generator seeded 0 (flow_sde), so a row does not depend on the rows before it.
 --full N: also the full-caption adherence on N full captions x 8 seeds (the bench's layout).
 """
 from __future__ import annotations
