@@ -23,6 +23,7 @@ LABELS: dict[Key, str] = {
     ("identity", "fake_score"): "Fake score weights",
     ("identity", "lora_rank"): "LoRA rank",
     ("identity", "lora_alpha"): "LoRA alpha",
+    ("identity", "lora_targets"): "LoRA targets",
     ("resources", "mixed_precision"): "Training precision",
     ("resources", "gradient_checkpointing"): "Gradient checkpointing",
     ("resources", "teacher_precision"): "Teacher precision",

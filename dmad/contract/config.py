@@ -83,6 +83,12 @@ class Identity(Group):
     fake_score: Literal["full", "lora"] = Field("full", description="Train all fake-score weights, or a LoRA adapter.")
     lora_rank: int = Field(64, ge=1, le=1024, description="LoRA rank (r) for LoRA students / fake scores.")
     lora_alpha: Optional[int] = Field(None, ge=1, le=4096, description="LoRA alpha; empty: equal to lora_rank.")
+    lora_targets: Literal["attention", "attention+ff"] = Field(
+        "attention", description="The layers a LoRA student and fake score adapt. attention: the attention "
+                                 "projections (q, k, v, out; a transformer's joint-attention text projections too), as "
+                                 "diffusers' LoRA scripts and DMD2. attention+ff: those and every transformer block's "
+                                 "feed-forward layers (Flux: the single blocks' MLP input too): 1.8-2.2 times the "
+                                 "adapter, and the layers a style LoRA usually changes as well.")
 
 
 class Resources(Group):

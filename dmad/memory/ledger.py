@@ -64,8 +64,9 @@ def _trainable(name: str, mode: str, info: "TeacherInfo", rank: int, optimizer: 
                           f"{n / 1e6:.0f} M params fp32 + grads + {states}; a full network is always its own "
                           f"copy (never on a shared base)")
     adapter = rank * info.unet_lora_params_per_rank
-    targets = "to_q/k/v/out" if tuple(info.lora_targets) == ("to_q", "to_k", "to_v", "to_out.0") \
-        else "/".join(info.lora_targets)
+    names = tuple(info.lora_targets)
+    short = ("to_q", "to_k", "to_v", "to_out.0")
+    targets = "/".join(("to_q/k/v/out",) + names[4:]) if names[:4] == short else "/".join(names)
     adapter_how = (f"{adapter / 1e6:.2f} M adapter params on {targets} (rank x (in + out)), fp32 + grads + "
                    f"{states}")
     if shared:
@@ -389,6 +390,7 @@ def config_ledger(cfg: Any, info: "Optional[TeacherInfo]" = None, processes: int
         ident = cfg.identity
         info = inspect_teacher(ident.pretrained_model_name_or_path, ident.model_family, ident.teacher_config_dir)
     r, ident = cfg.resources, cfg.identity
+    info = info.for_lora_targets(ident.lora_targets)
     ledger = estimate_ledger(info, student=ident.student, fake_score=ident.fake_score, lora_rank=ident.lora_rank,
                              mixed_precision=r.mixed_precision, gradient_checkpointing=r.gradient_checkpointing,
                              train_batch_size=r.train_batch_size, resolution=r.resolution,
@@ -421,7 +423,7 @@ def checkpoint_bytes(cfg: Any, info: "TeacherInfo") -> int:
     from dmad.methods import method_unit
 
     ident = cfg.identity
-    trained = {"full": info.denoiser_params, "lora": ident.lora_rank * info.unet_lora_params_per_rank}
+    trained = {"full": info.denoiser_params, "lora": ident.lora_rank * info.lora_params_per_rank(ident.lora_targets)}
     networks = method_unit(cfg.distillation.method).layout(ident).networks
     values = sum(trained[mode] for _, mode in networks) * (1 + OPTIMIZER_STATES[cfg.optimization.optimizer])
     if cfg.distillation.ema_decay is not None:
@@ -475,4 +477,5 @@ def _ledger_document(cfg: Any, lines: list[LedgerLine], processes: int, distribu
         "teacher_precision": r.teacher_precision, "teacher_cpu_offload": r.teacher_cpu_offload,
         "share_frozen_base": r.share_frozen_base, "method": cfg.distillation.method,
         "student": ident.student, "fake_score": ident.fake_score, "lora_rank": ident.lora_rank,
+        "lora_targets": getattr(ident, "lora_targets", "attention"),
         "optimizer": cfg.optimization.optimizer, "model_family": ident.model_family})

@@ -141,7 +141,7 @@ def _load_student(teacher, identity, ckpt: Path) -> tuple[nn.Module, bool]:
     from dmad.models.networks import make_trainable_copy, trainable_parameters
 
     student = make_trainable_copy(teacher.denoiser, identity.student, identity.lora_rank, identity.lora_alpha, False,
-                                  teacher.family.lora_targets)
+                                  teacher.family.lora_modules(identity.lora_targets))
     load_network(student, ckpt, "student", identity.student)
     ema = ckpt / "ema.safetensors"
     if _sharded_ema(ckpt):
@@ -338,6 +338,7 @@ class Expected:
     ema: bool  # distillation.ema_decay is set
     lora_rank: int  # identity.lora_rank, for the LoRA networks
     timesteps: list[int]  # the config's student timesteps
+    lora_targets: str = "attention"  # identity.lora_targets
 
 
 def verify_checkpoint(ckpt: Path, layout: CheckpointLayout, expected: Optional[Expected] = None) -> TrainingState:
@@ -458,6 +459,10 @@ def check_fits(ckpt: Path, state: TrainingState, layout: CheckpointLayout, expec
         if rank is not None and rank != expected.lora_rank:
             raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA has rank {rank}; this config has "
                                      f"identity.lora_rank {expected.lora_rank}")
+        scope = _lora_scope(lora) if mode == "lora" and lora.exists() else None
+        if scope is not None and scope != expected.lora_targets:
+            raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA adapts the {SCOPE_WORDS[scope]}; this "
+                                     f"config has identity.lora_targets {expected.lora_targets}")
     if expected.ema and not (ckpt / "ema.safetensors").exists() and not _sharded_ema(ckpt):
         raise CheckpointMismatch(f"checkpoint {ckpt} has no EMA weights (it was trained without "
                                  f"distillation.ema_decay); this config sets distillation.ema_decay")
@@ -479,6 +484,28 @@ def _check_modes(ckpt: Path, networks) -> None:
         if mode == "lora" and full and not lora:
             raise CheckpointMismatch(f"checkpoint {ckpt} has a full {name}; this config trains a LoRA "
                                      f"(identity.{name}: lora)")
+
+
+SCOPE_WORDS = {"attention": "attention projections only (identity.lora_targets attention)",
+               "attention+ff": "feed-forward layers too (identity.lora_targets attention+ff)"}
+
+
+def _lora_scope(path: Path) -> Optional[str]:
+    """identity.lora_targets of a LoRA adapter file: "attention+ff" when it adapts any family's
+    feed-forward layers (Family.ff_lora_targets), else "attention"; None when it cannot be read."""
+    from safetensors import safe_open
+
+    from dmad.models.families import FAMILIES
+
+    ff = {t for f in FAMILIES.values() for t in f.ff_lora_targets}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            modules = {k.split(".lora_A.")[0] for k in f.keys() if ".lora_A." in k}
+    except Exception:  # noqa: BLE001 - a damaged file: _check_safetensors names it
+        return None
+    if not modules:
+        return None
+    return "attention+ff" if any(m == t or m.endswith("." + t) for m in modules for t in ff) else "attention"
 
 
 def _lora_rank(path: Path) -> Optional[int]:

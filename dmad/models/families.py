@@ -139,6 +139,9 @@ class Family:
     optional_components: tuple[str, ...] = ()  # may be null in model_index.json (SD3's T5)
     flow = False
     lora_targets = LORA_TARGETS  # attention projections, as diffusers' LoRA scripts and DMD2
+    # identity.lora_targets "attention+ff" adds these: the transformer blocks' feed-forward layers
+    # (diffusers' FeedForward: net.0.proj in, net.2 out), as SimpleTuner's and ai-toolkit's wider targets
+    ff_lora_targets: tuple[str, ...] = ("ff.net.0.proj", "ff.net.2")
     vae_fp32 = False    # the VAE overflows in fp16/bf16 and stays float32 (SDXL's)
 
     denoiser_class = "UNet2DConditionModel"
@@ -147,6 +150,10 @@ class Family:
         self.vae_factor = vae_factor  # pixels per latent pixel of the teacher's VAE
         self.guidance = guidance      # the scale a guidance-embedding network gets when none is given
         self.denoiser_config = denoiser_config or {}  # the teacher's, as inspected
+
+    def lora_modules(self, scope: str = "attention") -> tuple[str, ...]:
+        """The layers a LoRA student and fake score adapt for identity.lora_targets."""
+        return self.lora_targets + (self.ff_lora_targets if scope == "attention+ff" else ())
 
     # ---- schedule
     def schedule(self, scheduler: Any, resolution: Optional[int] = None) -> NoiseSchedule:
@@ -365,6 +372,7 @@ class SD3Family(Family):
     optional_components = ("text_encoder_3", "tokenizer_3")
     flow = True
     lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    ff_lora_targets = ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2")
     max_sequence_length = 256
 
     def _encoder_pipe(self, modules: dict) -> Any:
@@ -437,6 +445,9 @@ class FluxFamily(SD3Family):
     text_encoders = ("text_encoder", "text_encoder_2")
     tokenizers = ("tokenizer", "tokenizer_2")
     optional_components = ()
+    # the single-stream blocks' MLP input too (their proj_out joins attention and MLP outputs, and
+    # its name is also the transformer's final layer's: left out)
+    ff_lora_targets = SD3Family.ff_lora_targets + ("proj_mlp",)
     max_sequence_length = 512
     pipe_prompt_kwargs = Family.pipe_prompt_kwargs  # T5 is always there: prompts as text
 

@@ -22,9 +22,10 @@ from dmad.models.teacher_files import LORA_TARGETS
 
 
 def add_lora(unet: nn.Module, rank: int, alpha: Optional[int], targets: tuple[str, ...] = LORA_TARGETS) -> None:
-    """LoRA (peft) on the attention projections, the layers DMD2 and diffusers' LoRA scripts adapt
-    (a transformer family adds its joint-attention text projections: Family.lora_targets).
-    Base weights are frozen; only the adapter trains."""
+    """LoRA (peft) on `targets`: by default the attention projections, the layers DMD2 and diffusers'
+    LoRA scripts adapt (a transformer family adds its joint-attention text projections:
+    Family.lora_targets); identity.lora_targets "attention+ff" adds the feed-forward layers
+    (Family.lora_modules). Base weights are frozen; only the adapter trains."""
     from peft import LoraConfig
 
     unet.requires_grad_(False)
@@ -103,11 +104,17 @@ class TeacherCopies:
     family: Any
     base_dtype: Optional[torch.dtype] = None  # a LoRA copy's frozen base (the autocast dtype)
     share_frozen_base: bool = False
+    lora_targets: Optional[tuple[str, ...]] = None  # the layers a LoRA adapts; None: family.lora_targets
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The layers a LoRA copy or adapter adapts (identity.lora_targets: Family.lora_modules)."""
+        return tuple(self.lora_targets) if self.lora_targets is not None else tuple(self.family.lora_targets)
 
     def copy(self, mode: str) -> nn.Module:
         """A copy of its own, full or LoRA (make_trainable_copy)."""
         return make_trainable_copy(self.teacher_unet, mode, self.lora_rank, self.lora_alpha,
-                                   self.gradient_checkpointing, self.family.lora_targets, self.base_dtype)
+                                   self.gradient_checkpointing, self.targets, self.base_dtype)
 
     def shares_base(self, student: str, fake_score: str) -> bool:
         return shares_base(student, fake_score, self.share_frozen_base)
@@ -117,4 +124,4 @@ class TeacherCopies:
         own denoiser, which the caller then casts as the teacher (SharedBase.cast_frozen keeps the
         adapters float32)."""
         return add_shared_adapters(self.teacher_unet, self.lora_rank, self.lora_alpha, self.gradient_checkpointing,
-                                   self.family.lora_targets)
+                                   self.targets)

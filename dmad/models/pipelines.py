@@ -18,7 +18,7 @@ from dmad.models.shard_units import largest_unit_params
 
 from dmad.errors import UserInputError
 from dmad.models.families import FAMILIES, Family
-from dmad.models.teacher_files import (TeacherInfo, read_json, read_safetensors_header, stored_dtype,
+from dmad.models.teacher_files import (TeacherInfo, lora_linear_params, read_json, read_safetensors_header, stored_dtype,
                                        weight_variant, weights_in_folder)
 
 # A single original-layout file (sd_xl_base_1.0.safetensors): each network's key prefix, and one
@@ -157,9 +157,7 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> Teac
             raise UserInputError(f"{cdir / 'unet'}: UNet in/out channels {den.in_channels}/{den.out_channels} differ "
                                  f"from the VAE's {vae.latent_channels} latent channels: inpainting, depth and "
                                  f"upscaling models are not supported")
-    targets = family.lora_targets
-    lora = sum(m.in_features + m.out_features for n, m in models[family.denoiser_name].named_modules()
-               if isinstance(m, torch.nn.Linear) and n.endswith(targets))
+    targets, den_net = family.lora_targets, models[family.denoiser_name]
     cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(den).items() if not k.startswith("_")}
     text_tokens = sd3_text_tokens(cdir, files, "text_encoder_3" in comps) if family_name == "sd3" else None
     return TeacherInfo(
@@ -172,7 +170,9 @@ def inspect_pipeline(p: Path, cdir: Path, index: dict, family_name: str) -> Teac
         sample_size=int(sample if isinstance(sample, int) else sample[0]),
         vae_scale_factor=2 ** (len(vae.block_out_channels) - 1), latent_channels=int(vae.latent_channels),
         unet_block_out_channels=blocks, bottleneck_channels=feature, text_hidden_size=text_hidden,
-        unet_lora_params_per_rank=lora, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
+        unet_lora_params_per_rank=lora_linear_params(den_net, targets),
+        ff_lora_params_per_rank=lora_linear_params(den_net, family.ff_lora_targets),
+        ff_lora_targets=family.ff_lora_targets, denoiser=family.denoiser_name, denoiser_config=cfg_dict,
         components=tuple(comps), lora_targets=targets,
         text_tokens=text_tokens, shard_unit_params=largest_unit_params(models[family.denoiser_name]))
 

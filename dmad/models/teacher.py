@@ -28,11 +28,11 @@ from dmad.models.shard_units import largest_unit_params
 from dmad.contract.config import COMPUTE_FORMAT, FLOAT_FORMATS
 from dmad.contract.jsonfile import check_path, printable
 from dmad.errors import UserInputError
-from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES, make_family
+from dmad.models.families import FAMILY_NAMES, PIPELINE_FAMILIES, Family, make_family
 from dmad.models.pipelines import inspect_pipeline, load_pipeline_modules, scheduler_of
 from dmad.models.teacher_files import (LORA_TARGETS, PICKLE_SUFFIXES, TeacherInfo, check_config_values,
-                                       check_param_count, check_scheduler_values, read_json, read_safetensors_header,
-                                       stored_dtype, weight_variant, weights_in_folder)
+                                       check_param_count, check_scheduler_values, lora_linear_params, read_json,
+                                       read_safetensors_header, stored_dtype, weight_variant, weights_in_folder)
 
 COMPONENTS = ("unet", "vae", "text_encoder")
 # model_index.json entries this engine loads: component -> (library, accepted classes; None: any).
@@ -306,8 +306,9 @@ def _inspect_sd(p: Path, cdir: Path, model_family: str) -> TeacherInfo:
         vae_scale_factor=2 ** (len(vae_cfg.block_out_channels) - 1), latent_channels=int(vae_cfg.latent_channels),
         unet_block_out_channels=tuple(int(c) for c in unet_cfg.block_out_channels),
         bottleneck_channels=int(unet_cfg.block_out_channels[-1]), text_hidden_size=text_hidden,
-        unet_lora_params_per_rank=sum(m.in_features + m.out_features for n, m in models["unet"].named_modules()
-                                      if isinstance(m, torch.nn.Linear) and n.endswith(LORA_TARGETS)),
+        unet_lora_params_per_rank=lora_linear_params(models["unet"], LORA_TARGETS),
+        ff_lora_params_per_rank=lora_linear_params(models["unet"], Family.ff_lora_targets),
+        ff_lora_targets=Family.ff_lora_targets,
         shard_unit_params=largest_unit_params(models["unet"]))
 
 

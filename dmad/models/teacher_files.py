@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+# identity.lora_targets: the attention projections only (above; a family adds its own:
+# Family.lora_targets), or those and the feed-forward layers (Family.ff_lora_targets).
+LORA_SCOPES = ("attention", "attention+ff")
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 # Bits per element of every dtype the safetensors format defines (its Dtype enum).
@@ -59,12 +62,27 @@ class TeacherInfo:
     denoiser_config: dict = field(default_factory=dict)  # its resolved config (transformer widths for the ledger)
     components: tuple[str, ...] = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    ff_lora_params_per_rank: int = 0  # the same sum over the family's feed-forward linears (Family.ff_lora_targets)
+    ff_lora_targets: tuple[str, ...] = ()
     text_tokens: Optional[int] = None  # context tokens per transformer block (SD3: CLIP + 256 T5 or 1); None: the family's
     shard_unit_params: int = 0  # the largest FSDP unit's own parameters (dmad.models.shard_units): one gather
 
     @property
     def has_weights(self) -> bool:
         return not self.missing_weights
+
+    def lora_params_per_rank(self, scope: str = "attention") -> int:
+        """A LoRA adapter's parameters per unit of rank on identity.lora_targets' layers."""
+        return self.unet_lora_params_per_rank + (self.ff_lora_params_per_rank if scope == "attention+ff" else 0)
+
+    def for_lora_targets(self, scope: str) -> "TeacherInfo":
+        """This teacher as a run with identity.lora_targets `scope` trains it: its LoRA adapters'
+        layers and size per rank (what the ledger and checkpoint sizes read)."""
+        if scope != "attention+ff":
+            return self
+        return replace(self, unet_lora_params_per_rank=self.lora_params_per_rank(scope),
+                       lora_targets=tuple(self.lora_targets) + tuple(self.ff_lora_targets),
+                       ff_lora_params_per_rank=0, ff_lora_targets=())
 
     @property
     def denoiser_params(self) -> int:
@@ -74,6 +92,15 @@ class TeacherInfo:
     def frozen_params(self) -> int:
         """VAE + every text encoder."""
         return sum(n for c, n in self.param_counts.items() if c != self.denoiser)
+
+
+def lora_linear_params(denoiser: "torch.nn.Module", targets: tuple[str, ...]) -> int:
+    """sum(in + out) over the denoiser's linear layers a LoRA on `targets` adapts (peft matches a
+    module whose name ends with a target): a rank-r adapter has r times this many parameters."""
+    import torch
+
+    return sum(m.in_features + m.out_features for n, m in denoiser.named_modules()
+               if isinstance(m, torch.nn.Linear) and any(n == t or n.endswith("." + t) for t in targets))
 
 
 # --------------------------------------------------------------------------- files and headers

@@ -197,7 +197,8 @@ def _copies(cfg: TrainConfig, teacher, method: Method) -> Trainables:
     family = teacher.family
     family.guidance = cfg.distillation.real_guidance_scale  # what a guidance-embedding student and fake score get
     copies = TeacherCopies(teacher.denoiser, ident.lora_rank, ident.lora_alpha, res.gradient_checkpointing, family,
-                           base_dtype=torch_dtype(res.mixed_precision), share_frozen_base=res.share_frozen_base)
+                           base_dtype=torch_dtype(res.mixed_precision), share_frozen_base=res.share_frozen_base,
+                           lora_targets=family.lora_modules(ident.lora_targets))
     return method.trainables(copies, ident, cfg.distillation)
 
 

@@ -215,7 +215,7 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
     ident, dist = cfg.identity, cfg.distillation
     layout = method_unit(dist.method).layout(ident)  # the files its method saves, its networks' modes
     expected = Expected(ema=dist.ema_decay is not None, lora_rank=ident.lora_rank,
-                        timesteps=dist.resolved_student_timesteps())
+                        timesteps=dist.resolved_student_timesteps(), lora_targets=ident.lora_targets)
     run = RunFolder(run_dir)
     if not run_dir.is_dir():
         raise UserInputError(f"--resume {resume}: run folder not found: {run_dir}")

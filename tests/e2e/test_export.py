@@ -236,15 +236,15 @@ def test_any_student_exports_as_one_model_file_comfyui_and_diffusers_load(full_r
 
 
 COMFY_ATTENTION = re.compile(r"(down_blocks_\d+|up_blocks_\d+|mid_block)_attentions_\d+_transformer_blocks_\d+_"
-                            r"attn[12]_(to_q|to_k|to_v|to_out_0)")
+                            r"(attn[12]_(to_q|to_k|to_v|to_out_0)|ff_net_0_proj|ff_net_2)")
 
 
 def comfyui_unet_lora_names(unet) -> set[str]:
-    """The kohya module names ComfyUI maps onto the attention projections of an SD / SDXL UNet
-    (Comfy-Org/ComfyUI a125cd84, comfy/lora.py model_lora_keys_unet over comfy/utils.py
-    unet_to_diffusers: "lora_unet_" + the diffusers weight key without ".weight", dots as
-    underscores, for attn1 / attn2 to_q, to_k, to_v, to_out.0 of every transformer block;
-    docs/export.md)."""
+    """The kohya module names ComfyUI maps onto the linear layers a LoRA student adapts in an SD /
+    SDXL UNet (Comfy-Org/ComfyUI a125cd84, comfy/lora.py model_lora_keys_unet over comfy/utils.py
+    unet_to_diffusers' TRANSFORMER_BLOCKS: "lora_unet_" + the diffusers weight key without
+    ".weight", dots as underscores, for attn1 / attn2 to_q, to_k, to_v, to_out.0 and ff.net.0.proj,
+    ff.net.2 of every transformer block; docs/export.md)."""
     names = {"lora_unet_" + k[:-len(".weight")].replace(".", "_") for k in unet.state_dict() if k.endswith(".weight")}
     return {n for n in names if COMFY_ATTENTION.fullmatch(n[len("lora_unet_"):])}
 

@@ -21,6 +21,9 @@ FULL = {"distillation": {"student_steps": 2, "ema_decay": 0.5}}
 LORA = {"identity": {"student": "lora", "fake_score": "lora", "lora_rank": 4, "lora_alpha": 8},
         "optimization": {"generator_lr": 1e-3},
         "distillation": {"student_steps": 2, "critic_updates_per_generator_update": 1}}
+# identity.lora_targets: SDXL and Flux adapt the feed-forward layers too (kohya's ff_net names; Flux's
+# single-block proj_mlp), SD3 the attention projections only, as SD 1.x in test_export.py
+LORA_TARGETS = {"sdxl": "attention+ff", "sd3": "attention", "flux": "attention+ff"}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,8 @@ def teachers(tmp_path_factory) -> dict[str, Path]:
 
 def _run(tmp_path_factory, family: str, kind: str, teachers, data: Path, prompts: Path) -> Path:
     extra = json.loads(json.dumps(FULL if kind == "full" else LORA))
+    if kind == "lora":
+        extra["identity"]["lora_targets"] = LORA_TARGETS[family]
     return _train(tmp_path_factory.mktemp(f"export_{family}_{kind}"), f"{family}-{kind}", extra, teachers[family],
                   data, prompts)
 
@@ -207,6 +212,11 @@ def _check_single_file(run: Path, lora_out: Path, family: str, teacher_denoiser)
         meta = f.metadata()
     assert (meta["dmad_family"], meta["dmad_student_steps"], meta["ss_network_dim"]) == (family, "2", "4")
     diffusers_format = load_file(str(lora_out / "pytorch_lora_weights.safetensors"))
+    ff = any(".ff." in k or "proj_mlp" in k for k in diffusers_format)
+    assert ff == (LORA_TARGETS[family] == "attention+ff")
+    assert ff == any("_ff_net_" in k or ".ff.net." in k for k in tensors)  # kohya's names, or diffusers'
+    if family == "flux":
+        assert any(".single_transformer_blocks." in k and "proj_mlp" in k for k in tensors)
     if family == "sdxl":
         modules = {k.split(".")[0] for k in tensors}
         assert modules <= comfyui_unet_lora_names(teacher_denoiser)

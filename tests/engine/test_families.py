@@ -195,6 +195,37 @@ def test_lora_copy_holds_its_frozen_base_in_the_autocast_dtype(teachers, name):
     assert all(p.dtype == torch.float32 for p in full.student.parameters())  # a full copy trains every weight
 
 
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux"])
+def test_lora_targets_attention_ff_adapts_each_familys_feed_forward(teachers, name):
+    """identity.lora_targets attention+ff: the student's and fake score's LoRA adapters sit on the
+    attention projections and on every feed-forward linear of the family (Flux: the single
+    blocks' MLP input too, never the final proj_out), in a separate copy and on the shared base
+    alike; the adapter's size is what the ledger counts (TeacherInfo.for_lora_targets)."""
+    from dmad.methods.dmd2 import make_networks
+    from dmad.models.networks import TeacherCopies, trainable_parameters
+
+    t = load_teacher(str(teachers[name]))
+    ff_names = [n for n, m in t.denoiser.named_modules() if isinstance(m, torch.nn.Linear)
+                and any(n.endswith("." + x) for x in t.family.ff_lora_targets)]
+    assert ff_names and (name != "flux" or any(n.endswith("proj_mlp") for n in ff_names))
+    for scope in ("attention", "attention+ff"):
+        targets = t.family.lora_modules(scope)
+        for shared in (False, True):
+            t = load_teacher(str(teachers[name]))
+            copies = TeacherCopies(t.denoiser, lora_rank=4, lora_alpha=None, gradient_checkpointing=False,
+                                   family=t.family, share_frozen_base=shared, lora_targets=targets)
+            nets = make_networks(copies, student="lora", fake_score="lora", gan_on_teacher=False, ema_decay=None)
+            n_trained = sum(p.numel() for p in trainable_parameters(nets.student))
+            assert n_trained == 4 * t.info.for_lora_targets(scope).unet_lora_params_per_rank
+            assert n_trained == 4 * t.info.lora_params_per_rank(scope)
+            adapted = {n.split(".lora_A")[0] for n, _ in nets.student.named_parameters() if ".lora_A." in n}
+            adapted = {n.removeprefix("base_network.") for n in adapted}
+            assert ("proj_out" not in adapted) and all(not n.endswith("proj_out") or "single" in n for n in adapted)
+            on_ff = {n for n in ff_names if any(a.endswith(n) for a in adapted)}
+            assert on_ff == (set(ff_names) if scope == "attention+ff" else set())
+    assert t.info.ff_lora_params_per_rank > 0
+
+
 @pytest.mark.parametrize("fmt, bound", [("int8", 0.015), ("fp8", 0.08)])
 def test_weight_only_quantisation(fmt, bound):
     """int8 / fp8 storage of linear weights: 1 byte each, close outputs, dtype casts leave the

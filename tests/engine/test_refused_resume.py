@@ -77,6 +77,9 @@ MISFITS = {
     "a LoRA fake score on a full one": ("full", "identity.fake_score=lora", "has a full fake_score"),
     "a full student on a LoRA one": ("lora", "identity.student=full", "has a LoRA student"),
     "another LoRA rank": ("lora", "identity.lora_rank=8", "LoRA has rank 4; this config has identity.lora_rank 8"),
+    "other LoRA targets": ("lora", "identity.lora_targets=attention+ff",
+                           "LoRA adapts the attention projections only (identity.lora_targets attention); this "
+                           "config has identity.lora_targets attention+ff"),
     "fp16 on a CPU": ("full", "resources.mixed_precision=fp16", "fp16 needs a CUDA GPU"),
 }
 
