@@ -185,6 +185,14 @@ def _add_demo(sub) -> None:
     from dmad.demo.make_lora import add_training_arguments as add_lora_arguments
     add_lora_arguments(lora)
     lora.set_defaults(handler=_cmd_make_lora)
+    data = demo_sub.add_parser("make-data", allow_abbrev=False, help="write the demo shapes dataset, in a style",
+                               description="Write the shipped shapes dataset (512 images and their captions) to a new "
+                                           "folder, every image drawn in --style: the real images of the demo style "
+                                           "LoRA's look, for a Personal Lightning run's GAN (identity.train_data_dir).")
+    data.add_argument("--out", required=True, type=_path, metavar="DIR", help="new folder for the dataset (must not exist)")
+    data.add_argument("--style", default="plain", choices=("plain", "outline", "frame", "outline+frame"),
+                      help="how every image is drawn (default plain: the shipped dataset itself)")
+    data.set_defaults(handler=_cmd_make_data)
 
 
 def _add_bench(sub) -> None:
@@ -446,6 +454,12 @@ def _cmd_make_lora(args: argparse.Namespace, ctx: _Context) -> int:
 
     training = LoraTraining(**{f.name: getattr(args, f.name) for f in fields(LoraTraining)})
     return main_make_lora(out=args.out, teacher=args.teacher, training=training)
+
+
+def _cmd_make_data(args: argparse.Namespace, ctx: _Context) -> int:
+    from dmad.demo.run import main_make_data
+
+    return main_make_data(out=args.out, style=args.style)
 
 
 def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:

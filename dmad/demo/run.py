@@ -69,6 +69,35 @@ def ensure_dataset(shipped: Path) -> Optional[Path]:
         return cache
 
 
+def main_make_data(*, out: str | Path, style: str = "plain") -> int:
+    """`dmad demo make-data --out DIR [--style S]`: the shipped shapes dataset (the same images'
+    shapes and the same captions) drawn in a style: the real images of a user's style LoRA, which
+    a distillation of teacher + that LoRA can give its GAN (identity.train_data_dir). DIR must not
+    exist; it appears complete or not at all."""
+    import shutil
+
+    from dmad.contract.jsonfile import check_output_folder, check_path
+    from dmad.demo.shapes import STYLES, write_dataset
+
+    if style not in STYLES:
+        raise UserInputError(f"--style {style!r}: unknown style; known: {', '.join(STYLES)}")
+    out = check_path(out, "--out").expanduser().resolve()
+    if out.exists():
+        raise UserInputError(f"--out {out}: already exists; choose a new folder (the dataset is written whole)")
+    if not out.parent.is_dir():
+        raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
+    check_output_folder(out, "--out")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        write_dataset(tmp, DATASET_SIZE, DATASET_PX, DATASET_SEED, DATASET_UNDER_SPECIFIED, style=style)
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserInputError(f"--out {out}: cannot write the dataset ({type(e).__name__}: {e.strerror or e})") from None
+    _say(f"wrote {DATASET_SIZE} {style} shapes images with their captions to {out}")
+    return 0
+
+
 def _progress(line: str, state: dict) -> None:
     from dmad.contract.events import is_iteration_metric, parse_line
     from dmad.contract.runlog import health_summary

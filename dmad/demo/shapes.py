@@ -290,26 +290,31 @@ def dataset_caption(attrs: dict, index: int, seed: int, under_specified_share: f
 
 
 def write_dataset(out_dir: str | Path, n: int, size: int = 64, seed: int = 0,
-                  under_specified_share: float = 0.0) -> Path:
+                  under_specified_share: float = 0.0, style: str = "plain") -> Path:
     """Write img_<i>.png + img_<i>.txt (caption, one UTF-8 line) for i < n, and dataset.json.
     Each file is written to a temp name and renamed, so a reader never sees half a file.
     `under_specified_share`: the share of captions that leave attributes out (dataset_caption); a
-    model distilled on the data sees such prompts only if its data holds them.
+    model distilled on the data sees such prompts only if its data holds them. `style`: every
+    image drawn in that STYLES entry (no caption names it): the same shapes and captions as a
+    style LoRA's look, the real images a distillation's GAN compares with when it distils teacher
+    + that LoRA (`dmad demo make-data --style`).
     Cost: ~1 ms per 64 px image."""
     if n < 1 or size < 8:
         raise ValueError(f"need n >= 1 and size >= 8; got n={n}, size={size}")
     if not 0.0 <= under_specified_share <= 1.0:
         raise ValueError(f"need 0 <= under_specified_share <= 1; got {under_specified_share}")
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale(out, n)
     for i in range(n):
         attrs = attributes_for(i, seed)
-        _atomic_write(out / f"{image_name(i)}.png", png_bytes(render(attrs, size)))
+        _atomic_write(out / f"{image_name(i)}.png", png_bytes(render(dict(attrs, style=style), size)))
         text = dataset_caption(attrs, i, seed, under_specified_share)
         _atomic_write(out / f"{image_name(i)}.txt", (text + "\n").encode("utf-8"))
     meta = {"id": "shapes", "type": "local", "instance_data_dir": ".", "caption_strategy": "textfile",
             "resolution": size, "count": n, "seed": seed, "under_specified_share": under_specified_share,
-            "generator": GENERATOR}
+            "generator": GENERATOR, **({"style": style} if style != "plain" else {})}
     _atomic_write(out / "dataset.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
     return out

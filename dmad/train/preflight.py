@@ -206,7 +206,7 @@ def find_resume_target(run_dir: Path, resume: str, cfg: TrainConfig) -> Optional
     `skipped`); None when the run has no checkpoint at all: it ended before its first one, and
     starts again from iteration 0 (diffusers' scripts do the same with a missing 'latest'). A
     named checkpoint is used as it is or refused. A whole checkpoint that this config cannot
-    continue (CheckpointMismatch: another method, EMA, LoRA rank or student timesteps) is refused
+    continue (CheckpointMismatch: another method, EMA, LoRA rank or targets, student timesteps) is refused
     at once: the run's older checkpoints were trained the same way."""
     from dmad.methods import method_unit
     from dmad.models.checkpoint import Expected, pick_checkpoint

@@ -135,6 +135,39 @@ def test_make_lora_refuses_bad_input_in_one_line(tmp_path, dmad_cli):
     assert not (tmp_path / "n").exists()
 
 
+def test_make_data_draws_the_shipped_dataset_in_a_style(tmp_path, dmad_cli):
+    """`dmad demo make-data --style frame`: the shipped dataset's captions and shapes, every image
+    framed (the style LoRA's real images, for a Personal Lightning GAN); refused in one line."""
+    import numpy as np
+    from PIL import Image
+
+    from dmad.contract.paths import resource
+    from dmad.demo.run import main_make_data
+    from dmad.demo.shapes import FRAME_COLOUR, STYLES
+
+    out = tmp_path / "framed"
+    assert main_make_data(out=out, style="frame") == 0
+    shipped = resource("demo", "shapes")
+    texts = sorted(p.name for p in shipped.glob("*.txt"))
+    assert sorted(p.name for p in out.glob("*.txt")) == texts and len(texts) == 512
+    assert all((out / t).read_text() == (shipped / t).read_text() for t in texts)
+    for i in (0, 17, 511):
+        img, plain = (np.asarray(Image.open(d / f"img_{i:04d}.png").convert("RGB")) for d in (out, shipped))
+        assert (img[0] == FRAME_COLOUR).all() and (img[:, -1] == FRAME_COLOUR).all()
+        assert (img[8:-8, 8:-8] != plain[8:-8, 8:-8]).any(axis=-1).mean() < 0.05  # the same shape inside
+    assert json.loads((out / "dataset.json").read_text())["style"] == "frame"
+    assert not list(tmp_path.glob(".framed.*"))
+    from dmad.cli import build_parser
+    choices = next(a.choices for a in build_parser()._subparsers._group_actions[0].choices["demo"]
+                   ._subparsers._group_actions[0].choices["make-data"]._actions if a.dest == "style")
+    assert tuple(choices) == STYLES
+    for args, words in ((["--out", str(out)], "already exists"),
+                        (["--out", str(tmp_path / "n"), "--style", "striped"], "invalid choice: 'striped'"),
+                        (["--out", str(tmp_path / "no" / "n")], "does not exist")):
+        r = dmad_cli("demo", "make-data", *args)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_the_personal_lightning_preset_distils_teacher_and_style_lora_into_a_lora_student():
     from pathlib import Path
 
