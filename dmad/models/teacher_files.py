@@ -25,9 +25,7 @@ if TYPE_CHECKING:
 
 # The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
-# identity.lora_targets: the attention projections only (above; a family adds its own:
-# Family.lora_targets), or those and the feed-forward layers (Family.ff_lora_targets).
-LORA_SCOPES = ("attention", "attention+ff")
+# identity.lora_targets "attention+ff" adds a family's feed-forward layers (Family.ff_lora_targets).
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 # Bits per element of every dtype the safetensors format defines (its Dtype enum).
