@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene
 
 from app.engine.background import Task
 from app.widgets.elided_label import ElidedLabel
+from app.models.decode import decode_image
 from dmad.contract.regular import read_regular
 
 BLINK_MS = 500
@@ -79,7 +80,7 @@ def image_difference(a: QImage, b: QImage) -> Difference:
 def load_image(path: Path) -> QImage:
     """Worker side: `path` decoded from its bytes (read_regular: a FIFO swapped in for a sample is
     refused at once, never waited on); OSError naming the file when it cannot be decoded."""
-    img = QImage.fromData(read_regular(path))
+    img = decode_image(read_regular(path))
     if img.isNull():
         raise OSError(f"cannot decode {path}")
     return img

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPushButton, QV
 
 from app.engine.background import Task
 from app.widgets.elided_label import ElidedLabel
+from app.models.decode import decode_image
 from dmad.contract.regular import read_regular
 
 MIN_SIDE = 256  # px on screen: a 64 px demo image is shown enlarged (nearest neighbour), not as a speck
@@ -23,7 +24,7 @@ MIN_WIDTH = 460  # px: the caption (prompt, seed, iteration) and the path have r
 def load_image(path: Path) -> tuple[Path, QImage]:
     """Worker side; a null QImage when the bytes are not an image (read_regular: a FIFO there is
     refused at once, never waited on)."""
-    return path, QImage.fromData(read_regular(path))
+    return path, decode_image(read_regular(path))
 
 
 class OneOffViewer(QDialog):

@@ -3,7 +3,8 @@
 File scans (a dataset folder, a run's samples, the runs root), thumbnail decoding and NVML queries
 can take seconds (a network drive, a wedged driver): they run in QThreadPool workers, and the result
 comes back as a queued signal on the thread that owns the `Task` (the GUI thread). Workers only
-touch files and thread-safe Qt classes (QImage, not QPixmap).
+touch files and thread-safe Qt classes (QImage, not QPixmap), and decode images with Pillow, never
+with Qt's image readers (app/models/decode.py: those hold the GIL while taking Qt's locks).
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QStandardPaths, Qt, QThreadPool, Signal
 from PySide6.QtGui import QImage
 
 from app.engine.background import Task
+from app.models.decode import decode_image
 from app.models.sample_index import ImageFile
 from dmad.contract.regular import read_regular
 
@@ -72,8 +73,7 @@ class ThumbCache:
                 with self._lock:
                     self.hits += 1
                 return thumb
-        src = QImage()
-        src.loadFromData(read_regular(image.path))  # a FIFO swapped in is refused, never waited on
+        src = decode_image(read_regular(image.path))  # a FIFO swapped in is refused, never waited on
         with self._lock:
             self.decodes += 1
         if src.isNull():

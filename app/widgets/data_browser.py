@@ -23,6 +23,7 @@ from app.engine.background import Task
 from app.models.data_browse import (ALL, BrowseFilter, BrowseItem, BrowseModel, BrowseScan, CaptionRead, filter_choices,
                                     read_caption, scan_source, write_caption)
 from app.models.data_report import ERROR_COLOR, Problem, placeholder_icon
+from app.models.decode import decode_image
 from app.models.thumbs import ThumbCache, ThumbLoader, scale_to_thumb
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.image_preview import ImagePreview
@@ -37,8 +38,7 @@ RED = ERROR_COLOR.name()
 
 def _preview(path: Path) -> QImage:
     """Worker side: the image scaled down to PREVIEW_PX (null when it does not decode)."""
-    img = QImage()
-    img.loadFromData(read_regular(path))
+    img = decode_image(read_regular(path))
     return scale_to_thumb(img, PREVIEW_PX) if not img.isNull() else img
 
 
