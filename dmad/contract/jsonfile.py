@@ -175,6 +175,21 @@ def check_path(path: str | Path, what: str) -> Path:
     return Path(path)
 
 
+def new_folder_and_temp(out: str | Path, what: str, noun: str) -> tuple[Path, Path]:
+    """(out resolved, its temp sibling) for a command that writes folder `out` whole (into the temp
+    folder, then one rename): UserInputError in one line when `out` exists, its parent does not,
+    or it cannot be written. `noun` names what is written ("the LoRA")."""
+    out = check_path(out, what).expanduser().resolve()
+    if out.exists():
+        raise UserInputError(f"{what} {out}: already exists; choose a new folder ({noun} is written whole)")
+    if not out.parent.is_dir():
+        raise UserInputError(f"{what} {out}: parent folder {out.parent} does not exist")
+    check_output_folder(out, what)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    check_path(tmp, f"{what} (with the temp folder's suffix)")
+    return out, tmp
+
+
 def check_output_folder(out: Path, what: str, new: bool = True) -> None:
     """Output can go to folder `out` (`new`: absent and creatable; else an existing folder or a
     creatable one): its nearest existing ancestor is a writable folder. Checked before any model

@@ -278,21 +278,14 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
 
 def main_make_lora(*, out: str | Path, teacher: str | Path | None, training: LoraTraining) -> int:
     """`dmad demo make-lora --out DIR`: DIR must not exist; it appears complete or not at all."""
-    from dmad.contract.jsonfile import check_output_folder, check_path
+    from dmad.contract.jsonfile import new_folder_and_temp
     from dmad.contract.paths import resource
 
     check_training(training)
-    out = check_path(out, "--out").expanduser().resolve()
     teacher = Path(teacher).expanduser().resolve() if teacher else resource("demo", "teacher")
     if not (teacher / "model_index.json").is_file():
         raise UserInputError(f"--teacher {teacher}: no model_index.json there (expected the demo teacher's folder)")
-    if out.exists():
-        raise UserInputError(f"--out {out}: already exists; choose a new folder (the LoRA is written whole)")
-    if not out.parent.is_dir():
-        raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
-    check_output_folder(out, "--out")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    check_path(tmp, "--out (with the temp folder's suffix)")
+    out, tmp = new_folder_and_temp(out, "--out", "the LoRA")
     tmp.mkdir()
     try:
         rows: list[dict] = []

@@ -76,18 +76,12 @@ def main_make_data(*, out: str | Path, style: str = "plain") -> int:
     exist; it appears complete or not at all."""
     import shutil
 
-    from dmad.contract.jsonfile import check_output_folder, check_path
+    from dmad.contract.jsonfile import new_folder_and_temp
     from dmad.demo.shapes import STYLES, write_dataset
 
     if style not in STYLES:
         raise UserInputError(f"--style {style!r}: unknown style; known: {', '.join(STYLES)}")
-    out = check_path(out, "--out").expanduser().resolve()
-    if out.exists():
-        raise UserInputError(f"--out {out}: already exists; choose a new folder (the dataset is written whole)")
-    if not out.parent.is_dir():
-        raise UserInputError(f"--out {out}: parent folder {out.parent} does not exist")
-    check_output_folder(out, "--out")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    out, tmp = new_folder_and_temp(out, "--out", "the dataset")
     try:
         write_dataset(tmp, DATASET_SIZE, DATASET_PX, DATASET_SEED, DATASET_UNDER_SPECIFIED, style=style)
         os.replace(tmp, out)
