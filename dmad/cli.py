@@ -190,7 +190,8 @@ def _add_demo(sub) -> None:
                                            "folder, every image drawn in --style: the real images of the demo style "
                                            "LoRA's look, for a Personal Lightning run's GAN (identity.train_data_dir).")
     data.add_argument("--out", required=True, type=_path, metavar="DIR", help="new folder for the dataset (must not exist)")
-    data.add_argument("--style", default="plain", choices=("plain", "outline", "frame", "outline+frame"),
+    from dmad.demo.shapes import STYLES
+    data.add_argument("--style", default="plain", choices=STYLES,
                       help="how every image is drawn (default plain: the shipped dataset itself)")
     data.set_defaults(handler=_cmd_make_data)
 

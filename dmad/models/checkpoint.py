@@ -455,11 +455,10 @@ def check_fits(ckpt: Path, state: TrainingState, layout: CheckpointLayout, expec
     _check_modes(ckpt, layout.networks)
     for name, mode in layout.networks:
         lora = ckpt / f"{name}_lora.safetensors"
-        rank = _lora_rank(lora) if mode == "lora" and lora.exists() else None
+        rank, scope = _lora_rank_and_scope(lora) if mode == "lora" and lora.exists() else (None, None)
         if rank is not None and rank != expected.lora_rank:
             raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA has rank {rank}; this config has "
                                      f"identity.lora_rank {expected.lora_rank}")
-        scope = _lora_scope(lora) if mode == "lora" and lora.exists() else None
         if scope is not None and scope != expected.lora_targets:
             raise CheckpointMismatch(f"checkpoint {ckpt}: its {name} LoRA adapts the {SCOPE_WORDS[scope]}; this "
                                      f"config has identity.lora_targets {expected.lora_targets}")
@@ -490,35 +489,27 @@ SCOPE_WORDS = {"attention": "attention projections only (identity.lora_targets a
                "attention+ff": "feed-forward layers too (identity.lora_targets attention+ff)"}
 
 
-def _lora_scope(path: Path) -> Optional[str]:
-    """identity.lora_targets of a LoRA adapter file: "attention+ff" when it adapts any family's
-    feed-forward layers (Family.ff_lora_targets), else "attention"; None when it cannot be read."""
+def _lora_rank_and_scope(path: Path) -> tuple[Optional[int], Optional[str]]:
+    """A LoRA adapter file's rank (the first dimension of its first lora_A weight: peft's [rank,
+    in_features] layout) and identity.lora_targets ("attention+ff" when it adapts any family's
+    feed-forward layers, Family.ff_lora_targets; else "attention"), from one read of its header;
+    (None, None) when the file has no adapter or cannot be read (verify says why)."""
     from safetensors import safe_open
 
     from dmad.models.families import FAMILIES
 
-    ff = {t for f in FAMILIES.values() for t in f.ff_lora_targets}
     try:
         with safe_open(str(path), framework="pt") as f:
-            modules = {k.split(".lora_A.")[0] for k in f.keys() if ".lora_A." in k}
+            keys = sorted(k for k in f.keys() if ".lora_A." in k)
+            rank = f.get_slice(keys[0]).get_shape()[0] if keys else None
     except Exception:  # noqa: BLE001 - a damaged file: _check_safetensors names it
-        return None
-    if not modules:
-        return None
-    return "attention+ff" if any(m == t or m.endswith("." + t) for m in modules for t in ff) else "attention"
-
-
-def _lora_rank(path: Path) -> Optional[int]:
-    """The rank of a LoRA adapter file: the first dimension of its first lora_A weight (peft's
-    [rank, in_features] layout); None when the file has none or cannot be read (verify says why)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            key = next((k for k in sorted(f.keys()) if ".lora_A." in k), None)
-            return f.get_slice(key).get_shape()[0] if key else None
-    except Exception:  # noqa: BLE001 - a damaged file: _check_safetensors names it
-        return None
+        return None, None
+    if not keys:
+        return None, None
+    ff = {t for fam in FAMILIES.values() for t in fam.ff_lora_targets}
+    modules = {k.split(".lora_A.")[0] for k in keys}
+    wide = any(m == t or m.endswith("." + t) for m in modules for t in ff)
+    return rank, "attention+ff" if wide else "attention"
 
 
 def _format(ckpt: Path) -> int:
