@@ -16,6 +16,11 @@ gradient clipping at 1, an EMA of the transformer. What differs is the draw: a c
 dmad.demo.shapes.training_caption; the recipe ends its ramp at 0.5 and averages 0.25): is more
 exposure to such captions what the teacher's distance to the data's conditional needs (issue 37)?
 
+--under-logit-mean M draws the noise levels of the captions that leave attributes out from
+logit-normal(M, 1) (full captions keep the recipe's 1.5): such a caption leaves the choice of shape
+to the noise, which is made where the image's own content shows it (mid noise), and the recipe's
+median sigma 0.82 trains little there.
+
 --add-layers K first inserts K joint blocks that start as the identity (deepen), to ask whether
 depth is what the teacher lacks.
 
@@ -68,6 +73,19 @@ def deepen(tr, k: int):
     return new
 
 
+RECIPE_LOGIT_MEAN = 1.5  # make_teacher.TeacherTraining.logit_mean
+
+
+def noise_means(drawn: list[str], full: list[str], under_mean: float | None) -> float | torch.Tensor:
+    """The logit-normal mean of each sample's noise level: the recipe's for all (under_mean None),
+    or under_mean for a caption that leaves attributes out (drawn differs from the image's full
+    caption) and the recipe's for the rest."""
+    if under_mean is None:
+        return RECIPE_LOGIT_MEAN
+    under = torch.tensor([d != f for d, f in zip(drawn, full)])
+    return torch.where(under, under_mean, RECIPE_LOGIT_MEAN)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--teacher", default=str(ROOT / "resources/demo/teacher"))
@@ -81,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--under-share", type=float, default=0.0,
                     help="the share of captions that leave attributes out (shapes.training_caption; 0: full captions only)")
+    ap.add_argument("--under-logit-mean", type=float, default=None,
+                    help="noise levels of the captions that leave attributes out: logit-normal(M, 1) instead of the "
+                         "recipe's mean 1.5 (do such captions need training where an image's own content decides?)")
     ap.add_argument("--add-layers", type=int, default=0,
                     help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
     args = ap.parse_args(argv)
@@ -120,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         idx = torch.multinomial(weights, args.batch, replacement=True, generator=gen)
         drop = torch.rand(args.batch, generator=gen) < 0.1
         rng = random.Random(f"finetune-captions/{args.seed}/{step}")
-        ids = text.cached_ids([training_caption(attrs[i], rng, args.under_share) for i in idx.tolist()])
+        drawn = [training_caption(attrs[i], rng, args.under_share) for i in idx.tolist()]
+        ids = text.cached_ids(drawn)
         emb, pooled = text.encode_ids(torch.where(drop[:, None], empty[None], ids))
-        loss = ts.flow_step(tr, opt, params, pool[idx], emb, pooled, gen, 1.5, 1.0)
+        mean = noise_means(drawn, [caps[i] for i in idx.tolist()], args.under_logit_mean)
+        loss = ts.flow_step(tr, opt, params, pool[idx], emb, pooled, gen, mean, 1.0)
         ts.ema_update(ema, tr, args.ema)
         if step % 100 == 0 or step == args.steps - 1:
             print(json.dumps({"step": step, "loss": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)}),

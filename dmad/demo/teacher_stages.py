@@ -193,10 +193,10 @@ def flow_loss(transformer, z0, emb, pooled, sigma, noise, weight: torch.Tensor |
     return (err if weight is None else err * weight).mean((1, 2, 3))
 
 
-def flow_step(transformer, opt, params, z0, emb, pooled, gen: torch.Generator, logit_mean: float,
+def flow_step(transformer, opt, params, z0, emb, pooled, gen: torch.Generator, logit_mean: float | torch.Tensor,
               logit_std: float) -> torch.Tensor:
     """One optimizer step of the flow-matching loss on scaled latents `z0` (B, C, h, w): noise
-    levels logit-normal(logit_mean, logit_std) and noise drawn from `gen` in that order, gradient
+    levels logit-normal(logit_mean, logit_std) (`logit_mean` one for all, or (B,) one per sample) and noise drawn from `gen` in that order, gradient
     norm clipped to 1 over `params`. Returns the batch loss (detached use: .item())."""
     sigma = logit_normal_sigmas(len(z0), gen, logit_mean, logit_std)
     noise = torch.randn(z0.shape, generator=gen)
@@ -346,7 +346,7 @@ def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
             e.lerp_(p, 1 - decay)
 
 
-def logit_normal_sigmas(n: int, gen: torch.Generator, mean: float, std: float) -> torch.Tensor:
+def logit_normal_sigmas(n: int, gen: torch.Generator, mean: float | torch.Tensor, std: float) -> torch.Tensor:
     """SD3's training noise levels: sigmoid of a normal, dense around the middle."""
     return torch.sigmoid(mean + std * torch.randn(n, generator=gen))
 

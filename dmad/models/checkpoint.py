@@ -43,6 +43,7 @@ from dmad.contract.regular import read_regular
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
+from dmad.models.teacher_files import ATTENTION, WITH_FF
 from dmad.models.sharded_checkpoint import (finite_on_every_rank, index_or_none, load_ema_sharded, load_network_sharded,
                                             load_optimizer_sharded, read_index, shard_files, sharded_networks,
                                             stored_shapes)
@@ -338,7 +339,7 @@ class Expected:
     ema: bool  # distillation.ema_decay is set
     lora_rank: int  # identity.lora_rank, for the LoRA networks
     timesteps: list[int]  # the config's student timesteps
-    lora_targets: str = "attention"  # identity.lora_targets
+    lora_targets: str = ATTENTION  # identity.lora_targets
 
 
 def verify_checkpoint(ckpt: Path, layout: CheckpointLayout, expected: Optional[Expected] = None) -> TrainingState:
@@ -485,8 +486,8 @@ def _check_modes(ckpt: Path, networks) -> None:
                                      f"(identity.{name}: lora)")
 
 
-SCOPE_WORDS = {"attention": "attention projections only (identity.lora_targets attention)",
-               "attention+ff": "feed-forward layers too (identity.lora_targets attention+ff)"}
+SCOPE_WORDS = {ATTENTION: "attention projections only (identity.lora_targets attention)",
+               WITH_FF: "feed-forward layers too (identity.lora_targets attention+ff)"}
 
 
 def _lora_rank_and_scope(path: Path) -> tuple[Optional[int], Optional[str]]:
@@ -509,7 +510,7 @@ def _lora_rank_and_scope(path: Path) -> tuple[Optional[int], Optional[str]]:
     ff = {t for fam in FAMILIES.values() for t in fam.ff_lora_targets}
     modules = {k.split(".lora_A.")[0] for k in keys}
     wide = any(m == t or m.endswith("." + t) for m in modules for t in ff)
-    return rank, "attention+ff" if wide else "attention"
+    return rank, WITH_FF if wide else ATTENTION
 
 
 def _format(ckpt: Path) -> int:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from dmad.methods.prediction import FlowSchedule, NoiseSchedule, guide
-from dmad.models.teacher_files import LORA_TARGETS, encode_prompts
+from dmad.models.teacher_files import ATTENTION, LORA_TARGETS, WITH_FF, encode_prompts
 
 
 # --------------------------------------------------------------------------- conditioning
@@ -151,9 +151,9 @@ class Family:
         self.guidance = guidance      # the scale a guidance-embedding network gets when none is given
         self.denoiser_config = denoiser_config or {}  # the teacher's, as inspected
 
-    def lora_modules(self, scope: str = "attention") -> tuple[str, ...]:
+    def lora_modules(self, scope: str = ATTENTION) -> tuple[str, ...]:
         """The layers a LoRA student and fake score adapt for identity.lora_targets."""
-        return self.lora_targets + (self.ff_lora_targets if scope == "attention+ff" else ())
+        return self.lora_targets + (self.ff_lora_targets if scope == WITH_FF else ())
 
     # ---- schedule
     def schedule(self, scheduler: Any, resolution: Optional[int] = None) -> NoiseSchedule:

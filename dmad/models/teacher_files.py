@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 # The layers a LoRA adapts (dmad.models.networks.add_lora, diffusers' LoRA scripts, DMD2).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
-# identity.lora_targets "attention+ff" adds a family's feed-forward layers (Family.ff_lora_targets).
+# identity.lora_targets: ATTENTION adapts LORA_TARGETS; WITH_FF adds a family's feed-forward layers
+# (Family.ff_lora_targets). The config's Literal spells the same two words.
+ATTENTION, WITH_FF = "attention", "attention+ff"
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 # Bits per element of every dtype the safetensors format defines (its Dtype enum).
@@ -69,14 +71,14 @@ class TeacherInfo:
     def has_weights(self) -> bool:
         return not self.missing_weights
 
-    def lora_params_per_rank(self, scope: str = "attention") -> int:
+    def lora_params_per_rank(self, scope: str = ATTENTION) -> int:
         """A LoRA adapter's parameters per unit of rank on identity.lora_targets' layers."""
-        return self.unet_lora_params_per_rank + (self.ff_lora_params_per_rank if scope == "attention+ff" else 0)
+        return self.unet_lora_params_per_rank + (self.ff_lora_params_per_rank if scope == WITH_FF else 0)
 
     def for_lora_targets(self, scope: str) -> "TeacherInfo":
         """This teacher as a run with identity.lora_targets `scope` trains it: its LoRA adapters'
         layers and size per rank (what the ledger and checkpoint sizes read)."""
-        if scope != "attention+ff":
+        if scope != WITH_FF:
             return self
         return replace(self, unet_lora_params_per_rank=self.lora_params_per_rank(scope),
                        lora_targets=tuple(self.lora_targets) + tuple(self.ff_lora_targets),

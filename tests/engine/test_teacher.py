@@ -310,3 +310,26 @@ def test_the_coverage_benchs_sde_sampler_keeps_the_flows_marginals_and_restores_
     ode, sde = final_variance(0.0), final_variance(1.0)
     assert abs(sde - var0) < 0.01 and abs(sde - var0) < abs(ode - var0)
     assert F.step is plain
+
+
+def test_the_finetune_benchs_under_specified_noise_levels_apply_to_those_captions_only():
+    """bench/teacher_finetune.py --under-logit-mean: a caption that leaves attributes out draws its
+    noise level around its own mean, a full caption around the recipe's (one generator, per sample)."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    from dmad.demo.teacher_stages import logit_normal_sigmas
+
+    spec = importlib.util.spec_from_file_location("finetune_bench", Path(__file__).parents[2] / "bench" / "teacher_finetune.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    full = ["a large red circle in the center on a black background"] * 4000
+    drawn = ["a red shape" if k % 2 else full[k] for k in range(4000)]
+    assert bench.noise_means(drawn, full, None) == bench.RECIPE_LOGIT_MEAN
+    means = bench.noise_means(drawn, full, -2.0)
+    assert means[0::2].eq(bench.RECIPE_LOGIT_MEAN).all() and means[1::2].eq(-2.0).all()
+    sig = logit_normal_sigmas(4000, torch.Generator().manual_seed(0), means, 1.0)
+    under, kept = torch.logit(sig[1::2]).mean().item(), torch.logit(sig[0::2]).mean().item()
+    assert abs(under + 2.0) < 0.1 and abs(kept - bench.RECIPE_LOGIT_MEAN) < 0.1
