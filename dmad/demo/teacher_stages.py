@@ -194,13 +194,13 @@ def flow_loss(transformer, z0, emb, pooled, sigma, noise, weight: torch.Tensor |
 
 
 def flow_step(transformer, opt, params, z0, emb, pooled, gen: torch.Generator, logit_mean: float | torch.Tensor,
-              logit_std: float) -> torch.Tensor:
+              logit_std: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer step of the flow-matching loss on scaled latents `z0` (B, C, h, w): noise
     levels logit-normal(logit_mean, logit_std) (`logit_mean` one for all, or (B,) one per sample) and noise drawn from `gen` in that order, gradient
-    norm clipped to 1 over `params`. Returns the batch loss (detached use: .item())."""
+    norm clipped to 1 over `params`; `weight` as flow_loss's. Returns the batch loss (detached use: .item())."""
     sigma = logit_normal_sigmas(len(z0), gen, logit_mean, logit_std)
     noise = torch.randn(z0.shape, generator=gen)
-    loss = flow_loss(transformer, z0, emb, pooled, sigma, noise).mean()
+    loss = flow_loss(transformer, z0, emb, pooled, sigma, noise, weight).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -218,6 +218,18 @@ def shape_masks(images: torch.Tensor, latent_hw: tuple[int, int], dilate: int = 
     if dilate:
         m = F.max_pool2d(m, 2 * dilate + 1, stride=1, padding=dilate)
     return m > 0
+
+
+def shape_difference_masks(attrs: list[dict], size: int, latent_hw: tuple[int, int]) -> torch.Tensor:
+    """(N, 1, h, w) bool: the latent pixels where the shapes differ at each render's place and size:
+    inside some of the four shapes (dmad.demo.shapes.SHAPES) drawn there, not inside all of them.
+    Where a caption leaves the shape out, only these pixels say which shape is coming."""
+    from dmad.demo.shapes import SHAPES
+
+    masks = [shape_masks(render_attrs([{**a, "shape": s} for a in attrs], size), (size, size), dilate=0)
+             for s in SHAPES]
+    union, common = torch.stack(masks).any(0), torch.stack(masks).all(0)
+    return F.adaptive_max_pool2d((union & ~common).float(), latent_hw) > 0
 
 
 def shape_weights(masks: torch.Tensor, shape_share: float) -> torch.Tensor:

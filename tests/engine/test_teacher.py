@@ -333,3 +333,27 @@ def test_the_finetune_benchs_under_specified_noise_levels_apply_to_those_caption
     sig = logit_normal_sigmas(4000, torch.Generator().manual_seed(0), means, 1.0)
     under, kept = torch.logit(sig[1::2]).mean().item(), torch.logit(sig[0::2]).mean().item()
     assert abs(under + 2.0) < 0.1 and abs(kept - bench.RECIPE_LOGIT_MEAN) < 0.1
+
+
+def test_shape_difference_masks_mark_where_the_four_shapes_differ_and_nothing_else():
+    """teacher_stages.shape_difference_masks (bench/teacher_finetune.py --difference-share): the
+    latent pixels inside some of the four shapes drawn at a render's place and size but not all of
+    them; the shapes' common middle and the background far from the shape are out."""
+    import torch
+
+    from dmad.demo import teacher_stages as ts
+    from dmad.demo.shapes import shape_box
+
+    attrs = [{"shape": s, "colour": "red", "size": size, "position": pos, "background": "black"}
+             for s in ("circle", "diamond") for size in ("small", "large") for pos in ("center", "top left")]
+    masks = ts.shape_difference_masks(attrs, 64, (32, 32))
+    assert masks.shape == (len(attrs), 1, 32, 32) and masks.dtype == torch.bool
+    for a, m in zip(attrs, masks[:, 0]):
+        cx, cy, r = shape_box(a, 64)
+        assert m.any() and not m[31, 31]  # the background far from any of these shapes
+        assert not m[int(cy) // 2, int(cx) // 2]  # the middle: inside every shape
+        # the square's corner is inside the square only: the shapes differ there
+        assert m[int(cy - 0.9 * r) // 2, int(cx - 0.9 * r) // 2]
+    # the mask depends on where and how large the shape is, never on which shape the render has
+    half = len(attrs) // 2
+    assert torch.equal(masks[:half], masks[half:])
