@@ -79,6 +79,14 @@ def deepen(tr, k: int):
     return new
 
 
+def save_ema(pipe, ema, trained, out: str) -> None:
+    """The pipeline with the EMA transformer, as a plain diffusers folder at `out`; the pipeline
+    keeps training `trained` afterwards."""
+    pipe.transformer = ema
+    pipe.save_pretrained(out)
+    pipe.transformer = trained
+
+
 def pool_hw(latents: list[torch.Tensor]) -> tuple[int, int]:
     return tuple(latents[0].shape[-2:])
 
@@ -115,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--difference-share", type=float, default=0.0,
                     help="give the latent pixels where the four shapes differ (at each render's place and size) this "
                          "share of each image's loss (0: the plain mean)")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also write the EMA pipeline every this many steps, to OUT/step-N (0: only at the end)")
     ap.add_argument("--add-layers", type=int, default=0,
                     help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
     args = ap.parse_args(argv)
@@ -162,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         weight = None if diff is None else ts.shape_weights(diff[idx], args.difference_share)
         loss = ts.flow_step(tr, opt, params, pool[idx], emb, pooled, gen, mean, 1.0, weight)
         ts.ema_update(ema, tr, args.ema)
+        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
+            save_ema(pipe, ema, tr, f"{args.out}/step-{step + 1}")
         if step % 100 == 0 or step == args.steps - 1:
             print(json.dumps({"step": step, "loss": round(loss.item(), 5), "elapsed_s": round(time.time() - t0, 1)}),
                   flush=True)
-    ema.eval()
-    pipe.transformer = ema
-    pipe.save_pretrained(args.out)
+    save_ema(pipe, ema, tr, args.out)
     print(json.dumps({"out": args.out, "steps": args.steps, "wall_s": round(time.time() - t0, 1),
                       "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
     return 0
