@@ -45,17 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigmas", default="0.2,0.4,0.6,0.8,0.9,1")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    from diffusers import StableDiffusion3Pipeline
-
     from dmad.demo import teacher_stages as ts
     from dmad.demo.evaluator import load_evaluator, render_real_attrs, to_unit
     from dmad.demo.shapes import ATTRIBUTES, attributes_for, caption
     from dmad.sample.render import latent_shape
 
     torch.set_num_threads(2)
-    pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
-    tr, vae, n = pipe.transformer.eval(), pipe.vae, args.n
-    text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
+    pipe, text = ts.open_teacher(args.teacher)
+    tr, vae, n = pipe.transformer, pipe.vae, args.n
     evaluator = load_evaluator()
     shapes = list(evaluator.vocab["shape"])
     attrs = [attributes_for(i, CAPTION_SEED) for i in range(n)]
@@ -63,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 "full caption": [caption(a) for a in attrs]}
     noise = torch.randn((n, *latent_shape(vae, 64, 64)), generator=torch.Generator().manual_seed(3))
     real = to_unit(render_real_attrs(attrs, 64))
-    z0 = (ts.encode_latents(vae, real) - vae.config.shift_factor) * vae.config.scaling_factor
+    z0 = ts.scaled_latents(vae, real)
     rows = [{"row": "real renders", "kept": 1.0, "drawn": shape_shares(evaluator.predict(real), shapes)}]
     for label, caps in captions.items():
         for s in (float(x) for x in args.sigmas.split(",") if x):

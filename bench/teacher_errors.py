@@ -88,16 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="only captions of these shapes (comma-separated), read by the evaluator with the other "
                          "shapes' logits masked: what the teacher scores in a domain without the rest")
     args = ap.parse_args(argv)
-    from diffusers import StableDiffusion3Pipeline
-
     from dmad.demo import teacher_stages as ts
     from dmad.demo.evaluator import load_evaluator, render_real_attrs, to_unit
     from dmad.demo.shapes import attributes_for, caption
 
     torch.set_num_threads(2)
-    pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
-    tr, vae, n = pipe.transformer.eval(), pipe.vae, args.n
-    text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
+    pipe, text = ts.open_teacher(args.teacher)
+    tr, vae, n = pipe.transformer, pipe.vae, args.n
     evaluator = load_evaluator()
     shapes = evaluator.vocab["shape"]
     keep = [x.strip() for x in args.shapes.split(",") if x.strip()] or shapes
@@ -133,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return res
 
     real = to_unit(render_real_attrs(attrs, side))
-    z0 = (ts.encode_latents(vae, real) - vae.config.shift_factor) * vae.config.scaling_factor
+    z0 = ts.scaled_latents(vae, real)
     rows = [row("real renders", lambda sl: real[sl]),
             row("VAE reconstruction", lambda sl: ts.decode(vae, z0[sl]), args.phase)]
     for cfg in (float(c) for c in args.cfg.split(",") if c):

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         for a in range(0, args.pool, 1024):  # renders the recipe never trained on (its pool starts at 2**24)
             x, at = ts.render_batch(2**25 + a, min(1024, args.pool - a), args.seed, vae.config.sample_size,
                                     attributes=True)
-            lat.append((ts.encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+            lat.append(ts.scaled_latents(vae, x))
             attrs += at
     caps = [caption(a) for a in attrs]
     diff = ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(pool_hw(lat))) if args.difference_share else None

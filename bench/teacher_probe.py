@@ -33,7 +33,7 @@ if not os.path.exists(POOL) or os.path.getmtime(POOL) < (VAE / "diffusion_pytorc
     lat, caps = [], []
     for a in range(0, 8192, 1024):
         x, c = ts.render_batch(2**24 + a, 1024, 0, 64)
-        lat.append((ts.encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor); caps += c
+        lat.append(ts.scaled_latents(vae, x)); caps += c
     torch.save({"lat": torch.cat(lat), "caps": caps}, POOL)
 d = torch.load(POOL, weights_only=True); pool, caps = d["lat"], d["caps"]
 masks = torch.cat([ts.shape_masks(ts.render_batch(2**24 + a, 1024, 0, 64)[0], pool.shape[-2:]) for a in range(0, len(pool), 1024)])

@@ -244,7 +244,7 @@ def _features(classifier, images) -> np.ndarray:
 def evaluate(classifier, refs: References, full_images, under_images, teacher_stats=None) -> tuple[dict, dict]:
     """The evaluator's reading of a model's samples of both parts: (numbers for a Row, arrays to keep)."""
     from dmad.demo.coverage import coverage_summary, precision_recall
-    from dmad.demo.metrics import diversity, evaluate_images, fd_interval, feature_stats, frechet_distance_from_stats
+    from dmad.demo.metrics import evaluate_images, fd_interval, feature_stats, frechet_distance_from_stats
 
     caps = [c for c, _, _ in refs.full_items]
     res = evaluate_images(classifier, full_images, caps)

@@ -80,14 +80,14 @@ def style_pool(vae, cfg: LoraTraining):
 
     from dmad.demo import shapes
     from dmad.demo.evaluator import render_real_attrs, to_unit
-    from dmad.demo.teacher_stages import channels_last, encode_latents
+    from dmad.demo.teacher_stages import channels_last, scaled_latents
 
     attrs = [{**shapes.attributes_for(LORA_INDEX_OFFSET + i, cfg.seed), "style": cfg.style} for i in range(cfg.pool_size)]
     lat = []
     with channels_last(vae), torch.no_grad():
         for a in range(0, cfg.pool_size, 512):
             x = to_unit(render_real_attrs(attrs[a:a + 512]))
-            lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+            lat.append(scaled_latents(vae, x))
     return torch.cat(lat), attrs
 
 

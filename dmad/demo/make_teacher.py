@@ -147,14 +147,14 @@ def latent_pool(vae, cfg: TeacherTraining, log: LogFn):
     """(pool_size, 4, 32, 32) scaled latents and their images' attributes."""
     import torch
 
-    from dmad.demo.teacher_stages import channels_last, encode_latents, render_batch
+    from dmad.demo.teacher_stages import channels_last, render_batch, scaled_latents
 
     t0 = time.time()
     lat, attrs = [], []
     with channels_last(vae):
         for a in range(0, cfg.pool_size, 1024):
             x, at = render_batch(2**24 + a, min(1024, cfg.pool_size - a), cfg.seed, cfg.image_size, attributes=True)
-            lat.append((encode_latents(vae, x) - vae.config.shift_factor) * vae.config.scaling_factor)
+            lat.append(scaled_latents(vae, x))
             attrs += at
     log({"stage": "pool", "images": cfg.pool_size, "elapsed_s": round(time.time() - t0, 1)})
     return torch.cat(lat), attrs

@@ -127,6 +127,22 @@ def encode_latents(vae, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
                       .contiguous() for a in range(0, len(images), batch)])
 
 
+def scaled_latents(vae, images: torch.Tensor) -> torch.Tensor:
+    """What the transformer trains and samples on: posterior means, shifted and scaled by the VAE's
+    config (as SD3's pipeline does)."""
+    return (encode_latents(vae, images) - vae.config.shift_factor) * vae.config.scaling_factor
+
+
+def open_teacher(path: str):
+    """(pipeline, TextSide) of a demo teacher folder, its transformer in eval mode: what the
+    teacher diagnostics in bench/ sample with."""
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(path)
+    pipe.transformer.eval()
+    return pipe, TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
+
+
 @torch.no_grad()
 def reconstruction_adherence(vae, n: int, size: int) -> dict:
     x, caps = heldout_renders(n, size)
