@@ -87,10 +87,6 @@ def save_ema(pipe, ema, trained, out: str) -> None:
     pipe.transformer = trained
 
 
-def pool_hw(latents: list[torch.Tensor]) -> tuple[int, int]:
-    return tuple(latents[0].shape[-2:])
-
-
 RECIPE_LOGIT_MEAN = 1.5  # make_teacher.TeacherTraining.logit_mean
 
 
@@ -152,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             lat.append(ts.scaled_latents(vae, x))
             attrs += at
     caps = [caption(a) for a in attrs]
-    diff = ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(pool_hw(lat))) if args.difference_share else None
+    diff = ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(lat[0].shape[-2:])) if args.difference_share else None
     pool, empty = torch.cat(lat), text.ids([""])[0]
     weights = torch.tensor([boost.get(cell_of(c), 1.0) for c in caps])
     shown = {k: round(float(weights[[cell_of(c) == k for c in caps]].sum() / weights.sum()), 3) for k in boost}
