@@ -65,21 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     for label, caps in captions.items():
         for s in (float(x) for x in args.sigmas.split(",") if x):
             t0 = time.time()
-            start = None if s >= 1 else z0
             images = torch.cat([ts.decode(vae, ts.sample_flow(
-                tr, text, caps[a:a + 64], noise[a:a + 64], 50, args.cfg, pipe.scheduler.config,
-                None if start is None else start[a:a + 64], min(s, 1.0))) for a in range(0, n, 64)])
+                tr, text, caps[b], noise[b], 50, args.cfg, pipe.scheduler.config, None if s >= 1 else z0[b], min(s, 1.0)))
+                for b in (slice(a, a + 64) for a in range(0, n, 64))])
             with torch.no_grad():
                 pred = evaluator.predict(images)
-            rows.append({"row": f"{label}, from sigma {s:g}", "kept": sum(p["shape"] == a["shape"] for p, a in zip(pred, attrs)) / n,
-                         "drawn": shape_shares(pred, shapes), "seconds": round(time.time() - t0, 1)})
+            kept = sum(p["shape"] == a["shape"] for p, a in zip(pred, attrs)) / n
+            rows.append({"row": f"{label}, from sigma {s:g}", "kept": kept, "drawn": shape_shares(pred, shapes),
+                         "seconds": round(time.time() - t0, 1)})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n| {args.teacher}, CFG {args.cfg:g}, n = {n} | kept | " + " | ".join(shapes) + " |")
     print("|---|---:|" + "---:|" * len(shapes))
     for r in rows:
         print(f"| {r['row']} | {r['kept']:.1%} | " + " | ".join(f"{r['drawn'][s]:.0%}" for s in shapes) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"teacher": args.teacher, "cfg": args.cfg, "n": n, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"teacher": args.teacher, "cfg": args.cfg, "n": n, "rows": rows},
+                                              indent=1) + "\n")
     return 0
 
 

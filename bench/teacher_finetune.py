@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             lat.append(ts.scaled_latents(vae, x))
             attrs += at
     caps = [caption(a) for a in attrs]
-    diff = ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(lat[0].shape[-2:])) if args.difference_share else None
+    diff = (ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(lat[0].shape[-2:]))
+            if args.difference_share else None)
     pool, empty = torch.cat(lat), text.ids([""])[0]
     weights = torch.tensor([boost.get(cell_of(c), 1.0) for c in caps])
     shown = {k: round(float(weights[[cell_of(c) == k for c in caps]].sum() / weights.sum()), 3) for k in boost}

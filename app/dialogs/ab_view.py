@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (QButtonGroup, QGraphicsPixmapItem, QGraphicsScene
                                QRadioButton, QToolButton, QVBoxLayout, QWidget)
 
 from app.engine.background import Task
-from app.widgets.elided_label import ElidedLabel
 from app.models.decode import decode_image
+from app.widgets.elided_label import ElidedLabel
 from dmad.contract.regular import read_regular
 
 BLINK_MS = 500

@@ -13,8 +13,8 @@ from PySide6.QtGui import QDesktopServices, QImage, QPixmap
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.engine.background import Task
-from app.widgets.elided_label import ElidedLabel
 from app.models.decode import decode_image
+from app.widgets.elided_label import ElidedLabel
 from dmad.contract.regular import read_regular
 
 MIN_SIDE = 256  # px on screen: a 64 px demo image is shown enlarged (nearest neighbour), not as a speck

@@ -212,8 +212,9 @@ def flow_loss(transformer, z0, emb, pooled, sigma, noise, weight: torch.Tensor |
 def flow_step(transformer, opt, params, z0, emb, pooled, gen: torch.Generator, logit_mean: float | torch.Tensor,
               logit_std: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer step of the flow-matching loss on scaled latents `z0` (B, C, h, w): noise
-    levels logit-normal(logit_mean, logit_std) (`logit_mean` one for all, or (B,) one per sample) and noise drawn from `gen` in that order, gradient
-    norm clipped to 1 over `params`; `weight` as flow_loss's. Returns the batch loss (detached use: .item())."""
+    levels logit-normal(logit_mean, logit_std) (`logit_mean` one for all, or (B,) one per sample)
+    and noise drawn from `gen` in that order, `weight` as flow_loss's, gradient norm clipped to 1
+    over `params`. Returns the batch loss (detached use: .item())."""
     sigma = logit_normal_sigmas(len(z0), gen, logit_mean, logit_std)
     noise = torch.randn(z0.shape, generator=gen)
     loss = flow_loss(transformer, z0, emb, pooled, sigma, noise, weight).mean()
@@ -242,9 +243,9 @@ def shape_difference_masks(attrs: list[dict], size: int, latent_hw: tuple[int, i
     Where a caption leaves the shape out, only these pixels say which shape is coming."""
     from dmad.demo.shapes import SHAPES
 
-    masks = [shape_masks(render_attrs([{**a, "shape": s} for a in attrs], size), (size, size), dilate=0)
-             for s in SHAPES]
-    union, common = torch.stack(masks).any(0), torch.stack(masks).all(0)
+    masks = torch.stack([shape_masks(render_attrs([{**a, "shape": s} for a in attrs], size), (size, size), dilate=0)
+                         for s in SHAPES])
+    union, common = masks.any(0), masks.all(0)
     return F.adaptive_max_pool2d((union & ~common).float(), latent_hw) > 0
 
 

@@ -43,10 +43,10 @@ from dmad.contract.regular import read_regular
 from dmad.errors import CheckpointMismatch, CheckpointUnusable
 from dmad.methods.unit import CheckpointLayout, Stepper, read_shadow
 from dmad.models.optim_state import read_optimizer, read_scaler, save_optimizer, save_scaler
-from dmad.models.teacher_files import ATTENTION, WITH_FF
 from dmad.models.sharded_checkpoint import (finite_on_every_rank, index_or_none, load_ema_sharded, load_network_sharded,
                                             load_optimizer_sharded, read_index, shard_files, sharded_networks,
                                             stored_shapes)
+from dmad.models.teacher_files import ATTENTION, WITH_FF
 
 FORMAT_VERSION = 2  # 1: optimizer states as torch.save .pt files (still read, weights_only=True)
 READABLE_FORMATS = (1, 2)
