@@ -24,6 +24,14 @@ diffusion g(t)^2 = 2 ETA t gives x_{t-h} = x_t - h (v + ETA eps_hat) + sqrt(2 ET
 step to the x0 prediction; ETA 0 (the default) is the ODE, the pipeline's Euler. Asks whether a distance to the
 data's conditional is the model's or its deterministic sampler's. Each SDE row draws its noise
 from its own generator seeded 0 (flow_sde), so a row does not depend on the rows before it.
+--autoguide DIR --ag W,...: autoguidance (Karras et al. 2024, "Guiding a diffusion model with a bad
+version of itself"): the teacher's velocity becomes v_weak + W (v_teacher - v_weak), where the weak
+model is DIR's transformer (a smaller, shorter-trained one on the same data and the teacher's own
+text encoders: bench/teacher_finetune.py --fresh-layers), for the conditional and the unconditional
+pass alike, so CFG then applies to the autoguided velocities (CFG 1: autoguidance alone). W 1 is
+the teacher. CFG sharpens p(caption | x) at every noise level, which for a caption that leaves the
+shape out still favours the shapes whose words show earliest; autoguidance pushes away from where
+the weak model errs (blends of shapes) and asks nothing of the caption.
 --full N: also the full-caption adherence on N full captions x 8 seeds (the bench's layout).
 """
 from __future__ import annotations
@@ -43,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=64)
     ap.add_argument("--edges", default="1000", help="guidance-interval edges (timestep x 1000 of sigma), comma-separated")
     ap.add_argument("--sde", default="0", help="sampler ETAs, comma-separated: 0 the ODE (the pipeline's Euler), > 0 the SDE")
+    ap.add_argument("--autoguide", default=None, help="a weak model's pipeline folder (its transformer is used)")
+    ap.add_argument("--ag", default="1", help="autoguidance weights, comma-separated (1: none)")
     ap.add_argument("--full", type=int, default=0, help="full captions for adherence (x 8 seeds; 0: skip)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -69,6 +79,11 @@ def main(argv=None) -> int:
     full = full_items(sset, a.full, 8) if a.full else []
     full_noise = initial_noise(full, sset.noise_a, shape) if full else None
     clf = load_evaluator()
+    weak = None
+    if a.autoguide:
+        from diffusers import SD3Transformer2DModel
+
+        weak = SD3Transformer2DModel.from_pretrained(a.autoguide, subfolder="transformer").eval()
 
     def summary(images) -> dict:
         s = coverage_summary(clf.predict(images), caps)
@@ -77,10 +92,12 @@ def main(argv=None) -> int:
     real, _ = real_images(list(dict.fromkeys(caps)), a.seeds, sset.real, first=20_000)
     rows = {"real renders (floor)": summary(real)}
     etas = [float(x) for x in a.sde.split(",")]
-    for scale, edge, eta in ((float(c), int(e), eta) for c in a.cfg.split(",") for e in a.edges.split(",") for eta in etas):
+    grid = [(float(c), int(e), eta, float(w)) for c in a.cfg.split(",") for e in a.edges.split(",") for eta in etas
+            for w in a.ag.split(",")]
+    for scale, edge, eta, w in grid:
         name = (f"teacher {a.steps} steps, CFG {scale:g}" + (f", guided at t <= {edge}" if edge < 1000 else "")
-                + (f", SDE eta {eta:g}" if eta else ""))
-        with torch.no_grad(), guidance_interval(edge), flow_sde(eta):
+                + (f", SDE eta {eta:g}" if eta else "") + (f", autoguidance {w:g}" if w != 1 else ""))
+        with torch.no_grad(), guidance_interval(edge), flow_sde(eta), autoguide(teacher.denoiser, weak, w):
             rows[name] = summary(sample_teacher(teacher, caps, noise, a.steps, scale, 64))
             if full:
                 preds = clf.predict(sample_teacher(teacher, [c for c, _, _ in full], full_noise, a.steps, scale, 64))
@@ -159,6 +176,30 @@ def flow_sde(eta: float, seed: int = 0):
         yield
     finally:
         F.step = plain
+
+
+@contextlib.contextmanager
+def autoguide(den, weak, w: float):
+    """While open (w != 1), `den`'s forward returns weak + w (den - weak) of the two models'
+    predictions on the same inputs (--autoguide)."""
+    if w == 1 or weak is None:
+        yield
+        return
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    plain = den.forward
+
+    def forward(*args, return_dict: bool = True, **kw):
+        strong = plain(*args, return_dict=False, **kw)[0]
+        poor = weak(*args, return_dict=False, **kw)[0]
+        out = poor + w * (strong - poor)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+    den.forward = forward
+    try:
+        yield
+    finally:
+        del den.forward
 
 
 OFF = 1.0 + 1e-6  # "no guidance" that keeps the pipeline's two-pass layout

@@ -30,6 +30,12 @@ is coming, and a few per cent of the plain mean.
 --add-layers K first inserts K joint blocks that start as the identity (deepen), to ask whether
 depth is what the teacher lacks.
 
+--fresh-layers N trains a new transformer of N joint blocks from scratch (diffusers' initialisation,
+seeded) against the teacher's own text encoders, which stay frozen, with --warmup steps of linear
+warm-up: a smaller, shorter-trained model of the same data and the same embeddings, the "bad
+version of itself" that autoguidance (Karras et al. 2024; bench/teacher_coverage.py --autoguide)
+guides away from.
+
 ~6 minutes for 800 steps on 2 idle cores (a step ~0.3 s, the pool ~1 minute); run it alone.
 """
 from __future__ import annotations
@@ -79,6 +85,37 @@ def deepen(tr, k: int):
     return new
 
 
+def fresh(tr, layers: int, seed: int):
+    """A new SD3Transformer2DModel like `tr` but with `layers` joint blocks, initialised as diffusers
+    does (seeded)."""
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(seed)
+    return SD3Transformer2DModel.from_config({**tr.config, "num_layers": layers})
+
+
+def encoded_pool(vae, n: int, seed: int) -> tuple[list[torch.Tensor], list[dict]]:
+    """Latent chunks and attributes of n renders the recipe never trained on (its pool starts at 2**24)."""
+    from dmad.demo import teacher_stages as ts
+
+    lat, attrs = [], []
+    with torch.no_grad():
+        for a in range(0, n, 1024):
+            x, at = ts.render_batch(2**25 + a, min(1024, n - a), seed, vae.config.sample_size, attributes=True)
+            lat.append(ts.scaled_latents(vae, x))
+            attrs += at
+    return lat, attrs
+
+
+def trained_parameters(pipe, frozen_text: bool) -> list:
+    """The transformer's parameters, and both text encoders' unless they stay frozen (--fresh-layers)."""
+    params = list(pipe.transformer.parameters())
+    for enc in (pipe.text_encoder, pipe.text_encoder_2):
+        enc.requires_grad_(not frozen_text)
+        params += [] if frozen_text else list(enc.parameters())
+    return params
+
+
 def save_ema(pipe, ema, trained, out: str) -> None:
     """The pipeline with the EMA transformer, as a plain diffusers folder at `out`; the pipeline
     keeps training `trained` afterwards."""
@@ -121,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                          "share of each image's loss (0: the plain mean)")
     ap.add_argument("--save-every", type=int, default=0,
                     help="also write the EMA pipeline every this many steps, to OUT/step-N (0: only at the end)")
+    ap.add_argument("--fresh-layers", type=int, default=0,
+                    help="train a new transformer of this many blocks from scratch, text encoders frozen (0: fine-tune)")
+    ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps of the rate")
     ap.add_argument("--add-layers", type=int, default=0,
                     help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
     args = ap.parse_args(argv)
@@ -135,18 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
     if args.add_layers:
         pipe.transformer = deepen(pipe.transformer, args.add_layers)
+    if args.fresh_layers:
+        pipe.transformer = fresh(pipe.transformer, args.fresh_layers, args.seed)
     tr, vae = pipe.transformer, pipe.vae
     install(tr)
     ema = copy.deepcopy(tr).requires_grad_(False)
     text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
     t0, c0 = time.time(), time.process_time()
-    lat, attrs = [], []
-    with torch.no_grad():
-        for a in range(0, args.pool, 1024):  # renders the recipe never trained on (its pool starts at 2**24)
-            x, at = ts.render_batch(2**25 + a, min(1024, args.pool - a), args.seed, vae.config.sample_size,
-                                    attributes=True)
-            lat.append(ts.scaled_latents(vae, x))
-            attrs += at
+    lat, attrs = encoded_pool(vae, args.pool, args.seed)
     caps = [caption(a) for a in attrs]
     diff = (ts.shape_difference_masks(attrs, vae.config.sample_size, tuple(lat[0].shape[-2:]))
             if args.difference_share else None)
@@ -154,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     weights = torch.tensor([boost.get(cell_of(c), 1.0) for c in caps])
     shown = {k: round(float(weights[[cell_of(c) == k for c in caps]].sum() / weights.sum()), 3) for k in boost}
     print(json.dumps({"pool": len(caps), "under_share": args.under_share, "share_of_draws": shown, "pool_s": round(time.time() - t0, 1)}), flush=True)
-    params = list(tr.parameters()) + list(pipe.text_encoder.parameters()) + list(pipe.text_encoder_2.parameters())
+    params = trained_parameters(pipe, frozen_text=bool(args.fresh_layers))
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + 1)
     tr.train()
     for step in range(args.steps):
+        for g in opt.param_groups:
+            g["lr"] = args.lr * min(1.0, (step + 1) / args.warmup) if args.warmup else args.lr
         idx = torch.multinomial(weights, args.batch, replacement=True, generator=gen)
         drop = torch.rand(args.batch, generator=gen) < 0.1
         rng = random.Random(f"finetune-captions/{args.seed}/{step}")

@@ -312,6 +312,44 @@ def test_the_coverage_benchs_sde_sampler_keeps_the_flows_marginals_and_restores_
     assert F.step is plain
 
 
+def test_the_coverage_benchs_autoguidance_extrapolates_from_the_weak_model_and_restores_the_forward():
+    """bench/teacher_coverage.py --autoguide: inside the context the teacher's forward returns
+    weak + W (teacher - weak) on the same inputs, through the pipeline's return_dict=False call
+    and the default one alike; W 1 leaves it alone; leaving restores the plain forward. With
+    teacher_finetune.fresh, the weak model is a new transformer of the given depth."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    coverage, finetune = load("teacher_coverage"), load("teacher_finetune")
+    torch.manual_seed(0)
+    den = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
+                                attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+                                caption_projection_dim=16, pooled_projection_dim=8, pos_embed_max_size=8).eval()
+    weak = finetune.fresh(den, 1, seed=3).eval()
+    assert weak.config.num_layers == 1 and len(weak.transformer_blocks) == 1
+    kw = dict(hidden_states=torch.randn(2, 4, 8, 8), encoder_hidden_states=torch.randn(2, 5, 16),
+              pooled_projections=torch.randn(2, 8), timestep=torch.tensor([500.0, 900.0]))
+    with torch.no_grad():
+        strong, poor = den(**kw, return_dict=False)[0], weak(**kw, return_dict=False)[0]
+        assert not torch.allclose(strong, poor)
+        with coverage.autoguide(den, weak, 1.0):
+            assert torch.equal(den(**kw, return_dict=False)[0], strong)
+        with coverage.autoguide(den, weak, 2.5):
+            guided = den(**kw, return_dict=False)[0]
+            assert torch.allclose(guided, poor + 2.5 * (strong - poor), atol=1e-6)
+            assert torch.equal(den(**kw).sample, guided)
+        assert "forward" not in vars(den) and torch.equal(den(**kw, return_dict=False)[0], strong)
+
+
 def test_the_finetune_benchs_under_specified_noise_levels_apply_to_those_captions_only():
     """bench/teacher_finetune.py --under-logit-mean: a caption that leaves attributes out draws its
     noise level around its own mean, a full caption around the recipe's (one generator, per sample)."""
