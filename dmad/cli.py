@@ -10,6 +10,7 @@ a fraction of a second: dmad.train.loop and the model code are imported only aft
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -614,6 +615,20 @@ def _crash_log(exc: BaseException, run_dir: Optional[Path]) -> Path:
     with tempfile.NamedTemporaryFile("w", prefix="dmad-crash-", suffix=".log", delete=False, encoding="utf-8") as f:
         f.write(text)
         return Path(f.name)
+
+
+def entry(argv: Optional[Sequence[str]] = None) -> int:
+    """The `dmad` console script and `python -m dmad` (each rank of a multi-process run, the app's
+    engine, the bundle's engine commands): main(), then the interpreter's last cyclic collection
+    skipped. Python's shutdown collects every object once more, and with torch, diffusers and
+    transformers loaded that walk took ~1 s of every engine exit (measured: 1.2 s from `finished` to
+    the exit of `dmad train` against 0.2 s with this). gc.freeze() moves every live object where that
+    collection does not look; their memory goes back with the process. Nothing is lost: every file
+    is closed and renamed before main returns, and atexit handlers (logging's flush) still run. Not
+    in main() itself, which tests and bench/ call in their own long-lived processes."""
+    code = main(argv)
+    gc.freeze()
+    return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,6 +4,7 @@ starts its engine as `<bundle>/dmad-studio train ...` (dmad.contract.paths.engin
 `accelerate-launch ...` (accelerate's launcher, for multi-process runs: dmad.train.launch)."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import sys
 
@@ -21,11 +22,12 @@ def main(argv: list[str]) -> int:
 
         sys.argv = ["accelerate-launch", *argv[1:]]
         launch()
+        gc.freeze()  # as dmad.cli.entry: skip the interpreter's last collection
         return 0
     if argv and (argv[0] in engine_commands() or argv[0] == "--version"):
-        from dmad.cli import main as dmad_main
+        from dmad.cli import entry as dmad_entry
 
-        return dmad_main(argv)
+        return dmad_entry(argv)
     from app.main import main as app_main
 
     return app_main(argv)

@@ -48,7 +48,7 @@ def accelerate_command(train_argv: Sequence[str], num_processes: int, num_machin
     (one executable that answers both command lines, packaging/entry.py) the launcher is the
     bundle's `accelerate-launch` and each rank runs the executable itself (--no_python)."""
     frozen = getattr(sys, "frozen", False)
-    launcher = [sys.executable, "accelerate-launch"] if frozen else [sys.executable, "-m", "accelerate.commands.launch"]
+    launcher = [sys.executable, "accelerate-launch"] if frozen else [sys.executable, "-m", "dmad.train.accelerate_launch"]
     cmd = [*launcher, "--multi_gpu", "--num_processes", str(num_processes),
            "--num_machines", str(num_machines), "--machine_rank", str(machine_rank),
            "--mixed_precision", mixed_precision, "--dynamo_backend", "no"]
