@@ -164,15 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--add-layers", type=int, default=0,
                     help="insert this many joint blocks, starting as the identity (is it depth it lacks?)")
     args = ap.parse_args(argv)
-    from diffusers import StableDiffusion3Pipeline
-
     from dmad.demo import teacher_stages as ts
     from dmad.demo.shapes import caption, training_caption
     from dmad.models.repeated_tokens import install
 
     torch.set_num_threads(2)
     boost = {k.strip(): float(v) for k, v in (x.split("=") for x in args.boost.split(",") if x)}
-    pipe = StableDiffusion3Pipeline.from_pretrained(args.teacher)
+    pipe, text = ts.open_teacher(args.teacher)
     if args.add_layers:
         pipe.transformer = deepen(pipe.transformer, args.add_layers)
     if args.fresh_layers:
@@ -180,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     tr, vae = pipe.transformer, pipe.vae
     install(tr)
     ema = copy.deepcopy(tr).requires_grad_(False)
-    text = ts.TextSide(pipe.tokenizer, pipe.text_encoder, pipe.text_encoder_2)
     t0, c0 = time.time(), time.process_time()
     lat, attrs = encoded_pool(vae, args.pool, args.seed)
     caps = [caption(a) for a in attrs]
