@@ -16,10 +16,13 @@ from PySide6.QtCore import QThreadPool
 from app.engine.background import Task
 
 
-def _one_thread_pool() -> QThreadPool:
+def _serial_task(every_answer: bool = False) -> tuple[Task, QThreadPool, list]:
+    """A Task on a one-thread pool (jobs run in submission order) and the list its answers go to."""
     pool = QThreadPool()
     pool.setMaxThreadCount(1)
-    return pool
+    task, answers = Task(pool=pool, every_answer=every_answer), []
+    task.done.connect(answers.append)
+    return task, pool, answers
 
 
 def test_the_answer_comes_back_on_the_owners_thread(qtbot):
@@ -45,10 +48,7 @@ def test_an_error_in_the_job_is_one_line_naming_its_type(qtbot):
 
 
 def test_a_stale_scan_never_overwrites_a_newer_one(qtbot):
-    pool = _one_thread_pool()
-    task = Task(pool=pool)
-    answers = []
-    task.done.connect(answers.append)
+    task, pool, answers = _serial_task()
     gate = threading.Event()
     task.submit(lambda: gate.wait(10) and "old")
     task.submit(lambda: "new")
@@ -59,10 +59,7 @@ def test_a_stale_scan_never_overwrites_a_newer_one(qtbot):
 
 
 def test_every_answer_delivers_each_submission_in_order(qtbot):
-    pool = _one_thread_pool()
-    task = Task(pool=pool, every_answer=True)
-    answers = []
-    task.done.connect(answers.append)
+    task, pool, answers = _serial_task(every_answer=True)
     for i in range(5):
         task.submit(lambda i=i: i)
     qtbot.waitUntil(lambda: len(answers) == 5, timeout=10_000)
@@ -71,10 +68,7 @@ def test_every_answer_delivers_each_submission_in_order(qtbot):
 
 
 def test_reset_drops_the_answers_of_what_was_submitted_before_it(qtbot):
-    pool = _one_thread_pool()
-    task = Task(pool=pool, every_answer=True)
-    answers = []
-    task.done.connect(answers.append)
+    task, pool, answers = _serial_task(every_answer=True)
     gate = threading.Event()
     task.submit(lambda: gate.wait(10) and "before")
     task.reset()
