@@ -225,6 +225,9 @@ def _add_bench(sub) -> None:
                          help="the held-out set (report numbers here) or the tuning set (choose defaults here)")
     distill.add_argument("--seeds", metavar="LIST",
                          help="training seeds, comma-separated (default 0,1,2; --quick: 0); each method trains once a seed")
+    distill.add_argument("--teacher-cfg", metavar="SCALE",
+                         help="the teacher rows' guidance scale (default: the distillations' prompt set's, 3 for "
+                              "the demo; 1: none); the students keep their config's")
     distill.set_defaults(handler=_cmd_bench_distill)
 
 
@@ -468,7 +471,8 @@ def _cmd_bench_distill(args: argparse.Namespace, ctx: _Context) -> int:
     from dmad.demo.bench import main_distill
 
     return main_distill(quick=args.quick, json_out=args.json, out_dir=args.out, config=args.config,
-                        methods=args.methods, peer_config=args.peer_config, set_name=args.bench_set, seeds=args.seeds)
+                        methods=args.methods, peer_config=args.peer_config, set_name=args.bench_set, seeds=args.seeds,
+                        teacher_cfg=args.teacher_cfg)
 
 
 def _cmd_train(args: argparse.Namespace, ctx: _Context) -> int:

@@ -26,6 +26,7 @@ first row or run that is not finished.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -59,6 +60,7 @@ class BenchSettings:
     training_seeds: tuple[int, ...] = (0, 1, 2)
     peer_step_cap: int = 100                # the peer's max_train_steps, in equal-compute iterations (the wall clock stops it first)
     peer_budget_s: Optional[float] = None   # the peer's wall-clock budget; None: DMAD's wall time of the same seed
+    teacher_cfg: Optional[float] = None     # the teacher rows' guidance scale; None: teacher_guidance's default
 
 
 # The bench's distillations validate with demo_v3, the demo's prompt set without health seeds
@@ -136,6 +138,15 @@ class _Bench:
         return made
 
 
+def teacher_guidance(s: BenchSettings, prompt_set, cfg) -> float:
+    """The guidance scale of the teacher rows (and of the baselines at 1/2/4 steps): --teacher-cfg,
+    else the prompt set's that the distillations validate with (after the bench's own overrides:
+    demo_v3, CFG 3), else the config's real-score scale. The students keep their config's."""
+    if s.teacher_cfg is not None:
+        return s.teacher_cfg
+    return prompt_set.cfg if prompt_set is not None and prompt_set.cfg else cfg.distillation.real_guidance_scale
+
+
 def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, peer_config: Optional[Path] = None,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> BenchResult:
     import torch
@@ -155,7 +166,7 @@ def run_bench(s: BenchSettings, out: Path, config: Optional[Path] = None, peer_c
     cfg = load_config(config, list(s.train_overrides))
     teacher = load_identity_teacher(cfg.identity, dtype=torch.float32)
     ps = load_prompt_set(cfg.observation.prompt_set) if cfg.observation.prompt_set else None
-    cfg_scale = ps.cfg if ps is not None and ps.cfg else cfg.distillation.real_guidance_scale
+    cfg_scale = teacher_guidance(s, ps, cfg)
     sset = SETS[s.set]
     full, under = full_items(sset, s.prompts, s.seeds_per_prompt), under_items(sset, s.under_captions, s.under_seeds)
     classifier = load_evaluator()
@@ -328,9 +339,20 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def parse_guidance(text: str) -> float:
+    """--teacher-cfg: a finite scale >= 1 (1: no guidance)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 1:
+        raise UserInputError(f"--teacher-cfg {text!r}: a finite guidance scale of at least 1 (1: no guidance)")
+    return value
+
+
 def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], config: Optional[str],
                  methods: str = "dmad", peer_config: Optional[str] = None, set_name: str = "heldout",
-                 seeds: Optional[str] = None) -> int:
+                 seeds: Optional[str] = None, teacher_cfg: Optional[str] = None) -> int:
     """The `dmad bench distill` command: prints the tables on stdout, progress on stderr. Outputs
     are checked before any work (the JSON's folder exists; --out is new, or an earlier bench of the
     same settings to go on with)."""
@@ -345,6 +367,8 @@ def main_distill(quick: bool, json_out: Optional[str], out_dir: Optional[str], c
     s = replace(QUICK if quick else FULL, methods=parse_methods(methods), set=set_name)
     if seeds is not None:
         s = replace(s, training_seeds=parse_seeds(seeds))
+    if teacher_cfg is not None:
+        s = replace(s, teacher_cfg=parse_guidance(teacher_cfg))
     if peer_config and PEER not in s.methods:
         raise UserInputError(f"--peer-config needs {PEER} in --methods")
     if json_out:

@@ -3,6 +3,7 @@ the shipped weights (nothing downloaded)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -287,6 +288,23 @@ def test_bench_methods_and_seeds_are_checked_before_any_work(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserInputError, match="--json"):  # a JSON path below a file: refused before any work
         main_distill(quick=True, json_out=str(tmp_path / "file" / "x.json"), out_dir=None, config=None)
+
+
+def test_the_teacher_rows_guidance_is_the_option_then_the_prompt_set_then_the_config():
+    """--teacher-cfg sets the teacher rows' scale (a teacher trained longer is best at CFG 1.25:
+    resources/demo/teacher/README.md); without it, the prompt set's the distillations validate
+    with, then the config's real-score scale, as before."""
+    from types import SimpleNamespace
+
+    from dmad.demo.bench import FULL, parse_guidance, teacher_guidance
+
+    cfg = SimpleNamespace(distillation=SimpleNamespace(real_guidance_scale=4.5))
+    prompts = SimpleNamespace(cfg=3.0)
+    assert teacher_guidance(FULL, prompts, cfg) == 3.0
+    assert teacher_guidance(FULL, None, cfg) == 4.5
+    assert teacher_guidance(FULL, SimpleNamespace(cfg=None), cfg) == 4.5
+    assert teacher_guidance(replace(FULL, teacher_cfg=1.25), prompts, cfg) == 1.25
+    assert parse_guidance("1.25") == 1.25 and parse_guidance("1") == 1.0
 
 
 def test_the_few_step_flow_baseline_uses_every_step():

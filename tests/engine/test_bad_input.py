@@ -631,6 +631,12 @@ def test_bench_outputs_are_checked_before_the_work(case, capsys, tmp_path, no_be
     assert not (tmp_path / "a_file").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+@pytest.mark.parametrize("scale", ["nan", "inf", "0.5", "three", "-2"])
+def test_bench_teacher_cfg_is_checked_before_the_work(scale, capsys, no_bench_work):
+    line = _exit_2(capsys, "bench", "distill", "--quick", "--teacher-cfg", scale)
+    assert f"--teacher-cfg {scale!r}" in line and "at least 1" in line, line
+
+
 # --------------------------------------------------------------------------- 8. strict numbers and booleans
 
 STRICT = [("bool_for_int", "resources", "train_batch_size", True),
